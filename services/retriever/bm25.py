@@ -73,7 +73,7 @@ def _cache_numba_scorer() -> None:
 
     if getattr(ru, "_plugsearch_cached", False):
         return
-    ru._retrieve_internal_jitted_parallel = njit(parallel=True, cache=True)(ru._retrieve_internal_jitted)
+    ru._retrieve_internal_jitted_parallel = njit(parallel=True, nogil=True, cache=True)(ru._retrieve_internal_jitted)
     ru._retrieve_internal_jitted_serial = njit(nogil=True, cache=True)(ru._retrieve_internal_jitted)
     ru._plugsearch_cached = True
 

@@ -193,6 +193,40 @@ def test_missing_corpus_is_a_corpus_error(tmp_path: Path) -> None:
         file_checksum(tmp_path / "nope.jsonl")
 
 
+def test_rendered_response_equals_plain_json_of_the_documents(tmp_path: Path) -> None:
+    import orjson
+
+    from services.retriever.serving import RetrieverService
+
+    path = tmp_path / "c.jsonl"
+    rows = [{"id": "a", "title": 'Quote "and" \\ slash', "text": "caf\u00e9 \u2603 line\nbreak"},
+            {"id": "b", "title": "", "text": "plain"}, {"id": "c", "title": "T", "text": "x" * 3000}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = Corpus.load(path)
+
+    class Fixed:
+        name = "bm25"
+        doc_count = 3
+
+        def batch_search(self, queries: Sequence[str], k: int) -> Hits:
+            raise AssertionError("not searched here")
+
+        def close(self) -> None:
+            pass
+
+    svc = RetrieverService(corpus, {"bm25": Fixed()}, RetrieverSettings(render_cache_docs=2))  # type: ignore[dict-item]
+    result = Hits(np.array([[2, 0, -1], [1, -1, -1], [-1, -1, -1]], dtype=np.int64),
+                  np.array([[12.3456789, 1e-7, 0], [0.1, 0, 0], [0, 0, 0]], dtype=np.float32))
+    for _ in range(2):  # second round from the (partly evicted) cache
+        body = orjson.loads(svc.render("bm25", result, 1.23456))
+        expected = [[{"id": corpus.ids[d], "title": corpus.titles[d], "text": corpus.texts[d], "score": s}
+                     for d, s in zip(i, sc, strict=True) if d >= 0]
+                    for i, sc in zip(result.ids.tolist(), result.scores.tolist(), strict=True)]
+        assert body == {"method": "bm25", "took_ms": 1.235, "results": expected}
+    nan = Hits(np.array([[0]], dtype=np.int64), np.array([[np.nan]], dtype=np.float32))
+    assert orjson.loads(svc.render("bm25", nan, 0))["results"] == [[{**rows[0], "score": None}]]
+
+
 # --------------------------------------------------------------------------- settings
 
 
