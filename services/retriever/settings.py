@@ -85,8 +85,6 @@ class RetrieverSettings(ServiceSettings):
                                    description="queries merged into one library call by the micro-batcher")
     max_queue: int = Field(8192, ge=1, description="queued queries per method before 429")
     max_k: int = Field(1000, ge=1, le=1000, description="largest k accepted")
-    render_cache_docs: int = Field(200_000, ge=0, le=10_000_000,
-                                   description="passages whose response JSON is kept serialised (LRU; 0 = off)")
     searchr1_topk: int = Field(3, ge=1, le=1000, description="topk of /searchr1/retrieve when a request "
                                "sends none (Search-R1's server default is 3)")
 
