@@ -10,7 +10,9 @@ For the first N HotpotQA and N NQ questions (yes/no questions skipped: substring
 Answer recall = share of questions with at least one returned document whose text contains a gold answer
 (s3's normalisation on both sides + DrQA tokens: `services.common.answers.span_match`). Valid action rate =
 valid / (valid + invalid) policy actions over all s3 and qagent searches of that decoding.
-`recall` reports s3/qagent with constrained decoding (`recall_free` the same with free decoding).
+`recall` reports s3/qagent with constrained decoding (`recall_free` the same with free decoding, on the
+first `--free-n` questions of each set: SmolLM2 on 2 CPU cores takes ~12 s per s3 search, so the full
+run with both decodings on 100 + 100 questions would take over 2 hours).
 
 Final line: {"recall": {mode: {dataset: r}}, "docs_returned": {mode: avg}, "valid_action_rate":
 {"constrained": .., "free": ..}, ...}
@@ -62,6 +64,8 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, m
             questions = load_questions(DATA / "qa" / f"{dataset}.jsonl", args.n)
             for qi, row in enumerate(questions):
                 for mode, constrained in runs:
+                    if constrained is False and qi >= args.free_n:
+                        continue
                     params = SearchParams(mode=mode, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
                                           select_k=args.select_k, doc_chars=args.doc_chars,
                                           max_new_tokens=args.max_new_tokens, constrained=bool(constrained))
@@ -97,6 +101,7 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, m
                                        for k, v in (("constrained", ended_valid[True]), ("free", ended_valid[False]))},
         "degraded_searches": degraded,
         "questions_per_dataset": args.n,
+        "free_decoding_questions_per_dataset": min(args.free_n, args.n),
         "settings": {"max_turns": args.max_turns, "retrieve_k": args.retrieve_k, "select_k": args.select_k,
                      "doc_chars": args.doc_chars, "max_new_tokens": args.max_new_tokens, "retriever": "bm25s",
                      "policy": model},
@@ -110,6 +115,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 question per dataset, 1 turn, k=3 (< 1 minute on "
                         "an idle machine)")
     parser.add_argument("--n", type=int, default=100, help="questions per dataset")
+    parser.add_argument("--free-n", type=int, default=None,
+                        help="questions per dataset also searched with free decoding (default: all --n); the "
+                             "constrained runs give `recall`, the free ones only `recall_free` and the valid rate")
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--retrieve-k", type=int, default=8)
     parser.add_argument("--select-k", type=int, default=3)
@@ -120,7 +128,10 @@ def main() -> None:
     parser.add_argument("--llm-url", default=None, help="use this OpenAI-compatible server instead of starting one")
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
+    if args.free_n is None:
+        args.free_n = args.n
     if args.quick:
+        args.free_n = 1
         args.n, args.max_turns, args.retrieve_k, args.select_k, args.doc_chars = 1, 1, 3, 2, 200
         args.max_new_tokens = 64
 

@@ -1,4 +1,5 @@
-"""The one way services call each other: httpx with timeouts, limits, bounded retries and a breaker.
+"""The one way services call each other: timeouts, limits, bounded retries and a breaker over a `Wire`
+(aiohttp's pool by default, httpx for injected test transports: `services.common.transport`).
 
 `ServiceClient` forwards `X-Request-ID`, sends the internal token, decodes the error envelope into the
 `services.common.errors` hierarchy and records latency/errors in the caller's metrics. Tests inject an
@@ -25,7 +26,7 @@ from services.common.errors import (
 )
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, pooled_transport
+from services.common.transport import HttpTransport, WireResponse, make_wire
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ClientSettings(BaseModel):
     token: SecretStr | None = None
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     breaker_reset_s: float = Field(5.0, gt=0, description="open time before one trial call")
-    http_transport: HttpTransport = Field("aiohttp", description="connection pool: aiohttp (default) or httpx")
+    http_transport: HttpTransport = Field("aiohttp", description="wire: aiohttp's pool (default) or httpx")
 
 
 class CircuitBreaker:
@@ -130,7 +131,7 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
-def decode_error(name: str, response: httpx.Response) -> ServiceError:
+def decode_error(name: str, response: WireResponse) -> ServiceError:
     """Turn an upstream error response (envelope or not) into our exception hierarchy."""
     message = response.reason_phrase or "error"
     param: str | None = None
@@ -171,18 +172,12 @@ class ServiceClient:
         headers = {}
         if settings.token is not None:
             headers["Authorization"] = f"Bearer {settings.token.get_secret_value()}"
-        limits = httpx.Limits(max_connections=settings.max_connections,
-                              max_keepalive_connections=settings.max_connections)
-        self._client = httpx.AsyncClient(
-            base_url=settings.url.rstrip("/"),
-            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-            limits=limits,
-            transport=transport or pooled_transport(limits, settings.http_transport),
-            headers=headers,
-        )
+        self._wire = make_wire(settings.url.rstrip("/"), timeout_s=settings.timeout_s,
+                               connect_timeout_s=settings.connect_timeout_s, max_connections=settings.max_connections,
+                               headers=headers, kind=settings.http_transport, transport=transport)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._wire.aclose()
 
     async def __aenter__(self) -> ServiceClient:
         return self
@@ -198,7 +193,7 @@ class ServiceClient:
             self.metrics.upstream_errors.labels(self.name, error).inc()
 
     async def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
-                      retries: int | None = None) -> httpx.Response:
+                      retries: int | None = None) -> WireResponse:
         """Send with retries on connection errors, timeouts and 429/502/503/504; raise ServiceError."""
         max_retries = self.settings.max_retries if retries is None else retries
         headers = {}
@@ -212,9 +207,7 @@ class ServiceClient:
                                           retry_after=self.breaker.retry_after())
             t0 = time.perf_counter()
             try:
-                response = await self._client.request(
-                    method, path, json=json, headers=headers,
-                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+                response = await self._wire.send(method, path, json=json, headers=headers, timeout=timeout)
             except httpx.TimeoutException:
                 self.breaker.record_failure()
                 self._observe(time.perf_counter() - t0, "timeout")
@@ -258,7 +251,7 @@ class ServiceClient:
     async def ready(self) -> str:
         """"ok" or the reason this upstream is not ready (for the caller's own readiness check)."""
         try:
-            response = await self._client.get("/health/ready", timeout=2.0)
+            response = await self._wire.send("GET", "/health/ready", timeout=2.0)
         except httpx.HTTPError as exc:
             return f"{self.name} unreachable: {type(exc).__name__}"
         return "ok" if response.status_code == 200 else f"{self.name} not ready ({response.status_code})"

@@ -18,7 +18,7 @@ from services.common.errors import ServiceError, UpstreamError, UpstreamTimeout
 from services.common.http import CircuitBreaker, backoff_delay, decode_error
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, pooled_transport
+from services.common.transport import HttpTransport, WireResponse, make_wire
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class LLMSettings(BaseModel):
     breaker_failures: int = Field(5, ge=1)
     breaker_reset_s: float = Field(5.0, gt=0)
     tokenizer: str | None = Field(None, description="HF tokenizer name/path for token budgets; None = estimate")
-    http_transport: HttpTransport = Field("aiohttp", description="connection pool: aiohttp (default) or httpx")
+    http_transport: HttpTransport = Field("aiohttp", description="wire: aiohttp's pool (default) or httpx")
 
 
 class ChatMessage(BaseModel):
@@ -78,16 +78,12 @@ class OpenAIChatClient:
         headers = {}
         if settings.api_key is not None:
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
-        limits = httpx.Limits(max_connections=settings.max_concurrency,
-                              max_keepalive_connections=settings.max_concurrency)
-        self._client = httpx.AsyncClient(
-            base_url=settings.base_url.rstrip("/"),
-            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-            limits=limits, headers=headers,
-            transport=transport or pooled_transport(limits, settings.http_transport))
+        self._wire = make_wire(settings.base_url.rstrip("/"), timeout_s=settings.timeout_s,
+                               connect_timeout_s=settings.connect_timeout_s, max_connections=settings.max_concurrency,
+                               headers=headers, kind=settings.http_transport, transport=transport)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._wire.aclose()
 
     def _count(self, kind: str, value: float = 1.0) -> None:
         if self.metrics is not None:
@@ -117,7 +113,7 @@ class OpenAIChatClient:
                                         retry_after=self.breaker.retry_after())
                 t0 = time.perf_counter()
                 try:
-                    response = await self._client.post("/chat/completions", json=body, headers=headers)
+                    response = await self._wire.send("POST", "/chat/completions", json=body, headers=headers)
                 except httpx.TimeoutException:
                     self.breaker.record_failure()
                     last = UpstreamTimeout(f"{self.name} timed out after {self.settings.timeout_s:g} s")
@@ -145,7 +141,7 @@ class OpenAIChatClient:
         assert last is not None
         raise last
 
-    def _parse(self, response: httpx.Response) -> ChatResult:
+    def _parse(self, response: WireResponse) -> ChatResult:
         try:
             data = response.json()
             choice = data["choices"][0]
@@ -162,7 +158,7 @@ class OpenAIChatClient:
 
     async def check_health(self) -> str:
         try:
-            response = await self._client.get("/models", timeout=2.0)
+            response = await self._wire.send("GET", "/models", timeout=2.0)
         except httpx.HTTPError as exc:
             return f"{self.name} unreachable: {type(exc).__name__}"
         return "ok" if response.status_code == 200 else f"{self.name} answered {response.status_code}"

@@ -1,43 +1,184 @@
-"""Which connection pool the shared HTTP clients use under httpx.
+"""The wire under the shared clients: one request out, status + headers + body back.
 
-httpcore 1.0's pool re-scans every pooled connection for every connection it inspects when a request
-starts or ends, which is quadratic in the number of connections: at 64 concurrent LLM calls it cost more
-CPU than the rest of the judge (120 judge calls at 100 ms latency: 1.7 s CPU-bound with httpcore, 0.36 s
-with aiohttp's pool, same machine, same run). aiohttp's connector keeps the httpx API (timeouts, errors,
-MockTransport in tests) and is used whenever `httpx-aiohttp` is installed, unless settings say "httpx".
+`ServiceClient` and `OpenAIChatClient` keep timeouts, retries, the breaker and error decoding; a `Wire`
+only moves bytes. Two implementations:
+
+- `AiohttpWire` (default): aiohttp's connection pool, used directly. A search makes eight upstream calls,
+  and httpx's request/response machinery on top of a pool cost about as much CPU as the rest of the
+  searcher (py-spy, 64 concurrent searches: 45% of the searcher's GIL time inside `httpx.AsyncClient`).
+  httpcore's own pool is worse still: it rescans every pooled connection for every connection it
+  inspects (quadratic; 120 judge calls at 100 ms latency: 1.7 s CPU with httpcore, 0.36 s with aiohttp).
+- `HttpxWire`: an `httpx.AsyncClient`, for an injected transport (tests pass `httpx.ASGITransport(app)`
+  or `httpx.MockTransport`) or `http_transport="httpx"` in settings.
+
+Both raise httpx's exception types (`httpx.TimeoutException`, `httpx.ConnectError`, other
+`httpx.RequestError`s), so callers handle one family whatever the wire.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json as stdjson
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
 
 import httpx
+import orjson
 
 HttpTransport = Literal["aiohttp", "httpx"]
 
 
-def pooled_transport(limits: httpx.Limits, kind: HttpTransport = "aiohttp") -> httpx.AsyncBaseTransport | None:
-    """aiohttp's pool wrapped for httpx, or None for httpx's own (also when httpx-aiohttp is missing)."""
-    if kind == "httpx":
-        return None
+class WireResponse(Protocol):
+    """What callers read from a response (`httpx.Response` has all of it too)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+class Response:
+    """A fully read response of `AiohttpWire`."""
+
+    __slots__ = ("content", "headers", "reason_phrase", "status_code")
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes, reason_phrase: str) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+        self.reason_phrase = reason_phrase
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(self.content)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+class Wire(Protocol):
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> WireResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def dumps(body: Any) -> bytes:
+    """Request JSON with orjson (NaN and infinities become null); the standard library for what orjson
+    refuses (integers over 64 bits)."""
     try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return stdjson.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class HttpxWire:
+    def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float, max_connections: int,
+                 headers: Mapping[str, str], transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.client = httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            headers=dict(headers), transport=transport)
+
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> httpx.Response:
+        kwargs: dict[str, Any] = {}
+        if json is not None:
+            kwargs["content"] = dumps(json)
+            headers = {"content-type": "application/json", **(headers or {})}
+        return await self.client.request(method, path, headers=headers, **kwargs,
+                                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class AiohttpWire:
+    """aiohttp's pool (created on first use, inside the running loop). Timeouts follow httpx's meaning:
+    `timeout_s` for waiting on a pooled connection and between reads, `connect_timeout_s` to connect."""
+
+    def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float, max_connections: int,
+                 headers: Mapping[str, str]) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections = max_connections
+        self.headers = dict(headers)
+        self._session: Any = None
+        self._timeouts: dict[float | None, Any] = {}
+
+    def _timeout(self, timeout: float | None) -> Any:
         import aiohttp
-        from httpx_aiohttp import AiohttpTransport
-    except ImportError:
-        return None
 
-    class Transport(AiohttpTransport):
-        """httpx-aiohttp reports every aiohttp connection error as a ConnectTimeout (a refused connection
-        or a server that went away would read as a timeout, 504 instead of 502/503): only real timeouts
-        stay timeouts here."""
+        found = self._timeouts.get(timeout)
+        if found is None:
+            t = self.timeout_s if timeout is None else timeout
+            found = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=min(self.connect_timeout_s, t),
+                                          sock_read=t)
+            self._timeouts[timeout] = found
+        return found
 
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            try:
-                return await super().handle_async_request(request)
-            except httpx.TimeoutException as exc:
-                cause = exc.__cause__
-                if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, TimeoutError):
-                    raise httpx.ConnectError(str(exc) or type(cause).__name__, request=request) from cause
-                raise
+    def _get_session(self) -> Any:
+        import aiohttp
 
-    return Transport(limits=limits)
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=60)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self.headers,
+                                                  cookie_jar=aiohttp.DummyCookieJar(), timeout=self._timeout(None),
+                                                  auto_decompress=True)
+        return self._session
+
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> Response:
+        import aiohttp
+
+        url = self.base_url + path
+        data = None
+        if json is not None:
+            data = dumps(json)
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        session = self._get_session()
+        try:
+            async with session.request(method, url, data=data, headers=headers, timeout=self._timeout(timeout),
+                                       allow_redirects=False) as resp:
+                content = await resp.read()
+                return Response(resp.status, resp.headers, content, resp.reason or "")
+        except aiohttp.ConnectionTimeoutError as exc:  # no connection within the connect / pool timeout
+            raise httpx.ConnectTimeout(str(exc) or "connect timeout", request=httpx.Request(method, url)) from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise httpx.ReadTimeout(str(exc) or "read timeout", request=httpx.Request(method, url)) from exc
+        except aiohttp.ClientConnectorError as exc:  # refused, unreachable, DNS
+            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=httpx.Request(method, url)) from exc
+        except aiohttp.ClientError as exc:  # reset, disconnected mid-response, malformed HTTP
+            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__,
+                                            request=httpx.Request(method, url)) from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+def make_wire(base_url: str, *, timeout_s: float, connect_timeout_s: float, max_connections: int,
+              headers: Mapping[str, str], kind: HttpTransport = "aiohttp",
+              transport: httpx.AsyncBaseTransport | None = None) -> AiohttpWire | HttpxWire:
+    """`HttpxWire` for an injected transport or `kind="httpx"`, else `AiohttpWire`."""
+    if transport is not None or kind == "httpx":
+        return HttpxWire(base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
+                         max_connections=max_connections, headers=headers, transport=transport)
+    return AiohttpWire(base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
+                       max_connections=max_connections, headers=headers)

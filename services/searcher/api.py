@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 from services.common.app import build_app
 from services.common.cache import ResultCache, make_cache
@@ -23,6 +23,8 @@ from services.searcher.loop import RetrieverBackend, ServiceRetriever
 from services.searcher.prompts import PROMPT_VERSION
 from services.searcher.serving import SearcherMetrics, SearchService
 from services.searcher.settings import SearcherSettings
+
+JSON = "application/json"
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope, "description": description}
@@ -75,16 +77,21 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
     app = build_app(settings, service="searcher", lifespan=lifespan, version_details=details,
                     description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.")
 
-    @app.post("/search", response_model=SearchResponse, responses=ERRORS, tags=["search"])
-    async def search(body: SearchRequest, request: Request) -> SearchResponse:
+    # The bodies are built as response models already: serialise them once (FastAPI's `response_model`
+    # would validate every document again), and still document the model in OpenAPI.
+    @app.post("/search", response_class=Response, tags=["search"],
+              responses={200: {"model": SearchResponse, "content": {JSON: {}}}, **ERRORS})
+    async def search(body: SearchRequest, request: Request) -> Response:
         """Search for the documents an LLM needs to answer `question`."""
         service: SearchService = request.app.state.service
-        return await service.search(body)
+        return Response((await service.search(body)).model_dump_json(), media_type=JSON)
 
-    @app.post("/search/batch", response_model=SearchBatchResponse, responses=ERRORS, tags=["search"])
-    async def search_batch(body: SearchBatchRequest, request: Request) -> SearchBatchResponse:
+    @app.post("/search/batch", response_class=Response, tags=["search"],
+              responses={200: {"model": SearchBatchResponse, "content": {JSON: {}}}, **ERRORS})
+    async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
         """Many searches in one call, run concurrently; results in request order."""
         service: SearchService = request.app.state.service
-        return SearchBatchResponse(results=await service.search_batch(body.items))
+        results = SearchBatchResponse(results=await service.search_batch(body.items))
+        return Response(results.model_dump_json(), media_type=JSON)
 
     return app

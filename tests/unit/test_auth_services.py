@@ -156,7 +156,7 @@ async def test_internal_client_sends_its_token_and_fails_fast_without() -> None:
     without = RetrieverClient(ClientSettings(url="http://retriever", max_retries=2), transport=transport)
     try:
         # With the token the guard lets it through; the app (no lifespan here) answers 503 not ready.
-        response = await with_token._client.post("/retrieve", json={"queries": ["q"]})
+        response = await with_token._wire.send("POST", "/retrieve", json={"queries": ["q"]})
         assert response.status_code == 503
         with pytest.raises(Unauthorized):  # a 401 is not retried and not a breaker failure
             await without.retrieve(["q"])

@@ -265,11 +265,11 @@ def test_answer_normalisation_and_scores() -> None:
 
 
 async def test_default_transport_maps_refused_and_timeouts_apart() -> None:
-    """The aiohttp pool (default) keeps httpx's error kinds: refused is unreachable, silence is a timeout."""
+    """The aiohttp wire (default) keeps httpx's error kinds: refused is unreachable, silence is a timeout."""
     from tests.conftest import free_port
 
     refused = ServiceClient(ClientSettings(url=f"http://127.0.0.1:{free_port()}", max_retries=0))
-    assert type(refused._client._transport).__name__ == "Transport"  # aiohttp's pool, not httpcore's
+    assert type(refused._wire).__name__ == "AiohttpWire"  # aiohttp's pool, not httpcore's
     with pytest.raises(UpstreamUnavailable):
         await refused.request("GET", "/x")
     await refused.aclose()
@@ -293,3 +293,69 @@ async def test_default_transport_maps_refused_and_timeouts_apart() -> None:
         await asyncio.sleep(0.05)  # let the handler close its writer inside the loop
         server.close()
         await server.wait_closed()
+
+
+async def _raw_server(answer: bytes | None) -> tuple[asyncio.Server, list[bytes]]:
+    """A one-route HTTP/1.1 server on asyncio streams: records each request, answers `answer` (None: hangs up)."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        seen.append(head + await reader.readexactly(length))
+        if answer is not None:
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), seen
+
+
+async def test_aiohttp_wire_sends_json_token_and_request_id_and_decodes_answers() -> None:
+    from services.common.logging import reset_request_id, set_request_id
+
+    body = b'{"ok": true, "big": 1}'
+    server, seen = await _raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                     + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+    port = server.sockets[0].getsockname()[1]
+    client = ServiceClient(ClientSettings(url=f"http://127.0.0.1:{port}/", token=SecretStr("t0k"), max_retries=0))
+    token = set_request_id("rid-42")
+    try:
+        response = await client.request("POST", "/x", json={"q": "café", "n": 2**70})
+        assert response.status_code == 200 and response.json() == {"ok": True, "big": 1}
+        head, _, sent = seen[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /x HTTP/1.1")
+        lowered = head.lower()
+        assert b"authorization: bearer t0k" in lowered and b"x-request-id: rid-42" in lowered
+        assert b"content-type: application/json" in lowered
+        assert json.loads(sent) == {"q": "café", "n": 2**70}  # over 64 bits: the stdlib fallback
+    finally:
+        reset_request_id(token)
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_aiohttp_wire_maps_hangups_and_error_envelopes() -> None:
+    hangup, _ = await _raw_server(None)
+    client = ServiceClient(ClientSettings(url=f"http://127.0.0.1:{hangup.sockets[0].getsockname()[1]}",
+                                          max_retries=0))
+    with pytest.raises(UpstreamUnavailable, match="unreachable"):  # connection closed before any answer
+        await client.request("GET", "/x")
+    await client.aclose()
+    hangup.close()
+    await hangup.wait_closed()
+
+    envelope = b'{"error": {"type": "upstream_unavailable", "message": "index loading", "param": "k"}}'
+    busy, seen = await _raw_server(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 7\r\nContent-Length: "
+                                   + str(len(envelope)).encode() + b"\r\nConnection: close\r\n\r\n" + envelope)
+    client = ServiceClient(ClientSettings(url=f"http://127.0.0.1:{busy.sockets[0].getsockname()[1]}",
+                                          max_retries=0), name="retriever")
+    with pytest.raises(UpstreamUnavailable, match="retriever: index loading") as info:
+        await client.request("GET", "/x")
+    assert info.value.retry_after == 7.0 and info.value.param == "k" and len(seen) == 1
+    await client.aclose()
+    busy.close()
+    await busy.wait_closed()
