@@ -143,10 +143,12 @@ class SearchService:
                     "policy_ms=%.0f retrieval_ms=%.0f", outcome.mode, outcome.turns, len(outcome.queries),
                     len(outcome.documents), outcome.stop_reason, outcome.valid_actions, outcome.invalid_actions,
                     outcome.timings.total_ms, outcome.timings.policy_ms, outcome.timings.retrieval_ms)
-        full = to_response(outcome, return_trace=True)
-        if self.cache is not None and not outcome.degraded:
-            await self.cache.set_json(key, full.model_dump(mode="json"))
-        return full if request.return_trace else full.model_copy(update={"trace": None})
+        cache = self.cache is not None and not outcome.degraded
+        # the cached entry keeps the trace (a later request may ask for it); build it only when needed
+        full = to_response(outcome, return_trace=cache or request.return_trace)
+        if cache:
+            await self.cache.set_json(key, full.model_dump(mode="json"))  # type: ignore[union-attr]
+        return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
 
     async def search_batch(self, items: Sequence[SearchRequest]) -> list[SearchResponse]:
         """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down."""
