@@ -14,6 +14,9 @@ valid / (valid + invalid) policy actions over all s3 and qagent searches of that
 first `--free-n` questions of each set: SmolLM2 on 2 CPU cores takes ~12 s per s3 search, so the full
 run with both decodings on 100 + 100 questions would take over 2 hours).
 
+Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed or
+stopped run started again with the same settings resumes from there (`--restart` discards them).
+
 Final line: {"recall": {mode: {dataset: r}}, "docs_returned": {mode: avg}, "valid_action_rate":
 {"constrained": .., "free": ..}, ...}
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import statistics
@@ -36,6 +40,7 @@ from services.common.clients import RetrieverClient
 from services.common.http import ClientSettings
 from services.common.llm import LLMSettings, OpenAIChatClient
 from services.searcher.loop import SearchOutcome, SearchParams, ServiceRetriever, run_search
+from services.searcher.prompts import PROMPT_VERSION
 from services.searcher.testing import ensure_bm25_index, load_questions, retriever_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,66 +53,109 @@ def hit(outcome: SearchOutcome, answers: list[str]) -> bool:
     return any(span_match(doc.text, answers) for doc in outcome.documents)
 
 
+def results_path(args: argparse.Namespace, model: str) -> Path:
+    """One JSONL of finished searches per setting (a killed run resumes from it; other settings start anew)."""
+    settings = {"max_turns": args.max_turns, "retrieve_k": args.retrieve_k, "select_k": args.select_k,
+                "doc_chars": args.doc_chars, "max_new_tokens": args.max_new_tokens, "model": model,
+                "prompt_version": PROMPT_VERSION}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(args.out) / f"searches-{digest}.jsonl"
+
+
 async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, model: str) -> dict[str, Any]:
     policy = OpenAIChatClient(LLMSettings(base_url=llm_url, model=model, timeout_s=600, max_retries=0))
     client = RetrieverClient(ClientSettings(url=retriever_url, timeout_s=60))
     retriever = ServiceRetriever(client)
     runs = [("naive", None), ("s3", True), ("s3", False), ("qagent", True), ("qagent", False)]
-    hits: dict[str, dict[str, list[bool]]] = {}
-    docs: dict[str, list[int]] = {}
-    actions = {True: [0, 0], False: [0, 0]}
-    ended_valid = {True: [], False: []}  # type: dict[bool, list[bool]]
-    degraded = 0
+    path = results_path(args, model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple[str, str, str], dict[str, Any]] = {}
+    if path.exists() and not args.restart:
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # a line cut short by a kill: that search runs again
+                continue
+            done[(row["dataset"], row["id"], row["label"])] = row
+        log(f"resuming: {len(done)} searches already in {path}")
+    elif path.exists():
+        path.unlink()
+    records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     try:
-        for dataset in DATASETS:
-            questions = load_questions(DATA / "qa" / f"{dataset}.jsonl", args.n)
-            for qi, row in enumerate(questions):
+        with path.open("a") as sink:
+            sets = {d: load_questions(DATA / "qa" / f"{d}.jsonl", args.n) for d in DATASETS}
+            # question by question across the sets, so a partial run covers both of them evenly
+            order = [(qi, d) for qi in range(args.n) for d in DATASETS if qi < len(sets[d])]
+            for qi, dataset in order:
+                row = sets[dataset][qi]
+                qid = str(row.get("id", qi))
                 for mode, constrained in runs:
                     if constrained is False and qi >= args.free_n:
                         continue
-                    params = SearchParams(mode=mode, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
-                                          select_k=args.select_k, doc_chars=args.doc_chars,
-                                          max_new_tokens=args.max_new_tokens, constrained=bool(constrained))
-                    out = await run_search(row["question"], params, policy=policy, retriever=retriever)
                     label = mode if constrained is not False else f"{mode}_free"
-                    hits.setdefault(label, {}).setdefault(dataset, []).append(hit(out, row["golden_answers"]))
-                    docs.setdefault(label, []).append(len(out.documents))
-                    degraded += out.degraded
-                    if constrained is not None:
-                        actions[constrained][0] += out.valid_actions
-                        actions[constrained][1] += out.invalid_actions
-                        ended_valid[constrained].append(out.invalid_actions == 0 and out.valid_actions > 0)
-                print(f"{dataset} {qi + 1}/{len(questions)} done, {time.perf_counter() - t0:.0f} s",
-                      file=sys.stderr, flush=True)
+                    record = done.get((dataset, qid, label))
+                    if record is None:
+                        params = SearchParams(mode=mode, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
+                                              select_k=args.select_k, doc_chars=args.doc_chars,
+                                              max_new_tokens=args.max_new_tokens, constrained=bool(constrained))
+                        out = await run_search(row["question"], params, policy=policy, retriever=retriever)
+                        record = {"dataset": dataset, "id": qid, "label": label,
+                                  "hit": hit(out, row["golden_answers"]), "docs": len(out.documents),
+                                  "valid": out.valid_actions, "invalid": out.invalid_actions,
+                                  "degraded": out.degraded, "stop_reason": out.stop_reason}
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                    records.append(record)
+                log(f"{dataset} {qi + 1}/{len(sets[dataset])} done, {time.perf_counter() - t0:.0f} s")
     finally:
         await policy.aclose()
         await client.aclose()
+    return summarise(records, args, model, path, time.perf_counter() - t0)
 
-    def rate(valid_invalid: list[int]) -> float | None:
-        total = sum(valid_invalid)
-        return round(valid_invalid[0] / total, 3) if total else None
+
+def summarise(records: list[dict[str, Any]], args: argparse.Namespace, model: str, path: Path,
+              seconds: float) -> dict[str, Any]:
+    def of(label: str) -> list[dict[str, Any]]:
+        return [r for r in records if r["label"] == label]
 
     def recall_of(label: str) -> dict[str, float]:
-        return {d: round(statistics.mean(v), 3) for d, v in hits[label].items()}
+        return {d: round(statistics.mean(r["hit"] for r in of(label) if r["dataset"] == d), 3)
+                for d in DATASETS if any(r["dataset"] == d for r in of(label))}
+
+    def docs_of(label: str) -> float:
+        return round(statistics.mean(r["docs"] for r in of(label)), 2)
+
+    def rate(free: bool) -> float | None:
+        rows = [r for r in records if r["label"] != "naive" and r["label"].endswith("_free") == free]
+        total = sum(r["valid"] + r["invalid"] for r in rows)
+        return round(sum(r["valid"] for r in rows) / total, 3) if total else None
+
+    def all_valid(free: bool) -> float | None:
+        rows = [r for r in records if r["label"] != "naive" and r["label"].endswith("_free") == free]
+        return round(statistics.mean(r["invalid"] == 0 and r["valid"] > 0 for r in rows), 3) if rows else None
 
     return {
         "recall": {mode: recall_of(mode) for mode in ("s3", "qagent", "naive")},
-        "docs_returned": {mode: round(statistics.mean(docs[mode]), 2) for mode in ("s3", "qagent", "naive")},
-        "valid_action_rate": {"constrained": rate(actions[True]), "free": rate(actions[False])},
+        "docs_returned": {mode: docs_of(mode) for mode in ("s3", "qagent", "naive")},
+        "valid_action_rate": {"constrained": rate(False), "free": rate(True)},
         "recall_free": {mode: recall_of(f"{mode}_free") for mode in ("s3", "qagent")},
-        "docs_returned_free": {mode: round(statistics.mean(docs[f"{mode}_free"]), 2) for mode in ("s3", "qagent")},
-        "searches_all_actions_valid": {k: round(statistics.mean(v), 3) if v else None
-                                       for k, v in (("constrained", ended_valid[True]), ("free", ended_valid[False]))},
-        "degraded_searches": degraded,
+        "docs_returned_free": {mode: docs_of(f"{mode}_free") for mode in ("s3", "qagent")},
+        "searches_all_actions_valid": {"constrained": all_valid(False), "free": all_valid(True)},
+        "degraded_searches": sum(bool(r["degraded"]) for r in records),
         "questions_per_dataset": args.n,
         "free_decoding_questions_per_dataset": min(args.free_n, args.n),
         "settings": {"max_turns": args.max_turns, "retrieve_k": args.retrieve_k, "select_k": args.select_k,
                      "doc_chars": args.doc_chars, "max_new_tokens": args.max_new_tokens, "retriever": "bm25s",
                      "policy": model},
-        "seconds": round(time.perf_counter() - t0, 1),
+        "results_file": str(path),
+        "seconds_this_run": round(seconds, 1),
         "quick": args.quick,
     }
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -127,11 +175,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
     parser.add_argument("--llm-url", default=None, help="use this OpenAI-compatible server instead of starting one")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--out", default=str(VAR / "bench" / "search_quality"),
+                        help="finished searches are appended here; a rerun with the same settings resumes")
+    parser.add_argument("--restart", action="store_true", help="discard finished searches of these settings")
     args = parser.parse_args()
     if args.free_n is None:
         args.free_n = args.n
     if args.quick:
-        args.free_n = 1
+        args.free_n, args.restart = 1, True
         args.n, args.max_turns, args.retrieve_k, args.select_k, args.doc_chars = 1, 1, 3, 2, 200
         args.max_new_tokens = 64
 
