@@ -182,9 +182,12 @@ class _Run:
         return results
 
     def add_block(self, turn: int, queries: Sequence[str], results: Sequence[Sequence[Document]]) -> InfoBlock:
-        docs = [FoundDocument(**doc.model_dump(), turn=turn, query=query)
+        # validated once already (the retriever's response model); copying without validating again
+        # was ~1 ms of CPU per search at 32 documents
+        docs = [FoundDocument.model_construct(id=doc.id, title=doc.title, text=doc.text, score=doc.score,
+                                              turn=turn, query=query)
                 for query, hits in zip(queries, results, strict=True) for doc in hits]
-        block = InfoBlock(turn=turn, queries=list(queries), documents=docs)
+        block = InfoBlock.model_construct(turn=turn, queries=list(queries), documents=docs, selected=None)
         self.blocks.append(block)
         return block
 
