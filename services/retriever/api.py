@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from services.common.app import build_app
-from services.common.errors import NotReady
+from services.common.errors import ErrorEnvelope, NotReady
 from services.common.schemas.retriever import (
     RetrieveRequest,
     RetrieveResponse,
@@ -31,6 +31,15 @@ from services.retriever.settings import RetrieverSettings
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+
+_ERROR_TEXTS = {400: "bad input (for example k over RETRIEVER_MAX_K)",
+                404: "the requested method is not served by this retriever (param `method`)",
+                429: "too many queries queued; retry after Retry-After",
+                503: "indexes still loading; retry after Retry-After"}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorEnvelope, "description": _ERROR_TEXTS[code]} for code in codes}
 
 
 class _State:
@@ -94,7 +103,7 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
     app.state.retriever = state
 
     @app.post("/retrieve", tags=["retrieval"], response_class=Response,
-              responses={200: {"model": RetrieveResponse, "content": {JSON: {}}}})
+              responses={200: {"model": RetrieveResponse, "content": {JSON: {}}}, **_errors(400, 404, 429, 503)})
     async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         """Search a batch of queries; returns per query the top `k` passages, best first."""
         svc = _service(request)
@@ -103,7 +112,7 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
         return Response(svc.render(method, hits, (time.perf_counter() - t0) * 1000), media_type=JSON)
 
     @app.post("/searchr1/retrieve", tags=["retrieval"], response_class=Response,
-              responses={200: {"model": SearchR1Response, "content": {JSON: {}}}})
+              responses={200: {"model": SearchR1Response, "content": {JSON: {}}}, **_errors(400, 429, 503)})
     async def retrieve_searchr1(body: SearchR1Request, request: Request) -> Response:
         """Search-R1 `retrieval_server.py` compatible: `{queries, topk, return_scores}` ->
         `{"result": [[{"document": {"id", "contents"}, "score"}]]}` (documents only without scores)."""
