@@ -1,6 +1,8 @@
 """Retriever throughput: the served process against the fastest in-process library call, same run.
 
 For each method (bm25 = bm25s with its numba scorer, dense = MiniLM + FAISS flat, hybrid = RRF of both):
+(the service runs RETRIEVER_BM25_THREADS single-threaded bm25s calls at once; the in-process baseline is
+one call with that many scorer threads, the fastest a single caller gets)
 queries/s of the service (`POST /retrieve`, k=10) at batch 1, 32 and 256 with 8 concurrent clients,
 next to the in-process call of the same library objects at the same batch size (one thread of calls,
 each library using its own threads: bm25s n_threads=2, torch/FAISS defaults), measured in interleaved

@@ -3,7 +3,8 @@
 No timer: a request that finds the backend idle starts a call at once; requests that arrive while a
 call runs queue up and go together in the next call (up to `max_batch` queries). At low load this adds
 no latency; under load the library sees large batches, which is where BM25, FAISS and the encoder are
-fastest. The blocking call runs on a dedicated thread (one per backend), never on the event loop.
+fastest. The blocking call runs on dedicated threads (`workers` per backend, default one), never on
+the event loop. With two workers a second batch is searched while the first one's responses are written.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class _Item:
 
 class MicroBatcher:
     def __init__(self, name: str, fn: SearchFn, *, max_batch: int = 512, max_queue: int = 8192,
-                 observe: Observer | None = None) -> None:
+                 observe: Observer | None = None, workers: int = 1) -> None:
         self.name = name
         self.fn = fn
         self.max_batch = max_batch
@@ -43,8 +44,9 @@ class MicroBatcher:
         self.observe = observe
         self._pending: deque[_Item] = deque()
         self._queued = 0
-        self._worker: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"search-{name}")
+        self.workers = workers
+        self._drains: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"search-{name}")
         self._closed = False
 
     @property
@@ -61,8 +63,11 @@ class MicroBatcher:
         item = _Item(queries, k, loop.create_future())
         self._pending.append(item)
         self._queued += len(queries)
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._drain())
+        # a drain that just finished is done() before its discard callback has run: count live ones only
+        if sum(not task.done() for task in self._drains) < self.workers:
+            task = loop.create_task(self._drain())
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
         return await item.future
 
     def _take(self) -> list[_Item]:
@@ -104,11 +109,11 @@ class MicroBatcher:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._worker is not None and not self._worker.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._worker), timeout=10)
-            except TimeoutError:
-                self._worker.cancel()
+        drains = set(self._drains)
+        if drains:
+            _, late = await asyncio.wait(drains, timeout=10)
+            for task in late:
+                task.cancel()
         while self._pending:
             item = self._pending.popleft()
             if not item.future.done():

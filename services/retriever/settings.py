@@ -71,7 +71,8 @@ class RetrieverSettings(ServiceSettings):
     bm25_backend: Bm25Backend = "bm25s"
     bm25_k1: float | None = Field(None, gt=0, description="None = the backend's default (bm25s 1.5, Lucene 0.9)")
     bm25_b: float | None = Field(None, ge=0, le=1, description="None = the backend's default (0.75 / 0.4)")
-    bm25_threads: int = Field(2, ge=1, le=256, description="threads of one BM25 batch call")
+    bm25_threads: int = Field(2, ge=1, le=256, description="BM25 search threads: bm25s runs this many "
+                              "single-threaded batch calls at once, pyserini one call with this many threads")
 
     dense: bool = Field(False, description="load a dense (FAISS) index")
     encoder: EncoderSettings = Field(default_factory=EncoderSettings)  # type: ignore[arg-type]

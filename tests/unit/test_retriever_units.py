@@ -283,6 +283,35 @@ async def test_concurrent_requests_are_merged_and_split_back() -> None:
     await batcher.aclose()
 
 
+async def test_two_workers_search_a_second_batch_while_the_first_one_runs() -> None:
+    fn = BlockingSearch()  # the first call blocks until released
+    batcher = MicroBatcher("t", fn, max_batch=100, workers=2)
+    first = asyncio.ensure_future(batcher.submit(["1"], 1))
+    assert await asyncio.to_thread(fn.started.wait, 10)
+    # with one worker these would wait for the first call; the second worker searches them now, merged
+    second = [asyncio.ensure_future(batcher.submit([str(i)], 1)) for i in (2, 3)]
+    done, _ = await asyncio.wait(second, timeout=10)
+    assert len(done) == 2 and not first.done()
+    assert [r.result().ids.tolist() for r in second] == [[[20]], [[30]]]
+    assert [c[0] for c in fn.calls] == [["1"], ["2", "3"]]
+    fn.release.set()
+    assert (await first).ids.tolist() == [[10]]
+    await batcher.aclose()
+
+
+async def test_back_to_back_requests_do_not_wait_on_a_finished_worker() -> None:
+    def search(queries: Sequence[str], k: int) -> Hits:
+        return hits([[int(q)] for q in queries])
+
+    for workers in (1, 2):
+        batcher = MicroBatcher("t", search, workers=workers)
+        async with asyncio.timeout(5):  # (not wait_for: its extra task would hide the race)
+            for i in range(20):  # each submit right after the previous result: the worker has just finished
+                result = await batcher.submit([str(i)], 1)
+                assert result.ids.tolist() == [[i]]
+        await batcher.aclose()
+
+
 async def test_batch_limit_errors_and_overload() -> None:
     fn = BlockingSearch()
     batcher = MicroBatcher("t", fn, max_batch=3, max_queue=4)
