@@ -127,7 +127,7 @@ class Servers:
             self.llm.wait(timeout=10)
         self.llm = start(self.stack, [sys.executable, "-m", "services.testing.fake_llm", "--port", str(self.llm_port),
                                       "--latency-ms", str(latency_ms),
-                                      "--responder", "services.searcher.fake_policy:respond"])
+                                      "--responder", "services.searcher.fake_policy:respond", "--no-record"])
         wait_http(f"http://127.0.0.1:{self.llm_port}/v1/models")
 
     def start_searcher(self) -> str:

@@ -16,8 +16,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 Responder = Callable[[dict[str, Any]], "str | Awaitable[str]"]
 
@@ -54,8 +55,9 @@ def load_responder(spec: str) -> Responder:
 
 
 def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, model: str = "fake-llm",
-                        fail_status: int | None = None) -> FastAPI:
-    """`app.state.calls` counts completions; `app.state.fail_status` (settable) makes every call fail."""
+                        fail_status: int | None = None, record: bool = True) -> FastAPI:
+    """`app.state.calls` counts completions, `app.state.bodies` keeps each request body (unless `record`
+    is off: benchmarks), `app.state.fail_status` (settable) makes every call fail."""
     app = FastAPI(title="fake OpenAI-compatible LLM")
     app.state.calls = 0
     app.state.bodies = []
@@ -71,10 +73,11 @@ def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, 
         return {"status": "ok"}
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        body = await request.json()
+    async def chat(request: Request) -> Response:
+        body = orjson.loads(await request.body())
         app.state.calls += 1
-        app.state.bodies.append(body)
+        if record:
+            app.state.bodies.append(body)
         if app.state.latency_s:
             await asyncio.sleep(app.state.latency_s)
         if app.state.fail_status:
@@ -84,13 +87,13 @@ def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, 
         if inspect.isawaitable(text):
             text = await text
         prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
-        return JSONResponse({
+        return Response(orjson.dumps({
             "id": f"fake-{app.state.calls}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", model),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": max(1, len(str(text)) // 4),
                       "total_tokens": prompt_chars // 4 + max(1, len(str(text)) // 4)},
-        })
+        }), media_type="application/json")
 
     return app
 
@@ -104,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--responder", default="echo", help="preset (echo, yes, no) or module:function")
     parser.add_argument("--model", default="fake-llm")
+    parser.add_argument("--no-record", action="store_true", help="do not keep request bodies (long benchmarks)")
     args = parser.parse_args(argv)
-    app = create_fake_llm_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model)
+    app = create_fake_llm_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model,
+                              record=not args.no_record)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
