@@ -136,7 +136,10 @@ class AiohttpWire:
         import aiohttp
 
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=60)
+            # idle connections are dropped after 4 s, before uvicorn's default 5 s keep-alive (vLLM, llama.cpp's
+            # server) closes them under us
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=60,
+                                             keepalive_timeout=4.0)
             self._session = aiohttp.ClientSession(connector=connector, headers=self.headers,
                                                   cookie_jar=aiohttp.DummyCookieJar(), timeout=self._timeout(None),
                                                   auto_decompress=True)
