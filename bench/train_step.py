@@ -51,7 +51,9 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--retrieve-k", type=int, default=3)
     parser.add_argument("--doc-chars", type=int, default=300)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=80,
+                        help="per policy action; an s3 search action is ~55 SmolLM2 tokens (48 made every "
+                             "search action invalid: no GRPO signal)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--format-lambda", type=float, default=0.5,
                         help="weight of the format reward (an untrained 135M policy rarely emits a valid action, so "
@@ -62,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.steps, args.questions, args.questions_per_step = 1, 2, 2
-        args.max_turns, args.retrieve_k, args.doc_chars, args.max_new_tokens = 1, 2, 200, 24
+        args.max_turns, args.retrieve_k, args.doc_chars, args.max_new_tokens = 1, 2, 200, 64
     configure_logging("INFO", service="bench")
     logging.getLogger("trainer").setLevel(logging.INFO)
     out = Path(args.out) / ("quick" if args.quick else "full")

@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--retrieve-k", dest="retrieve_k", type=int, default=8)
     t.add_argument("--select-k", dest="select_k", type=int, default=3)
     t.add_argument("--doc-chars", dest="doc_chars", type=int, default=None)
-    t.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=64)
+    t.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=80,
+                   help="tokens per policy action (an s3 search action is ~55 SmolLM2 tokens)")
     t.add_argument("--max-completion-tokens", dest="max_completion_tokens", type=int, default=1024)
     t.add_argument("--reward", choices=["gbr", "genacc", "em", "qagent", "gbr_genacc"], default=None)
     t.add_argument("--format-lambda", dest="format_lambda", type=float, default=None)

@@ -46,8 +46,9 @@ class TrainConfig(BaseModel):
     beta: float = Field(0.0, ge=0.0, description="KL coefficient (0 = no reference model)")
     temperature: float = Field(1.0, gt=0.0, le=2.0, description="rollout sampling temperature")
     max_completion_tokens: int = Field(1024, ge=16)
+    # an s3 search action (selection, completion flag, JSON query) is ~55 SmolLM2 tokens: leave room for it
     search: SearchParams = Field(default_factory=lambda: SearchParams(mode="s3", max_turns=3, retrieve_k=8,
-                                                                      select_k=3, max_new_tokens=64))
+                                                                      select_k=3, max_new_tokens=80))
     format_lambda: float = Field(0.0, ge=0.0)
     threads: int | None = None
 
