@@ -111,8 +111,11 @@ def main() -> None:
         "naive_genacc_of_candidates": mean([genacc[c.id] for c in tried]),
         "format_first5": mean([e["mean_format"] for e in entries[:5]]),
         "format_last5": mean([e["mean_format"] for e in entries[-5:]]),
-        "groups_with_reward_variance": sum(
-            len({(q, r) for q, r in zip(e["qids"], e["reward"], strict=True)}) > len(set(e["qids"])) for e in entries),
+        # steps where at least one question's rollouts got different optimised rewards (GBR + lambda x
+        # format): only those move the GRPO policy
+        "steps_with_reward_variance": sum(
+            len({(q, r + args.format_lambda * f) for q, r, f in zip(e["qids"], e["reward"], e["format"], strict=True)})
+            > len(set(e["qids"])) for e in entries),
         "rollouts_per_step": args.questions_per_step * args.num_generations,
         "baseline_seconds": round(baseline_s, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
         "png": str(png),
