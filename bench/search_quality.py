@@ -178,6 +178,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(VAR / "bench" / "search_quality"),
                         help="finished searches are appended here; a rerun with the same settings resumes")
     parser.add_argument("--restart", action="store_true", help="discard finished searches of these settings")
+    parser.add_argument("--report", action="store_true", help="only summarise the searches finished so far "
+                        "(a partial run: says `partial` and how many questions are done)")
     args = parser.parse_args()
     if args.free_n is None:
         args.free_n = args.n
@@ -186,6 +188,16 @@ def main() -> None:
         args.n, args.max_turns, args.retrieve_k, args.select_k, args.doc_chars = 1, 1, 3, 2, 200
         args.max_new_tokens = 64
 
+    if args.report:
+        model = args.model or "smollm2-135m-instruct"
+        path = results_path(args, model)
+        if not path.exists():
+            parser.error(f"no finished searches for these settings ({path})")
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+        print(json.dumps({**summarise(records, args, model, path, 0.0), "partial": True,
+                          "questions_done": {d: len({r["id"] for r in records if r["dataset"] == d})
+                                             for d in DATASETS}}))
+        return
     corpus = DATA / "corpus" / "combined.jsonl"
     index_dir = ensure_bm25_index(corpus, VAR)
     with ExitStack() as stack:
