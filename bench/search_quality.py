@@ -15,7 +15,8 @@ first `--free-n` questions of each set: SmolLM2 on 2 CPU cores takes ~12 s per s
 run with both decodings on 100 + 100 questions would take over 2 hours).
 
 Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed or
-stopped run started again with the same settings resumes from there (`--restart` discards them).
+stopped run started again with the same settings resumes from there (degraded searches, where the policy
+failed, run again; `--restart` discards everything; `--report` summarises a partial run).
 
 Final line: {"recall": {mode: {dataset: r}}, "docs_returned": {mode: avg}, "valid_action_rate":
 {"constrained": .., "free": ..}, ...}
@@ -76,7 +77,10 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, m
                 row = json.loads(line)
             except ValueError:  # a line cut short by a kill: that search runs again
                 continue
-            done[(row["dataset"], row["id"], row["label"])] = row
+            if row.get("degraded"):  # the policy failed (timeout, error): infrastructure, not quality; again
+                done.pop((row["dataset"], row["id"], row["label"]), None)
+            else:
+                done[(row["dataset"], row["id"], row["label"])] = row
         log(f"resuming: {len(done)} searches already in {path}")
     elif path.exists():
         path.unlink()
@@ -193,7 +197,12 @@ def main() -> None:
         path = results_path(args, model)
         if not path.exists():
             parser.error(f"no finished searches for these settings ({path})")
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+        latest = {}  # a search run again after a degraded one: its last line counts
+        for line in path.read_text().splitlines():
+            if line.strip().endswith("}"):
+                row = json.loads(line)
+                latest[(row["dataset"], row["id"], row["label"])] = row
+        records = list(latest.values())
         print(json.dumps({**summarise(records, args, model, path, 0.0), "partial": True,
                           "questions_done": {d: len({r["id"] for r in records if r["dataset"] == d})
                                              for d in DATASETS}}))
