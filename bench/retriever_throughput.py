@@ -2,7 +2,8 @@
 
 For each method (bm25 = bm25s with its numba scorer, dense = MiniLM + FAISS flat, hybrid = RRF of both):
 (the service runs RETRIEVER_BM25_THREADS single-threaded bm25s calls at once; the in-process baseline is
-one call with that many scorer threads, the fastest a single caller gets)
+one call with a scorer thread per core, the fastest a single caller gets). `--replicas N` starts N service
+processes and spreads the 8 clients over them (replicas on one node; peak RSS is their sum).
 queries/s of the service (`POST /retrieve`, k=10) at batch 1, 32 and 256 with 8 concurrent clients,
 next to the in-process call of the same library objects at the same batch size (one thread of calls,
 each library using its own threads: bm25s n_threads=2, torch/FAISS defaults), measured in interleaved
@@ -26,8 +27,10 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +108,10 @@ class RawClient:
             self.reader = self.writer = None
 
 
-async def _service_rate(port: int, method: str, batch: int, pool: list[str], seconds: float) -> float:
+async def _service_rate(ports: list[int], method: str, batch: int, pool: list[str], seconds: float) -> float:
     bodies = [orjson.dumps({"queries": pool[i:i + batch], "k": K, "method": method})
               for i in range(0, len(pool) - batch, max(batch, 7))][:200]
-    clients = [RawClient(port) for _ in range(CLIENTS)]
+    clients = [RawClient(ports[i % len(ports)]) for i in range(CLIENTS)]  # spread over the replicas
     done = 0
     checked = False
 
@@ -236,6 +239,8 @@ def main() -> None:
     parser.add_argument("--dims", type=int, default=None, help="ANN vector size (default 384 = MiniLM; "
                         "--quick: 128)")
     parser.add_argument("--skip-ann", action="store_true")
+    parser.add_argument("--replicas", type=int, default=1, help="service processes behind the same clients "
+                        "(like replicas on one node; peak RSS is their sum)")
     args = parser.parse_args()
     seconds = args.seconds or (0.5 if args.quick else 8.0)
     dims = args.dims or (128 if args.quick else 384)
@@ -272,7 +277,9 @@ def main() -> None:
         if not names:
             continue
         # the in-process objects are built with the same classes and parameters the service uses
-        bm25 = Bm25sRetriever(index_dir / "bm25s", threads=defaults.bm25_threads)
+        # the fastest single in-process caller: one call with a scorer thread per core (not the service's
+        # setting, which --replicas runs may lower)
+        bm25 = Bm25sRetriever(index_dir / "bm25s", threads=os.cpu_count() or 2)
         candidates: dict[str, Any] = {"bm25": bm25}
         uses_dense = any(m in ("dense", "hybrid") for m in names)
         if uses_dense:
@@ -280,7 +287,10 @@ def main() -> None:
             candidates["dense"] = dense
             candidates["hybrid"] = HybridRetriever(bm25, dense, depth=defaults.fusion_depth, rrf_k=defaults.rrf_k)
         env = {"RETRIEVER_DENSE": "true" if uses_dense else "false"}
-        with ServedRetriever(env, corpus=corpus, index_dir=index_dir) as served:
+        with ExitStack() as replicas:
+            served_all = [replicas.enter_context(ServedRetriever(env, corpus=corpus, index_dir=index_dir))
+                          for _ in range(args.replicas)]
+            ports = [served.port for served in served_all]
             # interleaved windows (in-process, service, in-process, service): on a shared machine whose load
             # swings, both sides of each ratio then see the same conditions
             for method in names:
@@ -289,12 +299,12 @@ def main() -> None:
                     ip, sv = [], []
                     for _ in range(ROUNDS):
                         ip.append(_inprocess_rate(candidates[method], b, pool, seconds / ROUNDS))
-                        sv.append(asyncio.run(_service_rate(served.port, method, b, pool, seconds / ROUNDS)))
+                        sv.append(asyncio.run(_service_rate(ports, method, b, pool, seconds / ROUNDS)))
                     inprocess[method][str(b)] = round(sum(ip) / ROUNDS, 1)
                     service[method][str(b)] = round(sum(sv) / ROUNDS, 1)
                 log(f"in-process {method}: {inprocess[method]}")
                 log(f"service    {method}: {service[method]}")
-            peaks.append(served.peak_rss_mb())
+            peaks.append(sum(served.peak_rss_mb() for served in served_all))
         for r in candidates.values():
             r.close()
         del candidates, bm25
@@ -304,7 +314,7 @@ def main() -> None:
     log(f"ratio at batch 32: {ratio}, service peak RSS {peak} MB")
 
     result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,
-                              "peak_rss_mb": peak, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
+                              "peak_rss_mb": peak, "replicas": args.replicas, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
                               "quick": args.quick, "notes": notes}
     if not args.skip_ann:
         ann = ann_vs_exact(n_vectors, dims=dims)
