@@ -73,13 +73,19 @@ def _cache_numba_scorer() -> None:
 
     if getattr(ru, "_plugsearch_cached", False):
         return
-    ru._retrieve_internal_jitted_parallel = njit(parallel=True, nogil=True, cache=True)(ru._retrieve_internal_jitted)
+    # the parallel scorer keeps the GIL: numba's workqueue threading layer must not be entered from two threads
+    # at once, and the GIL serialises such calls. The service runs single-threaded calls instead (nogil).
+    ru._retrieve_internal_jitted_parallel = njit(parallel=True, cache=True)(ru._retrieve_internal_jitted)
     ru._retrieve_internal_jitted_serial = njit(nogil=True, cache=True)(ru._retrieve_internal_jitted)
     ru._plugsearch_cached = True
 
 
 class Bm25sRetriever:
-    """bm25s with its numba backend (compiled and warmed up at load, so the first request is fast)."""
+    """bm25s with its numba backend (compiled and warmed up at load, so the first request is fast).
+
+    `threads=1`: the serial scorer, which releases the GIL and may be called from several threads at once
+    (the service's micro-batcher does). `threads>1`: one call uses that many scorer threads.
+    """
 
     name = "bm25s"
 
