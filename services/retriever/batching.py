@@ -63,11 +63,10 @@ class MicroBatcher:
         item = _Item(queries, k, loop.create_future())
         self._pending.append(item)
         self._queued += len(queries)
-        # a drain that just finished is done() before its discard callback has run: count live ones only
-        if sum(not task.done() for task in self._drains) < self.workers:
-            task = loop.create_task(self._drain())
-            self._drains.add(task)
-            task.add_done_callback(self._drains.discard)
+        # live drains only: one that just finished is done() already, and must not block a new one
+        self._drains = {task for task in self._drains if not task.done()}
+        if len(self._drains) < self.workers:
+            self._drains.add(loop.create_task(self._drain()))
         return await item.future
 
     def _take(self) -> list[_Item]:
