@@ -178,7 +178,7 @@ class AiohttpWire:
 
 def make_wire(base_url: str, *, timeout_s: float, connect_timeout_s: float, max_connections: int,
               headers: Mapping[str, str], kind: HttpTransport = "aiohttp",
-              transport: httpx.AsyncBaseTransport | None = None) -> AiohttpWire | HttpxWire:
+              transport: httpx.AsyncBaseTransport | None = None) -> Wire:
     """`HttpxWire` for an injected transport or `kind="httpx"`, else `AiohttpWire`."""
     if transport is not None or kind == "httpx":
         return HttpxWire(base_url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,

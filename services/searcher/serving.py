@@ -143,11 +143,11 @@ class SearchService:
                     "policy_ms=%.0f retrieval_ms=%.0f", outcome.mode, outcome.turns, len(outcome.queries),
                     len(outcome.documents), outcome.stop_reason, outcome.valid_actions, outcome.invalid_actions,
                     outcome.timings.total_ms, outcome.timings.policy_ms, outcome.timings.retrieval_ms)
-        cache = self.cache is not None and not outcome.degraded
+        store = None if outcome.degraded else self.cache
         # the cached entry keeps the trace (a later request may ask for it); build it only when needed
-        full = to_response(outcome, return_trace=cache or request.return_trace)
-        if cache:
-            await self.cache.set_json(key, full.model_dump(mode="json"))  # type: ignore[union-attr]
+        full = to_response(outcome, return_trace=store is not None or request.return_trace)
+        if store is not None:
+            await store.set_json(key, full.model_dump(mode="json"))
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
 
     async def search_batch(self, items: Sequence[SearchRequest]) -> list[SearchResponse]:
