@@ -63,6 +63,19 @@ def results_path(args: argparse.Namespace, model: str) -> Path:
     return Path(args.out) / f"searches-{digest}.jsonl"
 
 
+def read_results(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Finished searches by (dataset, id, label); the last line of a search run again wins, and a line cut
+    short by a kill is skipped (that search runs again)."""
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        latest[(row["dataset"], row["id"], row["label"])] = row
+    return latest
+
+
 async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, model: str) -> dict[str, Any]:
     policy = OpenAIChatClient(LLMSettings(base_url=llm_url, model=model, timeout_s=600, max_retries=0))
     client = RetrieverClient(ClientSettings(url=retriever_url, timeout_s=60))
@@ -72,15 +85,8 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, m
     path.parent.mkdir(parents=True, exist_ok=True)
     done: dict[tuple[str, str, str], dict[str, Any]] = {}
     if path.exists() and not args.restart:
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:  # a line cut short by a kill: that search runs again
-                continue
-            if row.get("degraded"):  # the policy failed (timeout, error): infrastructure, not quality; again
-                done.pop((row["dataset"], row["id"], row["label"]), None)
-            else:
-                done[(row["dataset"], row["id"], row["label"])] = row
+        # degraded searches (the policy failed: infrastructure, not quality) run again
+        done = {key: row for key, row in read_results(path).items() if not row["degraded"]}
         log(f"resuming: {len(done)} searches already in {path}")
     elif path.exists():
         path.unlink()
@@ -130,13 +136,16 @@ def summarise(records: list[dict[str, Any]], args: argparse.Namespace, model: st
     def docs_of(label: str) -> float:
         return round(statistics.mean(r["docs"] for r in of(label)), 2)
 
+    def searched(free: bool) -> list[dict[str, Any]]:  # s3 and qagent runs of one decoding
+        return [r for r in records if r["label"] != "naive" and r["label"].endswith("_free") == free]
+
     def rate(free: bool) -> float | None:
-        rows = [r for r in records if r["label"] != "naive" and r["label"].endswith("_free") == free]
+        rows = searched(free)
         total = sum(r["valid"] + r["invalid"] for r in rows)
         return round(sum(r["valid"] for r in rows) / total, 3) if total else None
 
     def all_valid(free: bool) -> float | None:
-        rows = [r for r in records if r["label"] != "naive" and r["label"].endswith("_free") == free]
+        rows = searched(free)
         return round(statistics.mean(r["invalid"] == 0 and r["valid"] > 0 for r in rows), 3) if rows else None
 
     return {
@@ -197,12 +206,7 @@ def main() -> None:
         path = results_path(args, model)
         if not path.exists():
             parser.error(f"no finished searches for these settings ({path})")
-        latest = {}  # a search run again after a degraded one: its last line counts
-        for line in path.read_text().splitlines():
-            if line.strip().endswith("}"):
-                row = json.loads(line)
-                latest[(row["dataset"], row["id"], row["label"])] = row
-        records = list(latest.values())
+        records = list(read_results(path).values())
         print(json.dumps({**summarise(records, args, model, path, 0.0), "partial": True,
                           "questions_done": {d: len({r["id"] for r in records if r["dataset"] == d})
                                              for d in DATASETS}}))
