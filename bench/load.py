@@ -135,6 +135,14 @@ class LocalStack:
             if pending:
                 time.sleep(0.1)
 
+    def revive(self, timeout_s: float = 120.0) -> None:
+        """Start every process that is not running (killed by a test before it could restart it)."""
+        dead = [name for name in ("redis", "llm", "retriever", "searcher")
+                if name in self.specs and (name not in self.procs or self.procs[name].poll() is not None)]
+        for name in dead:
+            self.start(name)
+        self.wait_ready(*dead, timeout_s=timeout_s)
+
     def __enter__(self) -> LocalStack:
         self.build_index()
         try:

@@ -38,10 +38,17 @@ SEARCHER_ENV = {
 
 @pytest.fixture(scope="module")
 def stack(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    local = LocalStack((data_dir / "corpus" / "combined.jsonl").resolve(), var_dir, llm_latency_ms=0.0,
+    # A little LLM latency keeps searches in flight when a test kills a process.
+    local = LocalStack((data_dir / "corpus" / "combined.jsonl").resolve(), var_dir, llm_latency_ms=10.0,
                        searcher_env=SEARCHER_ENV, log_dir=tmp_path_factory.mktemp("fault_logs"))
     with local:
         yield local
+
+
+@pytest.fixture(autouse=True)
+def whole_stack(stack: LocalStack) -> None:
+    """Each test starts on a whole stack, even when an earlier one failed before it restarted a process."""
+    stack.revive()
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +73,22 @@ async def test_dead_policy_llm_degrades_searches_then_recovers(stack: LocalStack
         healthy = [check_answer(await search(client, next(questions))) for _ in range(3)]
         assert all(not b["degraded"] and b["stop_reason"] == "complete" for b in healthy)
 
-        # A stream of concurrent searches; the LLM dies in the middle of it.
-        async def stream(n: int) -> list[httpx.Response]:
-            return [await search(client, next(questions)) for _ in range(n)]
+        # Streams of concurrent searches; the LLM dies in the middle of them. Each stream goes on for
+        # two searches after the kill, however fast the machine finished the ones before it.
+        killed = asyncio.Event()
 
-        streams = [asyncio.create_task(stream(6)) for _ in range(4)]
+        async def stream() -> list[httpx.Response]:
+            responses: list[httpx.Response] = []
+            after = 0
+            while after < 2 and len(responses) < 200:
+                after += killed.is_set()
+                responses.append(await search(client, next(questions)))
+            return responses
+
+        streams = [asyncio.create_task(stream()) for _ in range(4)]
         await asyncio.sleep(0.3)
         stack.stop("llm", signal.SIGKILL)
+        killed.set()
         during = [r for task in streams for r in await task]
         assert all(r.status_code == 200 for r in during), [r.text for r in during if r.status_code != 200]
         bodies = [check_answer(r) for r in during]
