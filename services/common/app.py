@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,7 +34,7 @@ from services.common.logging import (
     reset_request_id,
     set_request_id,
 )
-from services.common.metrics import ServiceMetrics
+from services.common.metrics import MULTIPROCESS_ENV, ServiceMetrics, multiprocess_registry
 from services.common.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
@@ -351,18 +352,40 @@ def build_app(
 
     @app.get("/metrics", tags=["ops"], include_in_schema=False)
     async def metrics_endpoint() -> Response:
+        if os.environ.get(MULTIPROCESS_ENV):  # one of several workers: report all of them
+            return Response(generate_latest(multiprocess_registry()), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
-def serve(app: FastAPI, settings: ServiceSettings) -> None:
-    """Run one service with uvicorn (used by every `python -m services.X` entrypoint)."""
+def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> None:
+    """Run one service with uvicorn (used by every `python -m services.X` entrypoint).
+
+    `settings.workers` > 1: that many worker processes share the port (uvicorn's supervisor restarts one
+    that dies), each built by `worker_factory` ("module:function", no arguments, settings from the same
+    environment), each with its own state (a retriever loads its index in every worker: RAM x workers).
+    Their metrics go through prometheus_client's multiprocess mode, so `/metrics` from any worker
+    reports the sum over all of them. `app` serves alone when `workers` is 1.
+    """
     import uvicorn
 
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=10, log_config=None,
-                timeout_keep_alive=int(settings.keep_alive_s))
+    options: dict[str, Any] = dict(host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                                   access_log=False, timeout_graceful_shutdown=10, log_config=None,
+                                   timeout_keep_alive=int(settings.keep_alive_s))
+    if settings.workers == 1:
+        uvicorn.run(app, **options)
+        return
+    import shutil
+    import tempfile
+
+    # A fresh directory per run: files left by an earlier run would add their counts to this one's.
+    metrics_dir = tempfile.mkdtemp(prefix="plugsearch-metrics-")
+    os.environ[MULTIPROCESS_ENV] = metrics_dir
+    try:
+        uvicorn.run(worker_factory, factory=True, workers=settings.workers, **options)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 async def noop_lifespan(app: FastAPI) -> AsyncIterator[None]:  # pragma: no cover - helper for tests

@@ -1,8 +1,16 @@
-"""Prometheus metrics, one registry per app (no import-time globals, so tests can build many apps)."""
+"""Prometheus metrics, one registry per app (no import-time globals, so tests can build many apps).
+
+With several worker processes (`ServiceSettings.workers`), `services.common.app.serve` sets
+`PROMETHEUS_MULTIPROC_DIR` before the workers start: every metric then lives in a file there, and
+`multiprocess_registry()` sums them over the workers. Gauges say how to combine (`multiprocess_mode`).
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -17,7 +25,8 @@ class ServiceMetrics:
                                 ["route", "method", "status"], registry=self.registry)
         self.latency = Histogram(f"{service}_http_request_seconds", "HTTP request latency",
                                  ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.in_flight = Gauge(f"{service}_http_in_flight", "requests being served", registry=self.registry)
+        self.in_flight = Gauge(f"{service}_http_in_flight", "requests being served", registry=self.registry,
+                               multiprocess_mode="livesum")
         self.rejected = Counter(f"{service}_http_rejected_total", "requests refused before the handler",
                                 ["reason"], registry=self.registry)
         self.upstream_seconds = Histogram(f"{service}_upstream_seconds", "calls to other services",
@@ -28,3 +37,10 @@ class ServiceMetrics:
                                     ["cache", "event"], registry=self.registry)
         self.llm_tokens = Counter(f"{service}_llm_tokens_total", "LLM tokens used",
                                   ["llm", "kind"], registry=self.registry)
+
+
+def multiprocess_registry() -> CollectorRegistry:
+    """Every worker's metrics, summed (read from the files under `PROMETHEUS_MULTIPROC_DIR`)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return registry

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from fastapi import FastAPI
 from pydantic import ValidationError
 
 from services.common.app import serve
@@ -35,7 +36,18 @@ def main() -> None:
     except (IndexMismatch, IndexMissing, CorpusError) as exc:
         logger.error("refusing to start: %s", exc)
         sys.exit(2)
-    serve(create_app(settings, check=check), settings)
+    serve(create_app(settings, check=check), settings, worker_factory="services.retriever.__main__:worker_app")
+
+
+def worker_app() -> FastAPI:
+    """One worker's app when RETRIEVER_WORKERS > 1: the parent checked the indexes; each worker loads its own."""
+    from services.retriever.api import create_app
+    from services.retriever.serving import check_indexes
+    from services.retriever.settings import RetrieverSettings
+
+    settings = RetrieverSettings()  # type: ignore[call-arg]
+    configure_logging(settings.log_level, service="retriever")
+    return create_app(settings, check=check_indexes(settings))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ class SearchMetrics:
         self.batch = Histogram("retriever_batch_queries", "queries per library call", ["method"],
                                buckets=BATCH_BUCKETS, registry=registry)
         self.queued = Gauge("retriever_queued_queries", "queries waiting for a library call", ["method"],
-                            registry=registry)
+                            registry=registry, multiprocess_mode="livesum")
 
 
 class RetrieverService:

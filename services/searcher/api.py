@@ -53,7 +53,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             if the_retriever is None:
                 retriever_client = RetrieverClient(settings.retriever, metrics=metrics)
                 stack.push_async_callback(retriever_client.aclose)
-                the_retriever = ServiceRetriever(retriever_client)
+                the_retriever = ServiceRetriever(retriever_client, max_batch=settings.retriever_max_batch)
             the_cache = cache
             if the_cache is None:
                 the_cache = make_cache(settings.redis_url, name="search", ttl_s=settings.cache_ttl_s,

@@ -39,6 +39,9 @@ class SearcherSettings(ServiceSettings):
     doc_chars: int | None = Field(None, ge=50, description="cut documents shown to the policy (small contexts)")
     search_timeout_s: float = Field(90.0, gt=0, description="budget of one search loop; past it: degraded")
     batch_concurrency: int = Field(8, ge=1, le=256, description="searches of one batch run at once")
+    retriever_max_batch: int = Field(64, ge=1, le=4096, description=(
+        "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
+        "queries; 1 = one request per retrieval"))
     cache_enabled: bool = True
 
     @model_validator(mode="after")

@@ -1,0 +1,111 @@
+"""`<SERVICE>_WORKERS` > 1 on a real process (the searcher; nothing upstream is needed for what is checked):
+the workers share the port, `/metrics` from any of them counts the requests all of them served, a worker
+killed with SIGKILL is replaced, and SIGTERM stops the whole group and removes the metrics directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port
+
+pytestmark = pytest.mark.e2e
+
+if not Path("/proc/self/stat").exists():  # pragma: no cover - Linux only (reads /proc)
+    pytest.skip("needs /proc", allow_module_level=True)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"spawn_main" in cmdline:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def wait_for(check, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def requests_counted(url: str) -> float:
+    with httpx.Client(timeout=10) as client:  # a new connection: any worker may answer
+        text = client.get(f"{url}/metrics").text
+    found = re.search(r'^searcher_http_requests_total\{method="POST",route="/search",status="422"\} (\S+)$',
+                      text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "SEARCHER_WORKERS": "2", "SEARCHER_PORT": str(port), "SEARCHER_LOG_LEVEL": "warning",
+           "SEARCHER_RETRIEVER__URL": f"http://127.0.0.1:{free_port()}", "SEARCHER_CACHE_ENABLED": "false"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log = (tmp_path / "searcher.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "services.searcher"], cwd=REPO, env=env,  # noqa: S603
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers")
+        metrics_dir = Path(environ(workers[0])["PROMETHEUS_MULTIPROC_DIR"])
+        assert metrics_dir.is_dir()
+
+        def live() -> bool:
+            try:
+                return httpx.get(f"{url}/health/live", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(live, 60, "the port to answer")
+        for _ in range(40):  # invalid searches (422) on fresh connections: spread over the workers
+            with httpx.Client(timeout=10) as client:
+                assert client.post(f"{url}/search", json={"question": ""}).status_code == 422
+        # Both workers served some of them, and every worker reports the sum of all of them.
+        served_by = {name.split("_")[-1].split(".")[0] for name in os.listdir(metrics_dir)
+                     if name.startswith("counter_")}
+        assert served_by >= {str(pid) for pid in workers}, (served_by, workers)
+        assert {requests_counted(url) for _ in range(6)} == {40.0}
+
+        os.kill(workers[0], signal.SIGKILL)  # the supervisor replaces a dead worker
+        replaced = wait_for(lambda: (found := children(proc.pid)) and len(found) == 2 and workers[0] not in found
+                            and found, 60, "a replacement worker")
+        assert len(replaced) == 2
+        wait_for(live, 60, "the port to answer after the restart")
+        with httpx.Client(timeout=10) as client:
+            assert client.post(f"{url}/search", json={"question": ""}).status_code == 422
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not children(proc.pid) or all(not Path(f"/proc/{pid}").exists() for pid in replaced)
+        assert not metrics_dir.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()

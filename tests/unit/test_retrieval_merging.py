@@ -1,0 +1,117 @@
+"""`ServiceRetriever` merges concurrent retrievals into one retriever request, and hands every caller
+exactly its own results or its own error."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from services.common.errors import BadRequest, UpstreamTimeout
+from services.common.schemas.base import Document
+from services.common.schemas.retriever import RetrieveResponse
+from services.searcher.loop import RetrieverRefused, ServiceRetriever
+
+BAD = "refuse me"
+
+
+class FakeClient:
+    """Records each request; answers one document per query whose id names the query and k."""
+
+    def __init__(self, *, fail: Exception | None = None, delay_s: float = 0.0) -> None:
+        self.calls: list[tuple[list[str], int, str | None]] = []
+        self.fail = fail
+        self.delay_s = delay_s
+
+    async def retrieve(self, queries: list[str], k: int = 10, method: Any = None) -> RetrieveResponse:
+        self.calls.append((list(queries), k, method))
+        await asyncio.sleep(self.delay_s)
+        if self.fail is not None:
+            raise self.fail
+        if BAD in queries:
+            raise BadRequest("retriever: query too long")  # what decode_error gives for a 400
+        return RetrieveResponse.model_construct(
+            results=[[Document(id=f"{q}|{k}|{method}", title="t", text="x", score=1.0)] for q in queries])
+
+
+def ids(results: list[list[Document]]) -> list[str]:
+    return [docs[0].id for docs in results]
+
+
+async def test_concurrent_calls_go_out_as_one_request_and_each_caller_gets_its_own_slice() -> None:
+    client = FakeClient()
+    retriever = ServiceRetriever(client, max_batch=64)  # type: ignore[arg-type]
+    batches = [["a"], ["b", "c"], ["d"]]
+    results = await asyncio.gather(*(retriever.retrieve(qs, 8, "bm25") for qs in batches))
+    assert client.calls == [(["a", "b", "c", "d"], 8, "bm25")]
+    assert [ids(r) for r in results] == [["a|8|bm25"], ["b|8|bm25", "c|8|bm25"], ["d|8|bm25"]]
+
+
+async def test_calls_with_another_k_or_method_are_separate_requests() -> None:
+    client = FakeClient()
+    retriever = ServiceRetriever(client)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["a"], 8, "bm25"), retriever.retrieve(["b"], 3, "bm25"),
+                                   retriever.retrieve(["c"], 8, "dense"), retriever.retrieve(["d"], 8, "bm25"))
+    assert sorted(client.calls) == sorted([(["a", "d"], 8, "bm25"), (["b"], 3, "bm25"), (["c"], 8, "dense")])
+    assert [ids(r) for r in results] == [["a|8|bm25"], ["b|3|bm25"], ["c|8|dense"], ["d|8|bm25"]]
+
+
+async def test_a_full_batch_is_sent_and_the_rest_start_another() -> None:
+    client = FakeClient()
+    retriever = ServiceRetriever(client, max_batch=4)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(retriever.retrieve([f"q{i}", f"r{i}"], 5, None) for i in range(5)))
+    assert [len(qs) for qs, _, _ in client.calls] == [4, 4, 2]
+    assert [ids(r) for r in results] == [[f"q{i}|5|None", f"r{i}|5|None"] for i in range(5)]
+
+
+async def test_a_lone_call_is_not_held_back_and_max_batch_1_never_merges() -> None:
+    client = FakeClient()
+    retriever = ServiceRetriever(client, max_batch=1)  # type: ignore[arg-type]
+    await asyncio.gather(retriever.retrieve(["a"], 8, None), retriever.retrieve(["b"], 8, None))
+    assert client.calls == [(["a"], 8, None), (["b"], 8, None)]
+    alone = ServiceRetriever(FakeClient())  # type: ignore[arg-type]
+    assert ids(await asyncio.wait_for(alone.retrieve(["x"], 2, None), timeout=1)) == ["x|2|None"]
+
+
+async def test_a_refused_merged_request_is_resent_per_caller_so_only_the_bad_caller_fails() -> None:
+    client = FakeClient()
+    retriever = ServiceRetriever(client)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["a"], 8, None), retriever.retrieve([BAD], 8, None),
+                                   retriever.retrieve(["b"], 8, None), return_exceptions=True)
+    assert ids(results[0]) == ["a|8|None"] and ids(results[2]) == ["b|8|None"]  # type: ignore[arg-type]
+    assert isinstance(results[1], RetrieverRefused) and results[1].status == 502
+    assert client.calls[0][0] == ["a", BAD, "b"] and sorted(c[0][0] for c in client.calls[1:]) == ["a", "b", BAD]
+
+
+async def test_an_upstream_failure_reaches_every_caller_of_the_batch() -> None:
+    client = FakeClient(fail=UpstreamTimeout("retriever timed out"))
+    retriever = ServiceRetriever(client)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["a"], 8, None), retriever.retrieve(["b"], 8, None),
+                                   return_exceptions=True)
+    assert all(isinstance(r, UpstreamTimeout) for r in results) and len(client.calls) == 1
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
+    client = FakeClient(delay_s=0.05)
+    retriever = ServiceRetriever(client)  # type: ignore[arg-type]
+    first = asyncio.create_task(retriever.retrieve(["a"], 8, None))
+    second = asyncio.create_task(retriever.retrieve(["b"], 8, None))
+    await asyncio.sleep(0.01)  # the merged request is on its way
+    first.cancel()
+    assert ids(await second) == ["b|8|None"]
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert client.calls == [(["a", "b"], 8, None)]
+
+
+async def test_an_answer_with_the_wrong_number_of_lists_is_an_upstream_error() -> None:
+    class Short(FakeClient):
+        async def retrieve(self, queries: list[str], k: int = 10, method: Any = None) -> RetrieveResponse:
+            response = await super().retrieve(queries, k, method)
+            return RetrieveResponse.model_construct(results=response.results[:-1])
+
+    retriever = ServiceRetriever(Short())  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["a"], 8, None), retriever.retrieve(["b"], 8, None),
+                                   return_exceptions=True)
+    assert all(isinstance(r, Exception) and "result lists" in str(r) for r in results)
