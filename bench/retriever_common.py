@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,37 +65,63 @@ def free_port() -> int:
 
 
 class ServedRetriever:
-    """`python -m services.retriever` as a child process on a free port, stopped on exit."""
+    """`python -m services.retriever` as a child process on a free port, stopped on exit. With
+    `RETRIEVER_WORKERS` > 1 in `env`, ready means every worker has finished loading its index."""
 
     def __init__(self, env: dict[str, str], timeout: float = 600.0, *, corpus: Path = CORPUS,
                  index_dir: Path = INDEX_DIR) -> None:
         self.port = free_port()
         full = {**os.environ, "RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
-                "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "WARNING", **env}
+                "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "INFO", **env}
+        workers = int(full.get("RETRIEVER_WORKERS", "1"))
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "services.retriever"], env=full, cwd=REPO,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + timeout
         import httpx
 
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"retriever exited: {self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+                raise RuntimeError(f"retriever exited: {self._log_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200:
-                    return
+                ready = httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
+                ready = False
+            if ready and self._log_text().count("Application startup complete") >= workers:
+                return
             time.sleep(0.2)
         self.stop()
         raise RuntimeError("retriever did not become ready")
 
+    def _log_text(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def pids(self) -> list[int]:
+        """The service process and its workers."""
+        found = [self.proc.pid]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
     def peak_rss_mb(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+        """Peak RSS of the service, summed over its workers (each holds its own index)."""
+        total = 0.0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("VmHWM:"):
+                            total += int(line.split()[1]) / 1024
+            except OSError:
+                continue
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -104,8 +131,7 @@ class ServedRetriever:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self.log.close()
 
     def __enter__(self) -> ServedRetriever:
         return self

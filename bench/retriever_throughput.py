@@ -2,8 +2,9 @@
 
 For each method (bm25 = bm25s with its numba scorer, dense = MiniLM + FAISS flat, hybrid = RRF of both):
 (the service runs RETRIEVER_BM25_THREADS single-threaded bm25s calls at once; the in-process baseline is
-one call with a scorer thread per core, the fastest a single caller gets). `--replicas N` starts N service
-processes and spreads the 8 clients over them (replicas on one node; peak RSS is their sum).
+one call with a scorer thread per core, the fastest a single caller gets). `--workers N` runs the service
+with N worker processes on its port (`RETRIEVER_WORKERS`; each loads its own index, peak RSS is their
+sum); `--replicas N` starts N service processes and spreads the 8 clients over them.
 queries/s of the service (`POST /retrieve`, k=10) at batch 1, 32 and 256 with 8 concurrent clients,
 next to the in-process call of the same library objects at the same batch size (one thread of calls,
 each library using its own threads: bm25s n_threads=2, torch/FAISS defaults), measured in interleaved
@@ -239,6 +240,8 @@ def main() -> None:
     parser.add_argument("--dims", type=int, default=None, help="ANN vector size (default 384 = MiniLM; "
                         "--quick: 128)")
     parser.add_argument("--skip-ann", action="store_true")
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("RETRIEVER_WORKERS", "1")),
+                        help="service worker processes (RETRIEVER_WORKERS; default 1)")
     parser.add_argument("--replicas", type=int, default=1, help="service processes behind the same clients "
                         "(like replicas on one node; peak RSS is their sum)")
     args = parser.parse_args()
@@ -286,7 +289,7 @@ def main() -> None:
             dense = DenseRetriever(Encoder(EncoderSettings()), FaissIndex(index_dir / "dense-flat", FaissSettings()))
             candidates["dense"] = dense
             candidates["hybrid"] = HybridRetriever(bm25, dense, depth=defaults.fusion_depth, rrf_k=defaults.rrf_k)
-        env = {"RETRIEVER_DENSE": "true" if uses_dense else "false"}
+        env = {"RETRIEVER_DENSE": "true" if uses_dense else "false", "RETRIEVER_WORKERS": str(args.workers)}
         with ExitStack() as replicas:
             served_all = [replicas.enter_context(ServedRetriever(env, corpus=corpus, index_dir=index_dir))
                           for _ in range(args.replicas)]
@@ -314,7 +317,8 @@ def main() -> None:
     log(f"ratio at batch 32: {ratio}, service peak RSS {peak} MB")
 
     result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,
-                              "peak_rss_mb": peak, "replicas": args.replicas, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
+                              "peak_rss_mb": peak, "replicas": args.replicas,
+                              "workers": args.workers, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
                               "quick": args.quick, "notes": notes}
     if not args.skip_ann:
         ann = ann_vs_exact(n_vectors, dims=dims)
