@@ -34,7 +34,12 @@ from services.common.logging import (
     reset_request_id,
     set_request_id,
 )
-from services.common.metrics import MULTIPROCESS_ENV, ServiceMetrics, multiprocess_registry
+from services.common.metrics import (
+    MULTIPROCESS_ENV,
+    ServiceMetrics,
+    forget_dead_workers,
+    multiprocess_registry,
+)
 from services.common.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
@@ -308,6 +313,7 @@ def build_app(
 
     The service's lifespan must set `app.state.readiness` (a ReadinessCheck) once it can answer.
     """
+    forget_dead_workers()
     metrics = ServiceMetrics(service)
     app = FastAPI(title=f"plugsearch {service}", description=description, version=services.__version__,
                   lifespan=lifespan)

@@ -7,8 +7,10 @@ With several worker processes (`ServiceSettings.workers`), `services.common.app.
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -37,6 +39,29 @@ class ServiceMetrics:
                                     ["cache", "event"], registry=self.registry)
         self.llm_tokens = Counter(f"{service}_llm_tokens_total", "LLM tokens used",
                                   ["llm", "kind"], registry=self.registry)
+
+
+def forget_dead_workers() -> None:
+    """Drop the live-gauge files of workers that are gone (a worker the supervisor replaced would otherwise
+    keep, say, its in-flight count forever). Called as each worker starts; counters and histograms of
+    dead workers stay, as prometheus_client intends."""
+    path = os.environ.get(MULTIPROCESS_ENV)
+    if not path:
+        return
+    pids = {name.rsplit("_", 1)[-1].removesuffix(".db") for name in os.listdir(path) if name.startswith("gauge_live")}
+    for pid in pids:
+        if pid.isdigit() and not _alive(int(pid)):
+            mark_process_dead(int(pid), path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def multiprocess_registry() -> CollectorRegistry:
