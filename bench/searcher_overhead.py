@@ -1,7 +1,7 @@
 """Searcher overhead and concurrency: what the searcher itself costs per search, and whether it serialises.
 
-Three real processes on localhost: the searcher (`python -m services.searcher`, cache off), the fake
-OpenAI-compatible LLM (`services.testing.fake_llm`) answering with the scripted s3 policy
+Three real processes on localhost: the searcher (`python -m services.searcher`, cache off), a fake
+OpenAI-compatible LLM defined here (`--serve-fake-llm`) answering with the scripted s3 policy
 (`services.searcher.fake_policy`: every search runs the full 3 turns + final step = 4 policy calls and
 4 retrievals), and a fake retriever server defined here (`--serve-fake-retriever`: returns k synthetic
 documents at once, no index), so retrieval time is not the retriever's work but only the HTTP round trip.
@@ -85,6 +85,46 @@ def serve_fake_retriever(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def serve_fake_llm(port: int, latency_ms: float) -> None:
+    """OpenAI-compatible `POST /v1/chat/completions` answering with the scripted s3 policy
+    (`services.searcher.fake_policy`) after `latency_ms`: a bare ASGI app for the same reason as the fake
+    retriever (the FastAPI fake, `services.testing.fake_llm`, took ~0.45 ms CPU per call, a third of what
+    the searcher itself spends per call, on the same 2 cores)."""
+    import orjson
+    import uvicorn
+
+    from services.searcher.fake_policy import respond
+
+    latency_s = latency_ms / 1000
+    models = orjson.dumps({"object": "list", "data": [{"id": "fake-policy", "object": "model"}]})
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["path"] == "/v1/chat/completions":
+            request = orjson.loads(body)
+            if latency_s:
+                await asyncio.sleep(latency_s)
+            text = respond(request)
+            payload = orjson.dumps({
+                "id": "fake", "object": "chat.completion", "created": 0, "model": request.get("model", "fake"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        else:
+            payload = models
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
 def wait_http(url: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -129,9 +169,8 @@ class Servers:
         if self.llm is not None:
             self.llm.terminate()
             self.llm.wait(timeout=10)
-        self.llm = start(self.stack, [sys.executable, "-m", "services.testing.fake_llm", "--port", str(self.llm_port),
-                                      "--latency-ms", str(latency_ms),
-                                      "--responder", "services.searcher.fake_policy:respond", "--no-record"])
+        self.llm = start(self.stack, [sys.executable, __file__, "--serve-fake-llm", str(self.llm_port),
+                                      "--latency-ms", str(latency_ms)])
         wait_http(f"http://127.0.0.1:{self.llm_port}/v1/models")
 
     def start_searcher(self) -> str:
@@ -306,9 +345,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer searches (< 1 minute)")
     parser.add_argument("--workers", type=int, default=1, help="searcher worker processes (SEARCHER_WORKERS)")
     parser.add_argument("--serve-fake-retriever", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-fake-llm", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fake_retriever:
         serve_fake_retriever(args.serve_fake_retriever)
+        return
+    if args.serve_fake_llm:
+        serve_fake_llm(args.serve_fake_llm, args.latency_ms)
         return
     result = asyncio.run(main_async(args.quick, args.workers))
     print(json.dumps(result))
