@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--llm-url", default=None, help="OpenAI-compatible URL for generator/judge (else llama.cpp)")
     parser.add_argument("--out", default=str(REPO / "var" / "bench" / "train_step"))
     parser.add_argument("--keep", action="store_true", help="resume the previous run in --out instead of restarting")
+    parser.add_argument("--save-steps", type=int, default=2,
+                        help="checkpoint every N steps: what a killed run resumes from with --keep (each ~4 min here)")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.questions, args.questions_per_step = 1, 2, 2
@@ -84,7 +86,7 @@ def main() -> None:
         config = TrainConfig(
             output_dir=out, model_path=default_policy_path(var), max_steps=args.steps,
             questions_per_step=args.questions_per_step, num_generations=args.num_generations,
-            learning_rate=args.lr, save_steps=max(5, args.steps), seed=0, threads=1,
+            learning_rate=args.lr, save_steps=args.save_steps, seed=0, threads=1,
             max_completion_tokens=768, format_lambda=args.format_lambda,
             search=SearchParams(mode="s3", max_turns=args.max_turns, retrieve_k=args.retrieve_k,
                                 select_k=min(3, args.retrieve_k), max_new_tokens=args.max_new_tokens,
