@@ -53,6 +53,8 @@ from services.stack import (  # noqa: E402 - after the path set-up, so `python b
     probe,
 )
 
+START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first; stopped in reverse
+
 
 @dataclass
 class LocalStack:
@@ -137,7 +139,7 @@ class LocalStack:
 
     def revive(self, timeout_s: float = 120.0) -> None:
         """Start every process that is not running (killed by a test before it could restart it)."""
-        dead = [name for name in ("redis", "llm", "retriever", "searcher")
+        dead = [name for name in START_ORDER
                 if name in self.specs and (name not in self.procs or self.procs[name].poll() is not None)]
         for name in dead:
             self.start(name)
@@ -146,7 +148,7 @@ class LocalStack:
     def __enter__(self) -> LocalStack:
         self.build_index()
         try:
-            for name in ("redis", "llm", "retriever", "searcher"):
+            for name in START_ORDER:
                 if name in self.specs:
                     self.start(name)
             self.wait_ready(*self.procs)
@@ -156,7 +158,7 @@ class LocalStack:
         return self
 
     def close(self) -> None:
-        for name in ("searcher", "retriever", "llm", "redis"):
+        for name in reversed(START_ORDER):
             self.stop(name)
         for handle in self._logs.values():
             handle.close()

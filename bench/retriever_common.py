@@ -100,15 +100,9 @@ class ServedRetriever:
 
     def pids(self) -> list[int]:
         """The service process and its workers."""
-        found = [self.proc.pid]
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
-                        found.append(int(entry.name))
-                except OSError:
-                    continue
-        return found
+        from services.testing.procs import children
+
+        return [self.proc.pid, *children(self.proc.pid)]
 
     def peak_rss_mb(self) -> float:
         """Peak RSS of the service, summed over its workers (each holds its own index)."""

@@ -45,6 +45,7 @@ from services.common.llm import LLMSettings  # noqa: E402
 from services.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
 from services.judge.api import create_app  # noqa: E402
 from services.judge.settings import JudgeSettings  # noqa: E402
+from services.testing.procs import cpu_seconds  # noqa: E402
 
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 
@@ -83,15 +84,6 @@ def start_fake_llm(port: int, latency_ms: float) -> subprocess.Popen[bytes]:
             time.sleep(0.05)
     proc.terminate()
     raise SystemExit("fake LLM did not start")
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc); 0 where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 async def run(items: list[JudgeRequest], llm_url: str, concurrency: int, batched: bool,
@@ -134,9 +126,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
             local_s, local = await run(items, url, args.concurrency, batched=False, via_service=False)
             assert check(local, len(items)) == check(seq, len(items))
             local_times.append(round(local_s, 3))
-            cpu0 = time.process_time() + proc_cpu_s(proc.pid)
+            cpu0 = time.process_time() + cpu_seconds(proc.pid)
             con_s, con = await run(items, url, args.concurrency, batched=True)
-            con_cpu.append(round(time.process_time() + proc_cpu_s(proc.pid) - cpu0, 3))
+            con_cpu.append(round(time.process_time() + cpu_seconds(proc.pid) - cpu0, 3))
             assert check(seq, len(items)) == check(con, len(items)), "both runs must score the same"
             seq_times.append(seq_s)
             con_times.append(con_s)

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ import httpx
 
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import RetrieveRequest
+from services.testing.procs import children, cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,10 +57,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def serve_fake_retriever(port: int) -> None:
-    """`POST /retrieve` answering k synthetic documents at once: a bare ASGI app (no validation layer), so
-    that the stand-in for the retriever takes as little of the machine's CPU as possible."""
-    import orjson
+def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> None:
+    """Serve `await handle(path, body)` as the JSON answer to every request: a bare ASGI app (no validation
+    layer), so that a stand-in takes as little of the machine's CPU as possible."""
     import uvicorn
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -70,14 +71,7 @@ def serve_fake_retriever(port: int) -> None:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        if scope["path"] == "/retrieve":
-            request = RetrieveRequest.model_validate_json(body)
-            results = [[{"id": f"{abs(hash(q)) % 10_000}-{i}", "title": f"Title {i}",
-                         "text": f"Passage {i} about {q}. " * 6, "score": 1.0 / i}
-                        for i in range(1, request.k + 1)] for q in request.queries]
-            payload = orjson.dumps({"method": request.method or "bm25", "results": results, "took_ms": 0.0})
-        else:
-            payload = b'{"status": "ready"}'
+        payload = await handle(scope["path"], body)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
@@ -85,44 +79,47 @@ def serve_fake_retriever(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def serve_fake_retriever(port: int) -> None:
+    """`POST /retrieve` answering k synthetic documents at once."""
+    import orjson
+
+    async def handle(path: str, body: bytes) -> bytes:
+        if path != "/retrieve":
+            return b'{"status": "ready"}'
+        request = RetrieveRequest.model_validate_json(body)
+        results = [[{"id": f"{abs(hash(q)) % 10_000}-{i}", "title": f"Title {i}",
+                     "text": f"Passage {i} about {q}. " * 6, "score": 1.0 / i}
+                    for i in range(1, request.k + 1)] for q in request.queries]
+        return orjson.dumps({"method": request.method or "bm25", "results": results, "took_ms": 0.0})
+
+    serve_bare(port, handle)
+
+
 def serve_fake_llm(port: int, latency_ms: float) -> None:
     """OpenAI-compatible `POST /v1/chat/completions` answering with the scripted s3 policy
-    (`services.searcher.fake_policy`) after `latency_ms`: a bare ASGI app for the same reason as the fake
-    retriever (the FastAPI fake, `services.testing.fake_llm`, took ~0.45 ms CPU per call, a third of what
-    the searcher itself spends per call, on the same 2 cores)."""
+    (`services.searcher.fake_policy`) after `latency_ms`: bare like the fake retriever (the FastAPI fake,
+    `services.testing.fake_llm`, took ~0.45 ms CPU per call, a third of what the searcher itself spends per
+    call, on the same 2 cores)."""
     import orjson
-    import uvicorn
 
     from services.searcher.fake_policy import respond
 
     latency_s = latency_ms / 1000
     models = orjson.dumps({"object": "list", "data": [{"id": "fake-policy", "object": "model"}]})
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        if scope["path"] == "/v1/chat/completions":
-            request = orjson.loads(body)
-            if latency_s:
-                await asyncio.sleep(latency_s)
-            text = respond(request)
-            payload = orjson.dumps({
-                "id": "fake", "object": "chat.completion", "created": 0, "model": request.get("model", "fake"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-        else:
-            payload = models
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+    async def handle(path: str, body: bytes) -> bytes:
+        if path != "/v1/chat/completions":
+            return models
+        request = orjson.loads(body)
+        if latency_s:
+            await asyncio.sleep(latency_s)
+        return orjson.dumps({
+            "id": "fake", "object": "chat.completion", "created": 0, "model": request.get("model", "fake"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": respond(request)},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve_bare(port, handle)
 
 
 def wait_http(url: str, timeout_s: float = 30.0) -> None:
@@ -222,20 +219,10 @@ async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[fl
     return wall, overheads
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its live children (its workers; Linux /proc), to tell CPU-bound
-    slowdowns from serialisation."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) == pid or int(fields[1]) == pid:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live children (its workers), to tell CPU-bound slowdowns from
+    serialisation."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -313,12 +300,12 @@ async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
         # One burst first, not measured: it opens the 64 connections to the restarted fake LLM.
         await run_searches(url, 64, 64, "burst-warmup")
         t64s = []
-        cpu0 = cpu_seconds(servers.searcher.pid)
+        cpu0 = tree_cpu_seconds(servers.searcher.pid)
         bursts = 1 if quick else 5
         for i in range(bursts):
             wall, _ = await run_searches(url, 64, 64, f"burst{i}")
             t64s.append(wall)
-        cpu_per_search = (cpu_seconds(servers.searcher.pid) - cpu0) / (64 * bursts)
+        cpu_per_search = (tree_cpu_seconds(servers.searcher.pid) - cpu0) / (64 * bursts)
         t64 = statistics.median(t64s)
         print(f"latency 50 ms: one search {t1 * 1000:.0f} ms, 64 at once {t64 * 1000:.0f} ms", file=sys.stderr)
     loop_slowdown = await loop_only_slowdown(0.05, 3)

@@ -131,16 +131,13 @@ class ServiceRetriever:
         if not live:
             return
         try:
-            if len(live) == 1:
-                results = await self._retrieve(live[0][0], k, method)
-            else:
-                results = await self._retrieve([q for queries, _ in live for q in queries], k, method)
+            results = await self._retrieve([q for queries, _ in live for q in queries], k, method)
         except RetrieverRefused as exc:
             if len(live) == 1:
                 _fail(live, exc)
                 return
             # Whose query was refused is unknown: each caller's queries go again on their own.
-            await asyncio.gather(*(self._send_alone(k, method, queries, future) for queries, future in live))
+            await asyncio.gather(*(self._send(key, [waiter]) for waiter in live))
             return
         except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller, who raises it
             _fail(live, exc)
@@ -152,18 +149,6 @@ class ServiceRetriever:
             if not future.done():
                 future.set_result(results[start:start + len(queries)])
             start += len(queries)
-
-    async def _send_alone(self, k: int, method: str | None, queries: list[str],
-                          future: asyncio.Future[list[list[Document]]]) -> None:
-        try:
-            result = await self._retrieve(queries, k, method)
-        except BaseException as exc:  # noqa: BLE001
-            _fail([(queries, future)], exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return
-        if not future.done():
-            future.set_result(result)
 
     async def _retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
         try:

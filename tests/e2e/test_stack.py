@@ -17,27 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.testing.procs import process_table
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0
-
-
-def process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, start time) for every live process, from /proc."""
-    table: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, ..., starttime at index 19
-        if fields[0] == "Z":
-            continue
-        table[int(entry.name)] = (int(fields[1]), fields[19])
-    return table
 
 
 def descendants(root: int) -> dict[int, str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.testing.procs import children
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.e2e
@@ -24,19 +25,16 @@ if not Path("/proc/self/stat").exists():  # pragma: no cover - Linux only (reads
     pytest.skip("needs /proc", allow_module_level=True)
 
 
-def children(pid: int) -> list[int]:
+def workers_of(pid: int) -> list[int]:
+    """The uvicorn workers (multiprocessing spawn children) of a service process."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid and b"spawn_main" in cmdline:
-                found.append(int(entry.name))
-    return sorted(found)
+    for child in children(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            continue
+    return found
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -72,7 +70,7 @@ def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "services.searcher"], cwd=REPO, env=env,  # noqa: S603
                             stdout=log, stderr=subprocess.STDOUT)
     try:
-        workers = wait_for(lambda: len(children(proc.pid)) == 2 and children(proc.pid), 60, "two workers")
+        workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers")
         metrics_dir = Path(environ(workers[0])["PROMETHEUS_MULTIPROC_DIR"])
         assert metrics_dir.is_dir()
 
@@ -99,7 +97,7 @@ def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
         assert {requests_counted(url) for _ in range(6)} == {float(sent)}
 
         os.kill(workers[0], signal.SIGKILL)  # the supervisor replaces a dead worker
-        replaced = wait_for(lambda: (found := children(proc.pid)) and len(found) == 2 and workers[0] not in found
+        replaced = wait_for(lambda: (found := workers_of(proc.pid)) and len(found) == 2 and workers[0] not in found
                             and found, 60, "a replacement worker")
         assert len(replaced) == 2
         wait_for(live, 60, "the port to answer after the restart")
@@ -108,7 +106,7 @@ def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        assert not children(proc.pid) or all(not Path(f"/proc/{pid}").exists() for pid in replaced)
+        assert not workers_of(proc.pid) or all(not Path(f"/proc/{pid}").exists() for pid in replaced)
         assert not metrics_dir.exists()
     finally:
         if proc.poll() is None:
