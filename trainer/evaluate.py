@@ -14,6 +14,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Literal
 
@@ -109,24 +110,28 @@ async def run_eval(items_by_dataset: dict[str, list[QAItem]], methods: Sequence[
 
     path = _prepare(out_dir)
     done = _done(path)
-    todo = [(m, it) for m in methods for items in items_by_dataset.values() for it in items
-            if (m, it.id) not in done]
-    logger.info("eval: %s done already, %s to run", len(done), len(todo))
-    bar = tqdm(total=len(todo), desc="eval", disable=not progress)
-    for method in methods:
-        pending = [it for m, it in todo if m == method]
-        for start in range(0, len(pending), config.batch):
-            chunk = pending[start:start + config.batch]
-            found = await _documents(method, chunk, services, searcher, config)
+    # Question-major and round-robin over the datasets: a run cut short (killed, or out of time) leaves
+    # every dataset with about the same number of questions, each scored by every method.
+    order = [it for row in zip_longest(*items_by_dataset.values()) for it in row if it is not None]
+    todo = [it for it in order if any((m, it.id) not in done for m in methods)]
+    logger.info("eval: %s results done already, %s questions to run", len(done), len(todo))
+    bar = tqdm(total=len(todo), desc="eval", unit="question", disable=not progress)
+    for start in range(0, len(todo), config.batch):
+        chunk = todo[start:start + config.batch]
+        for method in methods:
+            pending = [it for it in chunk if (method, it.id) not in done]
+            if not pending:
+                continue
+            found = await _documents(method, pending, services, searcher, config)
             answered = await services.answer_and_judge(
-                [(it.question, docs, it.golden_answers) for it, (docs, _, _) in zip(chunk, found, strict=True)])
+                [(it.question, docs, it.golden_answers) for it, (docs, _, _) in zip(pending, found, strict=True)])
             records = [EvalRecord(method=method, dataset=it.dataset, id=it.id, genacc=a.genacc, em=a.em, f1=a.f1,
                                   answer=a.answer, doc_ids=[d.id for d in docs], queries=queries, degraded=degraded)
-                       for it, (docs, queries, degraded), a in zip(chunk, found, answered, strict=True)]
+                       for it, (docs, queries, degraded), a in zip(pending, found, answered, strict=True)]
             _append(path, records)
             for r in records:
                 done[(r.method, r.id)] = r
-            bar.update(len(chunk))
+        bar.update(len(chunk))
     bar.close()
     wanted = {(m, it.id) for m in methods for items in items_by_dataset.values() for it in items}
     return [r for key, r in done.items() if key in wanted]

@@ -114,10 +114,13 @@ class LocalServices:
             }
             self._start_services(["retriever", "generator", "judge"], envs)
             if self.with_searcher:
-                self._start_services(["searcher"], {"searcher": {
-                    "SEARCHER_RETRIEVER__URL": self.urls["retriever"], "SEARCHER_POLICY__BASE_URL": self.llm_url,
-                    "SEARCHER_POLICY__MODEL": DEFAULT_MODEL_ALIAS, "SEARCHER_POLICY__TIMEOUT_S": "600",
-                    "SEARCHER_SEARCH_TIMEOUT_S": "800"}})
+                searcher = {"SEARCHER_RETRIEVER__URL": self.urls["retriever"], "SEARCHER_POLICY__BASE_URL": self.llm_url,
+                            "SEARCHER_POLICY__MODEL": DEFAULT_MODEL_ALIAS, "SEARCHER_POLICY__TIMEOUT_S": "600",
+                            "SEARCHER_SEARCH_TIMEOUT_S": "800"}
+                if self._llama is not None:
+                    # as `plugsearch-stack` does for its embedded SmolLM2: valid actions only under the grammar
+                    searcher["SEARCHER_CONSTRAINED"] = "true"
+                self._start_services(["searcher"], {"searcher": searcher})
         except BaseException:
             self.stop()
             raise

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.unit.test_trainer_rewards import FakeStack, _item
+from trainer.data import QAItem
 from trainer.evaluate import EvalConfig, EvalRecord, markdown_table, run_eval, summarise, write_report
 
 
@@ -37,3 +40,29 @@ def test_table_averages_per_dataset_then_over_datasets(tmp_path: Path) -> None:
     report = write_report(records, ["nq", "popqa"], tmp_path)
     assert Path(report["png"]).stat().st_size > 0
     assert json.loads((tmp_path / "table.json").read_text())["naive"]["average"]["genacc"] == 75.0
+
+
+async def test_a_run_cut_short_has_every_dataset_scored_by_every_method(tmp_path: Path) -> None:
+    class Cut(Exception):
+        pass
+
+    class CutStack(FakeStack):
+        async def answer_and_judge(self, items):  # type: ignore[no-untyped-def]
+            if len(self.answer_calls) == 4:  # two chunks x two methods, then the run dies
+                raise Cut
+            return await super().answer_and_judge(items)
+
+    items = {ds: [QAItem(id=f"{ds}-{i}", question=f"q{i}", golden_answers=["x"], dataset=ds) for i in range(5)]
+             for ds in ("nq", "popqa", "musique")}
+    stack = CutStack({})
+    with pytest.raises(Cut):
+        await run_eval(items, ["direct", "naive"], tmp_path, services=stack, searcher=None,
+                       config=EvalConfig(batch=3), progress=False)
+    done = [EvalRecord.model_validate_json(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted(r.id for r in done if r.method == "direct") == sorted(r.id for r in done if r.method == "naive")
+    per_dataset = {ds: sum(r.dataset == ds for r in done if r.method == "naive") for ds in items}
+    assert per_dataset == {"nq": 2, "popqa": 2, "musique": 2}
+    # the rerun finishes the rest and recomputes nothing
+    records = await run_eval(items, ["direct", "naive"], tmp_path, services=FakeStack({}), searcher=None,
+                             config=EvalConfig(batch=3), progress=False)
+    assert len(records) == 30 and len({(r.method, r.id) for r in records}) == 30
