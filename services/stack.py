@@ -40,6 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB
+
 SERVICES = ("retriever", "generator", "judge", "searcher")
 """The plugsearch services, each run as `python -m services.<name>` (console script `plugsearch-<name>`)."""
 
@@ -201,6 +203,7 @@ class StackOptions:
     """An external OpenAI-compatible endpoint (e.g. vLLM); None = start llama.cpp with SmolLM2."""
     llm_model: str | None = None
     llm_threads: int = 2
+    llm_prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
     api_key: str | None = None
     internal_token: str = field(default_factory=lambda: secrets.token_hex(24))
     python: str = sys.executable
@@ -228,7 +231,8 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     if options.llm_url is None:
         specs.append(ProcessSpec("llm", [py, "-m", "services.common.llama_server", "--host", host,
                                          "--port", str(options.ports["llm"]),
-                                         "--n-threads", str(options.llm_threads)],
+                                         "--n-threads", str(options.llm_threads),
+                                         "--prompt-cache-mb", str(options.llm_prompt_cache_mb)],
                                  ready_url=f"{options.url('llm')}/v1/models", port=options.ports["llm"]))
     llm = {"BASE_URL": options.llm_base_url()}
     if options.llm_model:
@@ -335,6 +339,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--llm-threads", type=int, default=default_llm_threads(),
                         help="llama.cpp threads (default: 1 on a 2-core machine, where more threads "
                         "contend with the services; else half the cores, at most 4)")
+    parser.add_argument("--llm-prompt-cache-mb", dest="llm_prompt_cache_mb", type=int,
+                        default=DEFAULT_PROMPT_CACHE_MB,
+                        help="RAM for llama.cpp's cached states that concurrent multi-turn searches resume from "
+                        "(0 = off; each state also holds a 96 MiB logits copy: ~2.7 GB peak RSS at the default)")
     parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
                         help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
@@ -352,6 +360,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--internal-token must be at least 8 characters")
     if args.llm_threads < 1:
         parser.error("--llm-threads must be >= 1")
+    if args.llm_prompt_cache_mb < 0:
+        parser.error("--llm-prompt-cache-mb must be >= 0")
     return args
 
 
@@ -401,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say("redis-server not found: the services use their in-process caches")
         options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
-                               llm_threads=args.llm_threads, api_key=args.api_key, log_level=args.log_level,
+                               llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
+                               api_key=args.api_key, log_level=args.log_level,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
         _run_index_build(options, say)
     except StackError as exc:

@@ -277,3 +277,18 @@ def test_redis_probe_uses_ping(redis_url: str) -> None:
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     assert stack.probe(stack.ProcessSpec("redis", [], port=port))
     assert not stack.probe(stack.ProcessSpec("redis", [], port=stack.free_port()))
+
+
+def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.common import llama_server
+
+    spec = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_threads=3, llm_prompt_cache_mb=64))}["llm"]
+    assert spec.argv[1:3] == ["-m", "services.common.llama_server"]
+    captured: list[list[str]] = []
+    monkeypatch.setattr(llama_server.os, "execv", lambda _exe, cmd: captured.append(list(cmd)))
+    monkeypatch.setattr(llama_server, "smollm2_gguf_path", lambda: Path("/m.gguf"))
+    llama_server.main(spec.argv[3:])  # what the process would exec
+    cmd = captured[0]
+    assert cmd[cmd.index("--n_threads") + 1] == "3"
+    assert cmd[cmd.index("--cache_size") + 1] == str(64 << 20)
+    assert stack._parse_args(["--llm-prompt-cache-mb", "0"]).llm_prompt_cache_mb == 0
