@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -368,11 +369,12 @@ def build_app(
 def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> None:
     """Run one service with uvicorn (used by every `python -m services.X` entrypoint).
 
-    `settings.workers` > 1: that many worker processes share the port (uvicorn's supervisor restarts one
-    that dies), each built by `worker_factory` ("module:function", no arguments, settings from the same
-    environment), each with its own state (a retriever loads its index in every worker: RAM x workers).
-    Their metrics go through prometheus_client's multiprocess mode, so `/metrics` from any worker
-    reports the sum over all of them. `app` serves alone when `workers` is 1.
+    `settings.workers` > 1: that many worker processes on the port, each with its own SO_REUSEPORT socket
+    so the kernel spreads connections evenly (`services.common.workers`: one that dies is replaced), each
+    built by `worker_factory` ("module:function", no arguments, settings from the same environment), each
+    with its own state (a retriever loads its index in every worker: RAM x workers). Their metrics go
+    through prometheus_client's multiprocess mode, so `/metrics` from any worker reports the sum over all
+    of them. `app` serves alone when `workers` is 1.
     """
     import uvicorn
 
@@ -385,13 +387,17 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
     import shutil
     import tempfile
 
+    from services.common.workers import Supervisor
+
     # A fresh directory per run: files left by an earlier run would add their counts to this one's.
     metrics_dir = tempfile.mkdtemp(prefix="plugsearch-metrics-")
     os.environ[MULTIPROCESS_ENV] = metrics_dir
     try:
-        uvicorn.run(worker_factory, factory=True, workers=settings.workers, **options)
+        code = Supervisor(worker_factory, options, settings.workers).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+    if code:
+        sys.exit(code)
 
 
 async def noop_lifespan(app: FastAPI) -> AsyncIterator[None]:  # pragma: no cover - helper for tests

@@ -28,7 +28,7 @@ class ServiceSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 only inside containers")
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = Field("INFO", pattern=r"^(?i)(debug|info|warning|error|critical)$")
-    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes")
+    workers: int = Field(1, ge=1, le=64, description="worker processes on the port, each on its own SO_REUSEPORT socket")
 
     # Security: API keys accepted on non-health endpoints (public services), and/or a shared internal token.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)

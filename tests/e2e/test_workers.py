@@ -113,3 +113,89 @@ def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
         log.close()
+
+
+# ---------------------------------------------------------------- the supervisor on its own (a tiny app)
+def pid_app() -> object:
+    """Worker factory: an ASGI app answering its worker's pid."""
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": str(os.getpid()).encode()})
+    return app
+
+
+def broken_app() -> object:
+    raise RuntimeError("this app cannot start")
+
+
+def supervise(factory: str, port: int, workers: int = 2) -> subprocess.Popen[bytes]:
+    code = ("import sys; from services.common.workers import Supervisor; "
+            f"sys.exit(Supervisor('tests.e2e.test_workers:{factory}', dict(host='127.0.0.1', port={port}, "
+            f"log_level='warning', log_config=None), {workers}, poll_s=0.1).run())")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO,  # noqa: S603
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def gone(pid: int) -> bool:
+    """Dead: no /proc entry, or a zombie (state Z) waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def pids_of_fresh_connections(url: str, n: int, timeout_s: float = 5.0) -> list[int]:
+    out = []
+    for _ in range(n):
+        with httpx.Client(timeout=timeout_s) as client:  # a new connection each time
+            out.append(int(client.get(url).text))
+    return out
+
+
+def test_every_worker_listens_on_its_own_socket_and_gets_a_share(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    proc = supervise("pid_app", port)
+    try:
+        workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers")
+
+        def answering() -> bool:
+            try:
+                return httpx.get(url, timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(lambda: answering() and len(set(pids_of_fresh_connections(url, 10))) == 2, 60, "both listening")
+        # The kernel spreads new connections over the workers' sockets by hash: each gets a fair share.
+        counts = {pid: 0 for pid in workers}
+        for pid in pids_of_fresh_connections(url, 60):
+            counts[pid] += 1
+        assert min(counts.values()) >= 12, counts
+        # The supervisor keeps no copy of a worker's socket: once a worker is killed, no new connection
+        # is left waiting on its socket (each would time out), the other worker answers them all.
+        os.kill(workers[0], signal.SIGKILL)
+        wait_for(lambda: gone(workers[0]), 10, "the killed worker to be gone")
+        assert all(pid != workers[0] for pid in pids_of_fresh_connections(url, 20, timeout_s=3.0))
+        # ...and it is replaced
+        wait_for(lambda: len(found := workers_of(proc.pid)) == 2 and workers[0] not in found, 60, "a replacement")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_busy_port_is_refused_and_a_broken_app_stops_the_group() -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = supervise("pid_app", holder.getsockname()[1])
+        assert busy.wait(timeout=30) == 1  # refused before any worker started (no silent sharing)
+    broken = supervise("broken_app", free_port())
+    assert broken.wait(timeout=60) == 3  # uvicorn's startup failure, not a restart loop
