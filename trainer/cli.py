@@ -134,6 +134,8 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
+    if args.report:
+        return _eval_report(args, _settings(args))
     if args.local:
         from trainer.localstack import LocalServices
 
@@ -142,6 +144,21 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
                            llm_url=args.llm_url) as services:
             return _eval(args, services.settings(**{k: getattr(base, k) for k in ("baseline_k", "method")}))
     return _eval(args, _settings(args))
+
+
+def _eval_report(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]:
+    """The table of what `<out>/results.jsonl` holds so far (questions every method finished); runs nothing."""
+    from trainer.evaluate import load_results, write_report
+
+    items = {ds: eval_split(settings.data_dir, ds, args.n) for ds in args.datasets}
+    out = Path(args.out)
+    records = load_results(out, items, args.methods)
+    if not records:
+        raise SystemExit(f"no question finished by every method in {out / 'results.jsonl'}")
+    report = write_report(records, args.datasets, out)
+    print(report["markdown"])
+    return {"records": len(records), "questions": len(records) // len(args.methods), "table": str(out / "table.md"),
+            "png": report["png"], "average": {m: report["table"][m]["average"] for m in report["table"]}}
 
 
 def _eval(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]:
@@ -245,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--local", action="store_true",
                    help="start the local services here (BM25 retriever, generator, judge, searcher, Redis)")
     e.add_argument("--llm-url", dest="llm_url", default=None, help="with --local: LLM endpoint (else llama.cpp)")
+    e.add_argument("--report", action="store_true",
+                   help="run nothing: the table of the questions every method has finished in --out so far")
     e.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plot", help="reward curve PNG of a run folder")

@@ -146,6 +146,8 @@ def summarise(records: Sequence[EvalRecord]) -> dict[str, dict[str, dict[str, fl
     table: dict[str, dict[str, dict[str, float]]] = {}
     for method, by_ds in sums.items():
         table[method] = {ds: {m: 100 * sum(v) / len(v) for m, v in metrics.items()} for ds, metrics in by_ds.items()}
+        for ds, metrics in by_ds.items():
+            table[method][ds]["n"] = float(len(metrics["genacc"]))
         table[method]["average"] = {m: sum(table[method][ds][m] for ds in by_ds) / len(by_ds) for m in METRICS}
         table[method]["average"]["n"] = float(sum(len(v["genacc"]) for v in by_ds.values()))
         table[method]["average"]["degraded"] = float(sum(r.degraded for r in records if r.method == method))
@@ -154,16 +156,33 @@ def summarise(records: Sequence[EvalRecord]) -> dict[str, dict[str, dict[str, fl
 
 def markdown_table(table: dict[str, dict[str, dict[str, float]]], datasets: Sequence[str]) -> str:
     methods = list(table)
-    header = "| dataset | " + " | ".join(f"{m} GenAcc | {m} EM | {m} F1" for m in methods) + " |"
-    rule = "|---|" + "---:|" * (3 * len(methods))
+    header = "| dataset | n | " + " | ".join(f"{m} GenAcc | {m} EM | {m} F1" for m in methods) + " |"
+    rule = "|---|---:|" + "---:|" * (3 * len(methods))
     rows = [header, rule]
     for ds in [*datasets, "average"]:
-        cells = []
+        counted = table[methods[0]].get(ds) if methods else None
+        cells = [f"{counted['n']:.0f}" if counted else "0"]
         for m in methods:
             values = table[m].get(ds)
             cells += [f"{values[k]:.1f}" if values else "-" for k in METRICS]
         rows.append(f"| {ds} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def load_results(out_dir: Path, items_by_dataset: dict[str, list[QAItem]], methods: Sequence[str], *,
+                 complete_only: bool = True) -> list[EvalRecord]:
+    """The finished results of these questions and methods in `<out>/results.jsonl` (a run may be going
+    on or cut short). `complete_only`: only questions every method has finished, so that the methods
+    are compared on the same questions."""
+    done = _done(out_dir / "results.jsonl")
+    records = [r for it in (it for items in items_by_dataset.values() for it in items) for m in methods
+               if (r := done.get((m, it.id))) is not None]
+    if not complete_only:
+        return records
+    methods_of: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        methods_of[r.id].add(r.method)
+    return [r for r in records if methods_of[r.id] >= set(methods)]
 
 
 def write_report(records: Sequence[EvalRecord], datasets: Sequence[str], out_dir: Path) -> dict[str, Any]:

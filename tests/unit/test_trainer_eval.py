@@ -9,7 +9,15 @@ import pytest
 
 from tests.unit.test_trainer_rewards import FakeStack, _item
 from trainer.data import QAItem
-from trainer.evaluate import EvalConfig, EvalRecord, markdown_table, run_eval, summarise, write_report
+from trainer.evaluate import (
+    EvalConfig,
+    EvalRecord,
+    load_results,
+    markdown_table,
+    run_eval,
+    summarise,
+    write_report,
+)
 
 
 async def test_eval_is_resumable_and_scores_every_method(tmp_path: Path) -> None:
@@ -36,7 +44,8 @@ def test_table_averages_per_dataset_then_over_datasets(tmp_path: Path) -> None:
     assert table["naive"]["nq"]["genacc"] == 50.0 and table["naive"]["popqa"]["genacc"] == 100.0
     assert table["naive"]["average"]["genacc"] == 75.0  # macro average over datasets
     md = markdown_table(table, ["nq", "popqa"])
-    assert "| nq | 50.0 | 0.0 | 50.0 |" in md and "| average | 75.0 | 0.0 | 50.0 |" in md
+    assert "| nq | 2 | 50.0 | 0.0 | 50.0 |" in md and "| popqa | 1 | 100.0 | 0.0 | 50.0 |" in md
+    assert "| average | 3 | 75.0 | 0.0 | 50.0 |" in md
     report = write_report(records, ["nq", "popqa"], tmp_path)
     assert Path(report["png"]).stat().st_size > 0
     assert json.loads((tmp_path / "table.json").read_text())["naive"]["average"]["genacc"] == 75.0
@@ -62,6 +71,13 @@ async def test_a_run_cut_short_has_every_dataset_scored_by_every_method(tmp_path
     assert sorted(r.id for r in done if r.method == "direct") == sorted(r.id for r in done if r.method == "naive")
     per_dataset = {ds: sum(r.dataset == ds for r in done if r.method == "naive") for ds in items}
     assert per_dataset == {"nq": 2, "popqa": 2, "musique": 2}
+    # `eval --report` of the cut run: only questions every method finished (one more has `direct` only)
+    with (tmp_path / "results.jsonl").open("a") as fh:
+        fh.write(EvalRecord(method="direct", dataset="nq", id="nq-4", genacc=1, em=1, f1=1, answer="x",
+                            doc_ids=[]).model_dump_json() + "\n")
+    partial = load_results(tmp_path, items, ["direct", "naive"])
+    assert len(partial) == 12 and "nq-4" not in {r.id for r in partial}
+    assert len(load_results(tmp_path, items, ["direct", "naive"], complete_only=False)) == 13
     # the rerun finishes the rest and recomputes nothing
     records = await run_eval(items, ["direct", "naive"], tmp_path, services=FakeStack({}), searcher=None,
                              config=EvalConfig(batch=3), progress=False)
