@@ -370,7 +370,8 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
     """Run one service with uvicorn (used by every `python -m services.X` entrypoint).
 
     `settings.workers` > 1: that many worker processes on the port, each with its own SO_REUSEPORT socket
-    so the kernel spreads connections evenly (`services.common.workers`: one that dies is replaced), each
+    so the kernel spreads connections evenly (`services.common.workers`: one that dies is replaced; on
+    other systems than Linux uvicorn's supervisor and its one shared socket), each
     built by `worker_factory` ("module:function", no arguments, settings from the same environment), each
     with its own state (a retriever loads its index in every worker: RAM x workers). Their metrics go
     through prometheus_client's multiprocess mode, so `/metrics` from any worker reports the sum over all
@@ -393,7 +394,11 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
     metrics_dir = tempfile.mkdtemp(prefix="plugsearch-metrics-")
     os.environ[MULTIPROCESS_ENV] = metrics_dir
     try:
-        code = Supervisor(worker_factory, options, settings.workers).run()
+        if sys.platform == "linux":
+            code = Supervisor(worker_factory, options, settings.workers).run()
+        else:  # SO_REUSEPORT spreads connections over sockets only on Linux: uvicorn's shared socket
+            uvicorn.run(worker_factory, factory=True, workers=settings.workers, **options)
+            code = 0
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     if code:
