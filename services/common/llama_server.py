@@ -17,12 +17,12 @@ Prompt cache (`prompt_cache_mb`, default 512; 0 = off): the server keeps the mod
 completion in RAM and resumes the next request from the longest cached prefix. One request after
 another already reuses the previous prefix; with concurrent multi-turn searches the requests interleave,
 and without the cache every turn re-reads its whole conversation (4 s3 searches at once: 14,637 prompt
-tokens evaluated without, 4,713 with; 326 s -> 139 s while a training run shared the cores). Each cached state also holds a copy of the
-logits rows (up to n_batch x vocabulary floats, 96 MiB for SmolLM2) that the size limit does not count,
-so budget about 3 GB for the default (peak RSS 2.7 GB with 8 concurrent s3 searches; 14,300 prompt
-tokens evaluated for them). The server runs with `--logits_all false`: nothing here asks
-llama.cpp for logprobs, and `true` (its default) keeps every prompt token's logits, which would make each
-cached state n_tokens x 192 KiB larger.
+tokens evaluated without, 4,713 with; 326 s -> 139 s while a training run shared the cores). Each
+cached state also holds a copy of the logits rows (up to n_batch x vocabulary floats, 96 MiB for
+SmolLM2) that the size limit does not count, so budget about 3 GB for the default (peak RSS 2.7 GB with
+8 concurrent s3 searches; 14,300 prompt tokens evaluated for them). The server runs with
+`--logits_all false`: nothing here asks llama.cpp for logprobs, and `true` (its default) keeps every
+prompt token's logits, which would make each cached state n_tokens x 192 KiB larger.
 """
 
 from __future__ import annotations
