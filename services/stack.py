@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB
+from services.common.workers import port_is_free
 
 SERVICES = ("retriever", "generator", "judge", "searcher")
 """The plugsearch services, each run as `python -m services.<name>` (console script `plugsearch-<name>`)."""
@@ -69,18 +70,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Nothing listens there. SO_REUSEADDR as the servers use it: connections of a stack stopped a moment
-    ago (TIME_WAIT) do not count, so Ctrl-C and an immediate restart works."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,

@@ -41,8 +41,10 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a plain (non-SO_REUSEPORT) socket can bind host:port right now."""
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens there: a plain (non-SO_REUSEPORT) socket can bind host:port right now. SO_REUSEADDR as
+    the servers use it: connections of a process stopped a moment ago (TIME_WAIT) do not count, so a
+    Ctrl-C and an immediate restart works."""
     with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -116,7 +118,7 @@ class Supervisor:
         self._stop = True
 
     def run(self) -> int:
-        if not port_is_free(self.host, self.port):
+        if not port_is_free(self.port, self.host):
             logger.error("cannot listen on %s:%s: address already in use", self.host, self.port)
             return 1
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
