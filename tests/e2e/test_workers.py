@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.testing.procs import children
+from services.testing.procs import children, stat_fields
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.e2e
@@ -52,6 +52,14 @@ def wait_for(check, timeout_s: float, what: str):  # type: ignore[no-untyped-def
         time.sleep(0.1)
 
 
+def answers(url: str) -> bool:
+    """GET url answers 200 (False while nothing accepts the connection)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def requests_counted(url: str) -> float:
     with httpx.Client(timeout=10) as client:  # a new connection: any worker may answer
         text = client.get(f"{url}/metrics").text
@@ -75,10 +83,7 @@ def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
         assert metrics_dir.is_dir()
 
         def live() -> bool:
-            try:
-                return httpx.get(f"{url}/health/live", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
+            return answers(f"{url}/health/live")
 
         wait_for(live, 60, "the port to answer")
         def served_by() -> set[str]:
@@ -140,11 +145,8 @@ def supervise(factory: str, port: int, workers: int = 2) -> subprocess.Popen[byt
 
 def gone(pid: int) -> bool:
     """Dead: no /proc entry, or a zombie (state Z) waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
+    fields = stat_fields(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def pids_of_fresh_connections(url: str, n: int, timeout_s: float = 5.0) -> list[int]:
@@ -162,13 +164,7 @@ def test_every_worker_listens_on_its_own_socket_and_gets_a_share(tmp_path: Path)
     try:
         workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers")
 
-        def answering() -> bool:
-            try:
-                return httpx.get(url, timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(lambda: answering() and len(set(pids_of_fresh_connections(url, 10))) == 2, 60, "both listening")
+        wait_for(lambda: answers(url) and len(set(pids_of_fresh_connections(url, 10))) == 2, 60, "both listening")
         # The kernel spreads new connections over the workers' sockets by hash: each gets a fair share.
         counts = {pid: 0 for pid in workers}
         for pid in pids_of_fresh_connections(url, 60):
