@@ -18,8 +18,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common.answers import is_yes_no
 from services.common.logging import configure_logging
@@ -27,6 +28,9 @@ from trainer.baseline import BaselineConfig, BaselineStore, ensure_baselines
 from trainer.data import DATASETS, TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
 from trainer.settings import TrainerSettings
 from trainer.upstreams import ServiceStack
+
+if TYPE_CHECKING:
+    from trainer.evaluate import EvalRecord
 
 logger = logging.getLogger("trainer.cli")
 
@@ -148,13 +152,20 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def _eval_report(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]:
     """The table of what `<out>/results.jsonl` holds so far (questions every method finished); runs nothing."""
-    from trainer.evaluate import load_results, write_report
+    from trainer.evaluate import load_results
 
     items = {ds: eval_split(settings.data_dir, ds, args.n) for ds in args.datasets}
     out = Path(args.out)
     records = load_results(out, items, args.methods)
     if not records:
         raise SystemExit(f"no question finished by every method in {out / 'results.jsonl'}")
+    return _report(records, args, out)
+
+
+def _report(records: Sequence[EvalRecord], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Write table.md / table.json / genacc.png under `out`, print the table, return the summary."""
+    from trainer.evaluate import write_report
+
     report = write_report(records, args.datasets, out)
     print(report["markdown"])
     return {"records": len(records), "questions": len(records) // len(args.methods), "table": str(out / "table.md"),
@@ -163,7 +174,7 @@ def _eval_report(args: argparse.Namespace, settings: TrainerSettings) -> dict[st
 
 def _eval(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]:
     from services.common.clients import SearcherClient
-    from trainer.evaluate import EvalConfig, run_eval, write_report
+    from trainer.evaluate import EvalConfig, run_eval
 
     items = {ds: eval_split(settings.data_dir, ds, args.n) for ds in args.datasets}
     config = EvalConfig(naive_k=settings.baseline_k, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
@@ -180,11 +191,7 @@ def _eval(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]
                 if searcher is not None:
                     await searcher.aclose()
 
-    records = asyncio.run(go())
-    report = write_report(records, args.datasets, out)
-    print(report["markdown"])
-    return {"records": len(records), "table": str(out / "table.md"), "png": report["png"],
-            "average": {m: report["table"][m]["average"] for m in report["table"]}}
+    return _report(asyncio.run(go()), args, out)
 
 
 def cmd_plot(args: argparse.Namespace) -> dict[str, Any]:
