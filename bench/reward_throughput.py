@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,17 +42,13 @@ from services.common.clients import JudgeClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
 from services.common.llm import LLMSettings  # noqa: E402
 from services.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
+from services.common.workers import free_port  # noqa: E402
 from services.judge.api import create_app  # noqa: E402
 from services.judge.settings import JudgeSettings  # noqa: E402
 from services.testing.procs import cpu_seconds  # noqa: E402
 
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def build_items(n: int) -> list[JudgeRequest]:

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,15 +45,11 @@ import httpx
 
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import RetrieveRequest
+from services.common.workers import free_port
 from services.testing.procs import children, cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> None:

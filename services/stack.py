@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB
-from services.common.workers import port_is_free
+from services.common.workers import free_port, port_is_free
 
 SERVICES = ("retriever", "generator", "judge", "searcher")
 """The plugsearch services, each run as `python -m services.<name>` (console script `plugsearch-<name>`)."""
@@ -66,11 +66,6 @@ class StackError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------- ports
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
 
 def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
                    host: str = "127.0.0.1") -> dict[str, int]:

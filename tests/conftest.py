@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from services.common.workers import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

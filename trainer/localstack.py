@@ -21,7 +21,8 @@ from types import TracebackType
 import httpx
 
 from services.common.http import ClientSettings
-from services.common.llama_server import DEFAULT_MODEL_ALIAS, LlamaServer, free_port
+from services.common.llama_server import DEFAULT_MODEL_ALIAS, LlamaServer
+from services.common.workers import free_port
 from trainer.settings import TrainerSettings
 
 

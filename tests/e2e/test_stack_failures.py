@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.stack import free_port
+from services.common.workers import free_port
 from tests.e2e.test_stack import alive, descendants, log_tail
 
 pytestmark = pytest.mark.e2e
