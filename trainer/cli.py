@@ -145,7 +145,7 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
 
         base = _settings(args)
         with LocalServices(base.var_dir, corpus=base.data_dir / "corpus" / "combined.jsonl", searcher=True,
-                           llm_url=args.llm_url) as services:
+                           llm_url=args.llm_url, llm_threads=args.llm_threads) as services:
             return _eval(args, services.settings(**{k: getattr(base, k) for k in ("baseline_k", "method")}))
     return _eval(args, _settings(args))
 
@@ -203,6 +203,21 @@ def cmd_plot(args: argparse.Namespace) -> dict[str, Any]:
     if not entries:
         raise SystemExit(f"no reward log in {run}")
     return {"png": str(plot_reward_curve(entries, run / "reward_curve.png")), "steps": len(entries)}
+
+
+# eval --local: the embedded llama.cpp server is the one busy process, so it generates on every core (1.5x
+# SmolLM2's tokens/s of one thread on a 2-core machine; same greedy tokens). plugsearch-stack keeps a core free.
+LLM_THREADS_DEFAULT = min(8, os.cpu_count() or 1)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -269,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--local", action="store_true",
                    help="start the local services here (BM25 retriever, generator, judge, searcher, Redis)")
     e.add_argument("--llm-url", dest="llm_url", default=None, help="with --local: LLM endpoint (else llama.cpp)")
+    e.add_argument("--llm-threads", dest="llm_threads", type=_positive, default=LLM_THREADS_DEFAULT,
+                   help="with --local and no --llm-url: llama.cpp threads for generation (prompts use every core)")
     e.add_argument("--report", action="store_true",
                    help="run nothing: the table of the questions every method has finished in --out so far")
     e.set_defaults(func=cmd_eval)

@@ -82,3 +82,14 @@ async def test_a_run_cut_short_has_every_dataset_scored_by_every_method(tmp_path
     records = await run_eval(items, ["direct", "naive"], tmp_path, services=FakeStack({}), searcher=None,
                              config=EvalConfig(batch=3), progress=False)
     assert len(records) == 30 and len({(r.method, r.id) for r in records}) == 30
+
+
+def test_eval_llm_threads_option() -> None:
+    from trainer.cli import LLM_THREADS_DEFAULT, build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["eval", "--local"]).llm_threads == LLM_THREADS_DEFAULT >= 1
+    assert parser.parse_args(["eval", "--local", "--llm-threads", "2"]).llm_threads == 2
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["eval", "--llm-threads", bad])
