@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common.answers import is_yes_no
 from services.common.logging import configure_logging
+from services.stack import default_llm_threads
 from trainer.baseline import BaselineConfig, BaselineStore, ensure_baselines
 from trainer.data import DATASETS, TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
 from trainer.settings import TrainerSettings
@@ -205,9 +206,10 @@ def cmd_plot(args: argparse.Namespace) -> dict[str, Any]:
     return {"png": str(plot_reward_curve(entries, run / "reward_curve.png")), "steps": len(entries)}
 
 
-# eval --local: the embedded llama.cpp server is the one busy process, so it generates on every core (1.5x
-# SmolLM2's tokens/s of one thread on a 2-core machine; same greedy tokens). plugsearch-stack keeps a core free.
-LLM_THREADS_DEFAULT = min(8, os.cpu_count() or 1)
+# eval --local: plugsearch-stack's default for the embedded llama.cpp server's generation threads (1 on a
+# 2-core machine, else half the cores up to 4). Two threads on 2 cores are 1.5x faster alone, but 0.65x
+# during an eval (26 vs 40 tokens/s): the searcher, retriever and the eval itself preempt one of them.
+LLM_THREADS_DEFAULT = default_llm_threads()
 
 
 def _positive(text: str) -> int:
@@ -285,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start the local services here (BM25 retriever, generator, judge, searcher, Redis)")
     e.add_argument("--llm-url", dest="llm_url", default=None, help="with --local: LLM endpoint (else llama.cpp)")
     e.add_argument("--llm-threads", dest="llm_threads", type=_positive, default=LLM_THREADS_DEFAULT,
-                   help="with --local and no --llm-url: llama.cpp threads for generation (prompts use every core)")
+                   help="with --local and no --llm-url: llama.cpp threads for generation (prompts use every core; "
+                        "default %(default)s, as plugsearch-stack)")
     e.add_argument("--report", action="store_true",
                    help="run nothing: the table of the questions every method has finished in --out so far")
     e.set_defaults(func=cmd_eval)
