@@ -50,7 +50,6 @@ from services.testing.procs import cpu_seconds  # noqa: E402
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 
 
-
 def build_items(n: int) -> list[JudgeRequest]:
     """Predictions that are another question's gold answer: the span check fails on every one."""
     with (DATA / "qa" / "nq.jsonl").open(encoding="utf-8") as fh:

@@ -51,7 +51,6 @@ from services.testing.procs import children, cpu_seconds
 REPO = Path(__file__).resolve().parent.parent
 
 
-
 def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> None:
     """Serve `await handle(path, body)` as the JSON answer to every request: a bare ASGI app (no validation
     layer), so that a stand-in takes as little of the machine's CPU as possible."""

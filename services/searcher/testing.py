@@ -23,7 +23,6 @@ from services.common.workers import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 def ensure_bm25_index(corpus: Path, var_dir: Path) -> Path:
     """The bm25s index of `corpus` (built when missing or stale); returns the index folder."""
     from services.retriever.cli import build
