@@ -15,6 +15,7 @@ from services.common.schemas.generator import GenDocument, GenerateRequest
 from services.generator.prompts import load_prompt
 from services.generator.serving import Generator, document_key
 from services.generator.tokens import EstimatedTokens, HFTokens
+from tests.gate import Gate
 
 
 class ScriptedLLM:
@@ -22,12 +23,13 @@ class ScriptedLLM:
 
     model = "scripted"
 
-    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+    def __init__(self, delay_s: float = 0.0, fail: bool = False, gate: int = 0) -> None:
         self.calls: list[list[ChatMessage]] = []
         self.delay_s = delay_s
         self.fail = fail
         self.active = 0
         self.peak = 0
+        self.gate = Gate(gate)
 
     async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
                    stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
@@ -35,6 +37,7 @@ class ScriptedLLM:
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:
+            await self.gate.wait(self.active)
             await asyncio.sleep(self.delay_s)
             if self.fail:
                 raise UpstreamError("scripted failure")
@@ -125,7 +128,7 @@ async def test_cache_by_model_prompt_question_and_document_ids() -> None:
 
 
 async def test_batch_is_concurrent_ordered_and_deduplicated() -> None:
-    llm = ScriptedLLM(delay_s=0.05)
+    llm = ScriptedLLM(gate=10)
     gen = make(llm)
     items = [GenerateRequest(question=f"q{i % 10}", documents=[DOCS[i % 2]]) for i in range(20)]
     results = await gen.generate_batch(items)

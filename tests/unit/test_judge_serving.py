@@ -16,6 +16,7 @@ from services.common.llm import ChatMessage, ChatResult
 from services.common.schemas.judge import JudgeRequest
 from services.judge.prompts import load_prompt
 from services.judge.serving import Judge, format_answers, parse_verdict
+from tests.gate import Gate
 
 _PROMPT = re.compile(r"following response: (?P<response>.*)\n\nGolden answers: (?P<answers>\[.*\])\n", re.S)
 EQUIVALENT = {"twenty-five": "25", "kilograms": "kg", "the first black us president": "barack obama"}
@@ -36,12 +37,13 @@ class ScriptedLLM:
     model = "scripted-judge"
 
     def __init__(self, reply: Callable[[str], str] = oracle, delay_s: float = 0.0,
-                 error: Exception | None = None) -> None:
+                 error: Exception | None = None, gate: int = 0) -> None:
         self.reply = reply
         self.delay_s = delay_s
         self.error = error
         self.prompts: list[str] = []
         self.active = self.peak = 0
+        self.gate = Gate(gate)
 
     async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
                    stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
@@ -50,6 +52,7 @@ class ScriptedLLM:
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:
+            await self.gate.wait(self.active)
             await asyncio.sleep(self.delay_s)
             if self.error is not None:
                 raise self.error
@@ -149,7 +152,7 @@ async def test_verdicts_are_cached_and_shared_in_flight() -> None:
 
 
 async def test_batch_runs_concurrently_in_order() -> None:
-    llm = ScriptedLLM(delay_s=0.05)
+    llm = ScriptedLLM(gate=30)
     items = [req(f"number {i}", [str(i + 1)]) for i in range(30)]
     results = await make(llm).judge_batch(items)
     assert [r.decided_by for r in results] == ["llm"] * 30 and llm.peak == 30
