@@ -11,6 +11,7 @@ from services.common.errors import UpstreamError
 from services.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
 from services.common.logging import reset_request_id, set_request_id
 from services.common.metrics import ServiceMetrics
+from tests.gate import Gate
 
 Q = [ChatMessage(role="user", content="q")]
 
@@ -22,11 +23,13 @@ def completion(text: str = "ok") -> httpx.Response:
 
 async def test_concurrency_limit_is_honoured() -> None:
     active = peak = 0
+    gate = Gate(4)
 
     async def handler(request: httpx.Request) -> httpx.Response:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
+        await gate.wait(active)
         await asyncio.sleep(0.02)
         active -= 1
         return completion()
