@@ -40,8 +40,11 @@ from services.common.answers import span_match
 from services.common.clients import RetrieverClient
 from services.common.http import ClientSettings
 from services.common.llm import LLMSettings, OpenAIChatClient
-from services.searcher.loop import SearchOutcome, SearchParams, ServiceRetriever, run_search
+from services.common.schemas.searcher import SearchParams
+from services.searcher.env import SearchOutcome
+from services.searcher.loop import run_search
 from services.searcher.prompts import PROMPT_VERSION
+from services.searcher.retrieval import ServiceRetriever
 from services.searcher.testing import ensure_bm25_index, load_questions, retriever_process
 
 REPO = Path(__file__).resolve().parent.parent

@@ -254,7 +254,8 @@ class MemoryRetriever:
 
 async def loop_only_slowdown(latency_s: float, repeats: int) -> float:
     """The loop alone (in-process, no HTTP): t(64 searches at once) / t(one search), policy latency 50 ms."""
-    from services.searcher.loop import SearchParams, run_search
+    from services.common.schemas.searcher import SearchParams
+    from services.searcher.loop import run_search
 
     policy, retriever, params = SleepingPolicy(latency_s), MemoryRetriever(), SearchParams()
 

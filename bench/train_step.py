@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from services.common.logging import configure_logging  # noqa: E402
-from services.searcher.loop import SearchParams  # noqa: E402
+from services.common.schemas.searcher import SearchParams  # noqa: E402
 from trainer.cli import _baseline_store, select_training_questions  # noqa: E402
 from trainer.data import default_data_dir, train_split  # noqa: E402
 from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train  # noqa: E402

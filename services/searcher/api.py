@@ -19,8 +19,9 @@ from services.common.schemas.searcher import (
     SearchRequest,
     SearchResponse,
 )
-from services.searcher.loop import RetrieverBackend, ServiceRetriever
+from services.searcher.env import RetrieverBackend
 from services.searcher.prompts import PROMPT_VERSION
+from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
 from services.searcher.settings import SearcherSettings
 

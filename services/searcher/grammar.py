@@ -7,9 +7,9 @@ The grammars are built per call because the valid ids depend on the current bloc
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-ConstraintStyle = Literal["llama", "vllm", "vllm_legacy"]
+from services.common.schemas.searcher import ConstraintStyle
 
 QUERY_MAX_CHARS = 100
 TEXT_MAX_CHARS = 100

@@ -18,16 +18,16 @@ from services.common.errors import BadRequest
 from services.common.llm import LLMBackend
 from services.common.metrics import LATENCY_BUCKETS
 from services.common.schemas.searcher import (
-    SearchedDocument,
+    SearchParams,
     SearchRequest,
     SearchResponse,
     SearchTrace,
-    StageTimings,
     TraceBlock,
     TraceMessage,
 )
 from services.searcher import parsing
-from services.searcher.loop import RetrieverBackend, SearchOutcome, SearchParams, run_search
+from services.searcher.env import RetrieverBackend, SearchOutcome
+from services.searcher.loop import run_search
 from services.searcher.prompts import PROMPT_VERSION
 from services.searcher.settings import SearcherSettings
 
@@ -72,8 +72,6 @@ class SearcherMetrics:
 
 
 def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse:
-    documents = [SearchedDocument(id=d.id, title=d.title, text=d.text, score=d.score, turn=d.turn, query=d.query)
-                 for d in outcome.documents]
     trace = None
     if return_trace:
         trace = SearchTrace(
@@ -81,10 +79,10 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
             blocks=[TraceBlock(turn=b.turn, queries=b.queries, document_ids=[d.id for d in b.documents],
                                selected=b.selected) for b in outcome.blocks])
     return SearchResponse(
-        question=outcome.question, mode=outcome.mode, documents=documents,
+        question=outcome.question, mode=outcome.mode, documents=outcome.documents,
         context=parsing.format_documents(outcome.documents), queries=outcome.queries, turns=outcome.turns,
         stop_reason=outcome.stop_reason, degraded=outcome.degraded, degraded_reason=outcome.degraded_reason,
-        timings=StageTimings(**outcome.timings.model_dump()), valid_actions=outcome.valid_actions,
+        timings=outcome.timings, valid_actions=outcome.valid_actions,
         invalid_actions=outcome.invalid_actions, policy_model=outcome.policy_model,
         prompt_version=outcome.prompt_version, trace=trace)
 

@@ -7,8 +7,8 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common.http import ClientSettings
 from services.common.llm import LLMSettings
+from services.common.schemas.searcher import ConstraintStyle, check_select_k
 from services.common.settings import ServiceSettings
-from services.searcher.grammar import ConstraintStyle
 
 
 def _retriever_defaults() -> ClientSettings:
@@ -46,8 +46,7 @@ class SearcherSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check_searcher(self) -> SearcherSettings:
-        if self.select_k > self.retrieve_k:
-            raise ValueError("select_k cannot exceed retrieve_k")
+        check_select_k(None, self.select_k, self.retrieve_k)
         if self.search_timeout_s >= self.request_timeout_s:
             raise ValueError("search_timeout_s must be below request_timeout_s so a slow search degrades, not 504s")
         return self

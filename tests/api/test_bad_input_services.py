@@ -25,7 +25,7 @@ from services.common.http import ClientSettings
 from services.common.llm import LLMSettings, OpenAIChatClient
 from services.generator.tokens import EstimatedTokens
 from services.searcher import fake_policy
-from services.searcher.loop import ServiceRetriever
+from services.searcher.retrieval import ServiceRetriever
 from services.testing.fake_llm import create_fake_llm_app, yes
 from tests.asgi import app_client
 

@@ -19,7 +19,7 @@ from services.common.schemas.retriever import RetrieveRequest, RetrieveResponse
 from services.common.schemas.searcher import SearchRequest
 from services.searcher import fake_policy
 from services.searcher.api import create_app
-from services.searcher.loop import ServiceRetriever
+from services.searcher.retrieval import ServiceRetriever
 from services.searcher.settings import SearcherSettings
 from services.testing.fake_llm import create_fake_llm_app
 from tests.asgi import app_client

@@ -78,7 +78,7 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
                                               data_dir: Path) -> None:
     import torch
 
-    from services.searcher.loop import SearchParams
+    from services.common.schemas.searcher import SearchParams
     from trainer.baseline import BaselineConfig, BaselineStore
     from trainer.data import train_split
     from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train

@@ -11,7 +11,7 @@ import pytest
 from services.common.errors import BadRequest, UpstreamTimeout
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import RetrieveResponse
-from services.searcher.loop import RetrieverRefused, ServiceRetriever
+from services.searcher.retrieval import RetrieverRefused, ServiceRetriever
 
 BAD = "refuse me"
 

@@ -1,4 +1,6 @@
-"""`POST /search` and `POST /search/batch`: the searcher's public contract."""
+"""`POST /search` and `POST /search/batch`: the searcher's public contract, and `SearchParams`, the
+parameters of one search (declared once here: the request overrides some of them, the service's settings
+give the defaults, the search environment and the trainer take them as they are)."""
 
 from __future__ import annotations
 
@@ -6,17 +8,52 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.common.schemas.base import StrictModel, bounded_text
+from services.common.schemas.base import Document, StrictModel, bounded_text
 
 SearchMode = Literal["s3", "qagent", "naive"]
 Method = Literal["bm25", "dense", "hybrid"]
 StopReason = Literal["complete", "max_turns", "invalid_actions", "policy_error", "policy_timeout",
                      "retriever_error", "deadline", "naive"]
 
+ConstraintStyle = Literal["llama", "vllm", "vllm_legacy"]
+"""Where a grammar goes in the policy request: llama.cpp's `grammar`, vLLM's `structured_outputs`
+(or `guided_grammar` in older releases)."""
+
 MAX_QUESTION_CHARS = 4096
 MAX_TURNS = 10
 MAX_RETRIEVE_K = 50
 MAX_BATCH = 64
+
+
+def check_select_k(mode: str | None, select_k: int | None, retrieve_k: int | None) -> None:
+    """The one rule between the budget parameters: s3 marks at most `select_k` of the `retrieve_k`
+    documents of a block, so it cannot exceed it (unset values are not checked)."""
+    if mode in (None, "s3") and select_k is not None and retrieve_k is not None and select_k > retrieve_k:
+        raise ValueError("select_k cannot exceed retrieve_k")
+
+
+class SearchParams(BaseModel):
+    """Everything that shapes one search (part of the cache key). Defaults: the s3 paper's best setting."""
+
+    mode: SearchMode = "s3"
+    max_turns: int = Field(3, ge=0, le=MAX_TURNS, description="s3: search turns T; qagent: rounds B")
+    retrieve_k: int = Field(8, ge=1, le=MAX_RETRIEVE_K, description="documents retrieved per query")
+    select_k: int = Field(3, ge=1, le=MAX_RETRIEVE_K, description="s3: at most this many documents marked per block")
+    method: Method | None = None
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    max_new_tokens: int = Field(160, ge=8, le=4096)
+    constrained: bool = Field(False, description="force valid actions with a grammar (structured output)")
+    constraint_style: ConstraintStyle = "llama"
+    max_invalid: int = Field(2, ge=0, le=10, description="invalid actions in a row before falling back")
+    max_queries_per_round: int = Field(3, ge=1, le=10, description="qagent: queries per search round")
+    doc_chars: int | None = Field(None, ge=50, le=20_000,
+                                  description="cut each document to this many characters in the policy's prompt")
+    timeout_s: float | None = Field(None, gt=0, description="budget for the whole loop; past it: degrade")
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchParams:
+        check_select_k(self.mode, self.select_k, self.retrieve_k)
+        return self
 
 
 class SearchRequest(StrictModel):
@@ -31,28 +68,24 @@ class SearchRequest(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> SearchRequest:
-        if (self.mode == "s3" and self.select_k is not None and self.retrieve_k is not None
-                and self.select_k > self.retrieve_k):
-            raise ValueError("select_k cannot exceed retrieve_k")
+        check_select_k(self.mode, self.select_k, self.retrieve_k)
         return self
 
 
-class SearchedDocument(BaseModel):
-    id: str
-    title: str = ""
-    text: str
-    score: float | None = None
+class SearchedDocument(Document):
+    """A returned document with where the search found it."""
+
     turn: int = Field(..., description="0 = the initial naive retrieval, t = the t-th search")
     query: str = Field(..., description="the query that retrieved it")
 
 
 class StageTimings(BaseModel):
-    total_ms: float
-    retrieval_ms: float
-    policy_ms: float
-    overhead_ms: float = Field(..., description="total minus retrieval and policy time")
-    policy_calls: int
-    retrieval_calls: int
+    total_ms: float = 0.0
+    retrieval_ms: float = 0.0
+    policy_ms: float = 0.0
+    overhead_ms: float = Field(0.0, description="total minus retrieval and policy time")
+    policy_calls: int = 0
+    retrieval_calls: int = 0
 
 
 class TraceMessage(BaseModel):

@@ -1,0 +1,110 @@
+"""The searcher's view of the retriever service: `ServiceRetriever`, a `RetrieverBackend` over the typed
+client that merges concurrent retrievals of different searches into one request."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.clients import RetrieverClient
+from services.common.errors import BadRequest, ServiceError, UpstreamError
+from services.common.schemas.base import Document
+
+_Waiter = tuple[list[str], "asyncio.Future[list[list[Document]]]"]
+
+
+class RetrieverRefused(UpstreamError):
+    """The retriever answered a request we built with a 4xx: an upstream problem (502) for our caller."""
+
+
+class ServiceRetriever:
+    """`RetrieverBackend` over the retriever service's typed client.
+
+    Concurrent calls with the same `k` and method that arrive in the same event-loop turn go out as one
+    `POST /retrieve` (up to `max_batch` queries): the retriever is built for batches, and under load each
+    search's retrievals otherwise cost the searcher, and the retriever, one HTTP exchange apiece. Nothing
+    waits for company: a lone call is sent on the next loop turn. If the retriever refuses a merged
+    request as a whole (a 4xx), each caller's queries are sent again on their own, so one caller's bad
+    query never fails another caller's search.
+    """
+
+    def __init__(self, client: RetrieverClient, *, max_batch: int = 64) -> None:
+        self.client = client
+        self.max_batch = max_batch
+        self._pending: dict[tuple[int, str | None], list[_Waiter]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        if self.max_batch <= 1 or len(queries) >= self.max_batch:
+            return await self._retrieve(queries, k, method)
+        key = (k, method)
+        loop = asyncio.get_running_loop()
+        group = self._pending.get(key)
+        if group is not None and sum(len(q) for q, _ in group) + len(queries) > self.max_batch:
+            self._flush(key)
+            group = None
+        if group is None:
+            group = self._pending[key] = []
+            loop.call_soon(self._flush, key, group)
+        future: asyncio.Future[list[list[Document]]] = loop.create_future()
+        group.append((queries, future))
+        return await future
+
+    def _flush(self, key: tuple[int, str | None], group: list[_Waiter] | None = None) -> None:
+        if group is not None and self._pending.get(key) is not group:
+            return  # already sent (it filled up before this scheduled flush ran)
+        pending = self._pending.pop(key, None)
+        if pending:
+            task = asyncio.create_task(self._send(key, pending))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, key: tuple[int, str | None], group: list[_Waiter]) -> None:
+        k, method = key
+        live = [(queries, future) for queries, future in group if not future.done()]  # callers cancelled: skip
+        if not live:
+            return
+        try:
+            results = await self._retrieve([q for queries, _ in live for q in queries], k, method)
+        except RetrieverRefused as exc:
+            if len(live) == 1:
+                _fail(live, exc)
+                return
+            # Whose query was refused is unknown: each caller's queries go again on their own.
+            await asyncio.gather(*(self._send(key, [waiter]) for waiter in live))
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller, who raises it
+            _fail(live, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        start = 0
+        for queries, future in live:
+            if not future.done():
+                future.set_result(results[start:start + len(queries)])
+            start += len(queries)
+
+    async def _retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        try:
+            response = await self.client.retrieve(queries, k=k, method=method)  # type: ignore[arg-type]
+        except ServiceError as exc:
+            if exc.status == 404 and exc.param == "method":
+                # The caller picked a retrieval method this retriever does not serve: the caller's 4xx.
+                raise BadRequest(exc.message, param="method") from exc
+            if exc.status < 500 and exc.status != 429:
+                # The retriever refused what we built: our caller's input was already valid, so this is
+                # an upstream problem (502), not the caller's 4xx.
+                raise RetrieverRefused(f"retriever refused the request: {exc.message}") from exc
+            raise
+        if len(response.results) != len(queries):
+            raise UpstreamError(f"retriever answered {len(response.results)} result lists for {len(queries)} queries")
+        return response.results
+
+
+def _fail(group: list[_Waiter], exc: BaseException) -> None:
+    for _, future in group:
+        if future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(exc)
