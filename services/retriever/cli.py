@@ -125,6 +125,8 @@ def _import_parser(sub: Any) -> None:
                             "(this project's builds); auto: `contents` where the row has it")
     faiss.add_argument("--min-self-hits", type=float,
                        help="share of sampled passages that must find themselves (default 1.0 flat, 0.8 others)")
+    faiss.add_argument("--min-cosine", type=float, default=0.99,
+                       help="least cosine between a re-encoded passage and its stored vector")
     for p in (lucene, faiss):
         p.add_argument("--corpus", type=Path, help="the JSONL corpus the index was built from (overrides "
                        "RETRIEVER_CORPUS); for Lucene with raw documents, written from them when missing")
@@ -151,7 +153,8 @@ def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
             {**settings.encoder.model_dump(), **{k: v for k, v in changes.items() if v is not None}})
         manifest = importer.import_faiss(args.source, settings.corpus, settings.index_dir, encoder,
                                          passage_text=args.passage_text, sample=args.sample,
-                                         min_self_hits=args.min_self_hits, link=link)
+                                         min_self_hits=args.min_self_hits, min_cosine=args.min_cosine,
+                                         link=link)
     print(f"imported {args.source} ({manifest.doc_count} documents) into {settings.index_dir}")
     print("serve it with:")
     env = importer.serve_env(settings.corpus, settings.index_dir, [manifest], encoder)

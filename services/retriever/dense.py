@@ -65,10 +65,14 @@ class Encoder:
         if settings.pooling == "model":
             self.model = SentenceTransformer(path, device=settings.device)
         else:
-            from sentence_transformers import models  # type: ignore[attr-defined]
+            try:  # sentence-transformers >= 6 (its old `models` path warns that it is deprecated)
+                from sentence_transformers.sentence_transformer import modules
+            except ImportError:
+                from sentence_transformers import models as modules  # type: ignore[attr-defined,no-redef]
 
-            word = models.Transformer(path, max_seq_length=settings.max_seq_length)
-            pool = models.Pooling(word.get_word_embedding_dimension(), pooling_mode=settings.pooling)
+            word = modules.Transformer(path, max_seq_length=settings.max_seq_length)
+            get_width = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+            pool = modules.Pooling(get_width(), pooling_mode=settings.pooling)
             self.model = SentenceTransformer(modules=[word, pool], device=settings.device)
         self.model.max_seq_length = settings.max_seq_length
         self.model.eval()

@@ -10,7 +10,8 @@ the original artefact linked (default) or copied in, after checking that it belo
   written from them (`{"id", "contents"}` lines, in index order).
 - FAISS: inner-product metric; as many vectors as corpus documents; the encoder's dimension; and a
   sample of passages, re-encoded with the given encoder settings (name or path, pooling, prefixes,
-  normalisation, max length), comes back as its own nearest neighbour. A wrong encoder, pooling or
+  normalisation, max length), comes back as its own nearest neighbour and, where the index keeps its
+  vectors, points the same way as the stored vector (cosine >= 0.99). A wrong encoder, pooling or
   prefix, or a corpus in another order, fails here with a message that says which check failed.
 
 Nothing holds the whole corpus in memory: the corpus is streamed (count, checksum, sampled rows).
@@ -160,13 +161,26 @@ def _read_faiss(path: Path) -> Any:
         return faiss.read_index(str(path))
 
 
+def _stored_cosines(index: Any, positions: Sequence[int], vectors: Any) -> Any:
+    """Cosine of each re-encoded passage with the vector the index stores for it; None when the index
+    cannot give its vectors back (IVF-PQ without a direct map)."""
+    try:
+        stored = np.stack([np.asarray(index.reconstruct(int(p)), dtype=np.float32) for p in positions])
+    except RuntimeError:
+        return None
+    norms = np.linalg.norm(stored, axis=1) * np.linalg.norm(vectors, axis=1)
+    return np.sum(stored * vectors, axis=1) / np.maximum(norms, 1e-12)
+
+
 def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: EncoderSettings, *,
                  passage_text: PassageText = "auto", sample: int = 32, min_self_hits: float | None = None,
-                 link: LinkMode = "symlink", loaded_encoder: Encoder | None = None) -> Manifest:
+                 min_cosine: float = 0.99, link: LinkMode = "symlink",
+                 loaded_encoder: Encoder | None = None) -> Manifest:
     """Check a FAISS index file against `corpus` and `encoder`, then write `<index_dir>/dense-<type>/`.
 
     `min_self_hits`: share of sampled passages that must come back as their own nearest neighbour
-    (default: all of them for exact flat indexes, 80% for approximate ones).
+    (default: all of them for exact flat indexes, 80% for approximate ones). `min_cosine`: the least
+    cosine between a re-encoded passage and the vector the index stores for it (where it keeps them).
     """
     t0 = time.perf_counter()
     index = _read_faiss(index_file)
@@ -196,14 +210,25 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
             misses.append((position, int(ids[row, 0]), float(scores[row, 0])))
     hit_rate = 1 - len(misses) / max(1, len(positions))
     needed = min_self_hits if min_self_hits is not None else (1.0 if index_type == "flat" else 0.8)
+    described = (f"encoder {encoder.name!r} (pooling {encoder.pooling}, passage prefix {encoder.passage_prefix!r}, "
+                 f"normalize {encoder.normalize}, max_seq_length {encoder.max_seq_length}, passage text "
+                 f"{passage_text})")
+    hint = ("The encoder settings or the passage text form differ from those the index was built with, or "
+            "the corpus is not the one (in the same order) it was built from.")
     if hit_rate < needed:
         shown = "; ".join(f"passage {p} -> nearest {q} (score {s:.3f})" for p, q, s in misses[:5])
-        raise ImportRefused(
-            f"{len(misses)} of {len(positions)} sampled passages re-encoded with encoder {encoder.name!r} "
-            f"(pooling {encoder.pooling}, passage prefix {encoder.passage_prefix!r}, normalize {encoder.normalize}, "
-            f"max_seq_length {encoder.max_seq_length}, passage text {passage_text}) are not their own nearest "
-            f"neighbour in {index_file} ({shown}). The encoder settings or the passage text form differ from "
-            "those the index was built with, or the corpus is not the one (in the same order) it was built from.")
+        raise ImportRefused(f"{len(misses)} of {len(positions)} sampled passages re-encoded with {described} are "
+                            f"not their own nearest neighbour in {index_file} ({shown}). {hint}")
+    # A nearest-neighbour hit is a weak test on a small corpus (even another pooling can find its own
+    # passage); where the index keeps its vectors, the re-encoded passage must point the same way as the
+    # stored one. Right settings give 1.0 (0.999+ for an index encoded on GPU in fp16).
+    cosines = _stored_cosines(index, positions, vectors)
+    worst = float(cosines.min()) if cosines is not None else None
+    if worst is not None and worst < min_cosine:
+        p_worst = positions[int(np.argmin(cosines))]  # type: ignore[arg-type]
+        raise ImportRefused(f"sampled passages re-encoded with {described} differ from the vectors stored in "
+                            f"{index_file}: cosine down to {worst:.4f} (passage {p_worst}; at least {min_cosine} "
+                            f"expected). {hint}")
     out = dense_folder(index_dir, index_type)
     with atomic_folder(out) as tmp:
         name = index_file.name
@@ -214,7 +239,8 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
             index_type=index_type, files=[name], build_seconds=round(time.perf_counter() - t0, 3),
             params={"imported_from": str(index_file.resolve()), "link": link, "faiss_class": faiss_class,
                     "metric": "inner_product", "query_prefix": encoder.query_prefix,
-                    "passage_text": passage_text, "sampled": len(positions), "self_hit_rate": round(hit_rate, 4)})
+                    "passage_text": passage_text, "sampled": len(positions), "self_hit_rate": round(hit_rate, 4),
+                    "min_cosine": None if worst is None else round(worst, 5)})
         manifest.write(tmp)
     logger.info("imported FAISS %s index %s (%s vectors, %s of %s sampled passages found themselves) into %s",
                 index_type, index_file, n_vectors, len(positions) - len(misses), len(positions), out)
