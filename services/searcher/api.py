@@ -20,7 +20,7 @@ from services.common.schemas.searcher import (
     SearchResponse,
 )
 from services.searcher.env import RetrieverBackend
-from services.searcher.prompts import PROMPT_VERSION
+from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
 from services.searcher.settings import SearcherSettings
@@ -71,7 +71,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             yield
 
     def details(app: FastAPI) -> dict[str, Any]:
-        return {"prompt_version": PROMPT_VERSION, "policy_model": settings.policy.model,
+        return {"prompt_version": PromptSet.load(settings.prompts_dir).version, "policy_model": settings.policy.model,
                 "defaults": {"max_turns": settings.max_turns, "retrieve_k": settings.retrieve_k,
                              "select_k": settings.select_k, "constrained": settings.constrained}}
 

@@ -46,7 +46,7 @@ from services.common.schemas.searcher import (
 )
 from services.searcher import parsing
 from services.searcher.grammar import grammar_request, qagent_grammar, s3_grammar
-from services.searcher.prompts import PROMPT_VERSION, render
+from services.searcher.prompts import PROMPT_VERSION, PromptSet
 
 
 class RetrieverBackend(Protocol):
@@ -135,10 +135,11 @@ class SearchEnv:
     finally `await finish()` for the `SearchOutcome`."""
 
     def __init__(self, question: str, params: SearchParams, retriever: RetrieverBackend, *,
-                 on_event: EventSink | None = None) -> None:
+                 prompts: PromptSet | None = None, on_event: EventSink | None = None) -> None:
         self.question = question
         self.params = params
         self.retriever = retriever
+        self.prompts = prompts or PromptSet.packaged()
         self.on_event = on_event
         self.messages: list[ChatMessage] = []
         self.blocks: list[InfoBlock] = []
@@ -169,16 +170,16 @@ class SearchEnv:
             block = await self._add_block(0, [self.question])
             self.seen_queries.add(parsing.normalize_query(self.question))  # searching the question is a repeat
             self.messages = [
-                ChatMessage(role="system", content=render("s3", "system", select_k=p.select_k)),
-                ChatMessage(role="user", content=render("s3", "initial", question=self.question,
+                ChatMessage(role="system", content=self.prompts.render("s3", "system", select_k=p.select_k)),
+                ChatMessage(role="user", content=self.prompts.render("s3", "initial", question=self.question,
                                                         information=parsing.format_documents(
                                                             block.documents, max_chars=p.doc_chars))),
             ]
         else:
             self.messages = [
-                ChatMessage(role="system", content=render("qagent", "system", max_turns=p.max_turns,
+                ChatMessage(role="system", content=self.prompts.render("qagent", "system", max_turns=p.max_turns,
                                                           max_queries=p.max_queries_per_round)),
-                ChatMessage(role="user", content=render("qagent", "question", question=self.question)),
+                ChatMessage(role="user", content=self.prompts.render("qagent", "question", question=self.question)),
             ]
             if p.max_turns <= 0:
                 self._end("max_turns")
@@ -248,7 +249,7 @@ class SearchEnv:
             turns=self.turns, stop_reason=self.stop_reason, degraded=self.degraded_reason is not None,
             degraded_reason=self.degraded_reason, timings=self.timings.model_copy(), valid_actions=self.valid,
             invalid_actions=self.invalid, messages=list(self.messages), blocks=list(self.blocks),
-            policy_model=policy_model)
+            prompt_version=self.prompts.version, policy_model=policy_model)
 
     # ----------------------------------------------------------------------------------- internals
     def _emit(self, type_: str, **data: Any) -> None:
@@ -325,11 +326,11 @@ class SearchEnv:
         query = action.query
         if query is not None and parsing.normalize_query(query) in self.seen_queries:
             self._steps += 1  # a wasted turn, as in s3 where every step counts
-            self._invalid("duplicate", render("s3", "duplicate", query=query))
+            self._invalid("duplicate", self.prompts.render("s3", "duplicate", query=query))
             return
         if query is None:
             self._steps += 1
-            self._invalid("invalid", render("s3", "invalid"))
+            self._invalid("invalid", self.prompts.render("s3", "invalid"))
             return
         self.valid += 1
         self._in_a_row = 0
@@ -341,7 +342,7 @@ class SearchEnv:
         self.queries.append(query)
         self.seen_queries.add(parsing.normalize_query(query))
         part = "information" if self._steps < p.max_turns else "last_information"
-        self.messages.append(ChatMessage(role="user", content=render(
+        self.messages.append(ChatMessage(role="user", content=self.prompts.render(
             "s3", part, information=parsing.format_documents(block.documents, max_chars=p.doc_chars))))
 
     async def _step_qagent(self, output: str, *, stopped: bool) -> None:
@@ -358,7 +359,7 @@ class SearchEnv:
         if not new:
             self._steps += 1
             part = "duplicate" if action.queries else "invalid"
-            self._invalid(part, render("qagent", part))
+            self._invalid(part, self.prompts.render("qagent", part))
         else:
             self.valid += 1
             self._in_a_row = 0
@@ -370,7 +371,7 @@ class SearchEnv:
             self.queries.extend(new)
             self.seen_queries.update(parsing.normalize_query(q) for q in new)
             results = [[d for d in hits.documents if d.query == q] for q in new]
-            self.messages.append(ChatMessage(role="user", content=render("qagent", "information", information=(
+            self.messages.append(ChatMessage(role="user", content=self.prompts.render("qagent", "information", information=(
                 parsing.format_query_blocks(list(zip(new, results, strict=True)), max_chars=p.doc_chars)))))
         if not self.done and self._steps >= p.max_turns:
             self._end("max_turns")

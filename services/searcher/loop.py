@@ -17,6 +17,7 @@ from services.common.errors import ServiceError
 from services.common.llm import LLMBackend
 from services.common.schemas.searcher import SearchParams, StopReason
 from services.searcher.env import EventSink, RetrieverBackend, SearchEnv, SearchOutcome
+from services.searcher.prompts import PromptSet
 
 
 class _PolicyFailed(Exception):
@@ -48,10 +49,11 @@ async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tu
 
 
 async def run_search(question: str, params: SearchParams, *, policy: LLMBackend | None,
-                     retriever: RetrieverBackend, on_event: EventSink | None = None) -> SearchOutcome:
+                     retriever: RetrieverBackend, prompts: PromptSet | None = None,
+                     on_event: EventSink | None = None) -> SearchOutcome:
     """Run one search in `params.mode` (naive needs no policy). Raises only when no document at all
     could be retrieved. `on_event` sees every retrieval, action and the end as they happen."""
-    env = SearchEnv(question, params, retriever, on_event=on_event)
+    env = SearchEnv(question, params, retriever, prompts=prompts, on_event=on_event)
     deadline = None if params.timeout_s is None else time.perf_counter() + params.timeout_s
     await env.reset()
     while not env.done:

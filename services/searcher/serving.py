@@ -28,7 +28,7 @@ from services.common.schemas.searcher import (
 from services.searcher import parsing
 from services.searcher.env import RetrieverBackend, SearchOutcome
 from services.searcher.loop import run_search
-from services.searcher.prompts import PROMPT_VERSION
+from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class SearchService:
         self.retriever = retriever
         self.cache = cache if settings.cache_enabled else None
         self.metrics = metrics
+        self.prompts = PromptSet.load(settings.prompts_dir)
 
     def params_for(self, request: SearchRequest) -> SearchParams:
         s = self.settings
@@ -113,7 +114,7 @@ class SearchService:
             "question": question,
             "params": params.model_dump(exclude={"timeout_s"}),
             "policy_model": self.policy.model if params.mode != "naive" else None,
-            "prompt_version": PROMPT_VERSION,
+            "prompt_version": self.prompts.version,
         }
         return cache_key(CACHE_NAMESPACE, payload)
 
@@ -132,7 +133,8 @@ class SearchService:
                 response = SearchResponse.model_validate(hit)
                 return response.model_copy(update={"cached": True,
                                                    "trace": response.trace if request.return_trace else None})
-        outcome = await run_search(request.question, params, policy=self.policy, retriever=self.retriever)
+        outcome = await run_search(request.question, params, policy=self.policy, retriever=self.retriever,
+                                   prompts=self.prompts)
         if self.metrics is not None:
             self.metrics.observe(outcome)
         if outcome.degraded:

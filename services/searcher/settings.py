@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -9,6 +11,7 @@ from services.common.http import ClientSettings
 from services.common.llm import LLMSettings
 from services.common.schemas.searcher import ConstraintStyle, check_select_k
 from services.common.settings import ServiceSettings
+from services.searcher.prompts import PromptSet
 
 
 def _retriever_defaults() -> ClientSettings:
@@ -43,10 +46,15 @@ class SearcherSettings(ServiceSettings):
         "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
         "queries; 1 = one request per retrieval"))
     cache_enabled: bool = True
+    prompts_dir: Path | None = Field(None, description=(
+        "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
+        "services/searcher/prompts); checked at start-up, part of the cache key"))
 
     @model_validator(mode="after")
     def _check_searcher(self) -> SearcherSettings:
         check_select_k(None, self.select_k, self.retrieve_k)
+        if self.prompts_dir is not None:
+            PromptSet.load(self.prompts_dir)  # refuse a bad folder at start-up, with the file and variable
         if self.search_timeout_s >= self.request_timeout_s:
             raise ValueError("search_timeout_s must be below request_timeout_s so a slow search degrades, not 504s")
         return self

@@ -1,7 +1,23 @@
-"""Versioned prompt files of the search loops.
+"""Prompt templates of the search loops: the packaged set, or a user's folder (`SEARCHER_PROMPTS_DIR`).
 
-Each `<mode>.<part>.txt` is a `string.Template` (`$question`, `$information`, ...). `PROMPT_VERSION`
-is the `VERSION` file plus a digest of every prompt file, so any edit changes the cache keys.
+Each `<mode>.<part>.txt` is a `string.Template`. A set's version is its `VERSION` file plus a digest of
+every template, so any edit changes the cache keys. A folder need not hold every file: what it lacks is
+taken from the packaged set (a released checkpoint usually overrides only the system prompt). Every
+template is checked when the set is loaded: only the documented variables of its part may appear.
+
+| template | variables |
+|---|---|
+| `s3.system` | `$select_k` |
+| `s3.initial` | `$question`, `$information` |
+| `s3.information`, `s3.last_information` | `$information` |
+| `s3.duplicate` | `$query` |
+| `s3.invalid` | none |
+| `qagent.system` | `$max_turns`, `$max_queries` |
+| `qagent.question` | `$question` |
+| `qagent.information` | `$information` |
+| `qagent.duplicate`, `qagent.invalid` | none |
+
+`$information` is the block of documents, one `Doc i(Title: t) text` line each.
 """
 
 from __future__ import annotations
@@ -9,42 +25,110 @@ from __future__ import annotations
 import hashlib
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from string import Template
 
-_PACKAGE = __name__
+VARIABLES: dict[str, frozenset[str]] = {
+    "s3.system": frozenset({"select_k"}),
+    "s3.initial": frozenset({"question", "information"}),
+    "s3.information": frozenset({"information"}),
+    "s3.last_information": frozenset({"information"}),
+    "s3.duplicate": frozenset({"query"}),
+    "s3.invalid": frozenset(),
+    "qagent.system": frozenset({"max_turns", "max_queries"}),
+    "qagent.question": frozenset({"question"}),
+    "qagent.information": frozenset({"information"}),
+    "qagent.duplicate": frozenset(),
+    "qagent.invalid": frozenset(),
+}
+"""Every template of a set and the variables it may use."""
 
 
-def _files() -> dict[str, str]:
-    root = resources.files(_PACKAGE)
-    return {entry.name: entry.read_text(encoding="utf-8")
-            for entry in sorted(root.iterdir(), key=lambda e: e.name)
-            if entry.name.endswith(".txt") or entry.name == "VERSION"}
+class PromptError(ValueError):
+    """A prompt folder that cannot be used (unknown file, unknown variable, bad template)."""
+
+
+def _placeholders(name: str, text: str) -> set[str]:
+    found: set[str] = set()
+    for match in Template.pattern.finditer(text):
+        if match.group("invalid") is not None:
+            raise PromptError(f"{name}: a `$` that starts no variable (write `$$` for a literal `$`)")
+        named = match.group("named") or match.group("braced")
+        if named:
+            found.add(named)
+    return found
+
+
+class PromptSet:
+    """The templates of every mode and part, checked, with their version."""
+
+    def __init__(self, texts: dict[str, str], version_label: str, source: str) -> None:
+        missing = sorted(set(VARIABLES) - set(texts))
+        if missing:
+            raise PromptError(f"prompt set {source} lacks {', '.join(missing)}")
+        for name, text in texts.items():
+            unknown = _placeholders(name, text) - VARIABLES[name]
+            if unknown:
+                allowed = ", ".join(f"${v}" for v in sorted(VARIABLES[name])) or "none"
+                raise PromptError(f"{source}/{name}.txt uses {', '.join('$' + v for v in sorted(unknown))}; "
+                                  f"allowed: {allowed}")
+        self.texts = dict(texts)
+        self.source = source
+        self._templates = {name: Template(text) for name, text in texts.items()}
+        digest = hashlib.sha256()
+        for name in sorted(texts):
+            digest.update(name.encode())
+            digest.update(b"\0")
+            digest.update(texts[name].encode())
+        self.version = f"{version_label}-{digest.hexdigest()[:8]}"
+
+    def render(self, mode: str, part: str, **values: object) -> str:
+        """Fill a template; the variables its part documents are all given by the loop."""
+        return self._templates[f"{mode}.{part}"].safe_substitute({k: str(v) for k, v in values.items()})
+
+    @classmethod
+    def packaged(cls) -> PromptSet:
+        return _packaged()
+
+    @classmethod
+    def load(cls, folder: Path | str | None) -> PromptSet:
+        """The packaged set, with the templates (and `VERSION`) of `folder` in place of its own."""
+        base = _packaged()
+        if folder is None:
+            return base
+        root = Path(folder)
+        if not root.is_dir():
+            raise PromptError(f"prompt folder {root} does not exist")
+        texts = dict(base.texts)
+        label = None
+        for entry in sorted(root.iterdir()):
+            if entry.name == "VERSION":
+                label = entry.read_text(encoding="utf-8").strip()
+            elif entry.suffix == ".txt":
+                name = entry.name[:-4]
+                if name not in VARIABLES:
+                    raise PromptError(f"{entry}: unknown template (known: {', '.join(sorted(VARIABLES))})")
+                texts[name] = entry.read_text(encoding="utf-8")
+        return cls(texts, label or f"custom:{root.name}", str(root))
+
+
+def _packaged_texts() -> tuple[dict[str, str], str]:
+    root = resources.files(__name__)
+    texts: dict[str, str] = {}
+    label = "v0"
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name == "VERSION":
+            label = entry.read_text(encoding="utf-8").strip()
+        elif entry.name.endswith(".txt"):
+            texts[entry.name[:-4]] = entry.read_text(encoding="utf-8")
+    return texts, label
 
 
 @cache
-def _all() -> dict[str, str]:
-    return _files()
+def _packaged() -> PromptSet:
+    texts, label = _packaged_texts()
+    return PromptSet(texts, label, "services/searcher/prompts")
 
 
-def prompt_version() -> str:
-    files = _all()
-    digest = hashlib.sha256()
-    for name, text in files.items():
-        digest.update(name.encode())
-        digest.update(b"\0")
-        digest.update(text.encode())
-    return f"{files.get('VERSION', 'v0').strip()}-{digest.hexdigest()[:8]}"
-
-
-@cache
-def template(mode: str, part: str) -> Template:
-    """The template `<mode>.<part>.txt`; KeyError when it does not exist."""
-    return Template(_all()[f"{mode}.{part}.txt"])
-
-
-def render(mode: str, part: str, **values: object) -> str:
-    """Fill a template; every placeholder must be given (a missing one is a bug, not user input)."""
-    return template(mode, part).substitute({k: str(v) for k, v in values.items()})
-
-
-PROMPT_VERSION = prompt_version()
+PROMPT_VERSION = _packaged().version
+"""Version of the packaged set."""
