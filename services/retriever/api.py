@@ -115,9 +115,10 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
               responses={200: {"model": SearchR1Response, "content": {JSON: {}}}, **_errors(400, 429, 503)})
     async def retrieve_searchr1(body: SearchR1Request, request: Request) -> Response:
         """Search-R1 `retrieval_server.py` compatible: `{queries, topk, return_scores}` ->
-        `{"result": [[{"document": {"id", "contents"}, "score"}]]}` (documents only without scores)."""
+        `{"result": [[{"document": {"id", "contents"}, "score"}]]}` (documents only without scores).
+        A blank query gets an empty list, as on Search-R1's server."""
         svc = _service(request)
-        _, hits = await svc.search(body.queries, body.topk or settings.searchr1_topk, None)
+        hits = await svc.search_skipping_blank(body.queries, body.topk or settings.searchr1_topk, None)
         return Response(svc.render_searchr1(hits, body.return_scores), media_type=JSON)
 
     return app

@@ -169,6 +169,22 @@ class RetrieverService:
             self.metrics.queued.labels(method).set(batcher.queued)
         return method, await batcher.submit(queries, k)
 
+    async def search_skipping_blank(self, queries: Sequence[str], k: int, method: str | None) -> Hits:
+        """`search`, where a blank query gets no hits instead of failing the batch (Search-R1's server
+        answers a `<search> </search>` with an empty list; a training run must not die on one)."""
+        if k > self.settings.max_k:
+            raise BadRequest(f"k must be at most {self.settings.max_k}", param="k")
+        live = [i for i, q in enumerate(queries) if q.strip()]
+        if len(live) == len(queries):
+            return (await self.search(queries, k, method))[1]
+        hits = Hits.empty(len(queries), k)
+        if live:
+            _, found = await self.search([queries[i] for i in live], k, method)
+            width = min(k, found.k)
+            hits.ids[live, :width] = found.ids[:, :width]
+            hits.scores[live, :width] = found.scores[:, :width]
+        return hits
+
     # ------------------------------------------------------------------ response bodies (orjson, no pydantic)
 
     def documents(self, hits: Hits) -> list[list[dict[str, Any]]]:

@@ -115,6 +115,23 @@ async def test_searchr1_compatible_shapes(client: httpx.AsyncClient) -> None:
     assert docs[0]["id"] == hit["document"]["id"]
 
 
+async def test_searchr1_blank_query_gets_an_empty_list_not_a_failed_batch(client: httpx.AsyncClient) -> None:
+    """A policy that writes `<search> </search>` sends a blank query; Search-R1's server answers 200 with
+    that query's empty list, and so must we, or a training run through us dies on it."""
+    queries = ["Nobel prize physics", " ", "", "film"]
+    response = await client.post("/searchr1/retrieve", json={"queries": queries, "topk": 3, "return_scores": True})
+    assert response.status_code == 200, response.text
+    result = response.json()["result"]
+    assert [len(r) for r in result] == [3, 0, 0, 3]
+    alone = (await client.post("/searchr1/retrieve", json={"queries": ["Nobel prize physics", "film"], "topk": 3,
+                                                           "return_scores": True})).json()["result"]
+    assert [result[0], result[3]] == alone
+    blank_only = await client.post("/searchr1/retrieve", json={"queries": ["  \t"]})
+    assert blank_only.status_code == 200 and blank_only.json() == {"result": [[]]}
+    assert_envelope(await client.post("/searchr1/retrieve", json={"queries": ["a\x00b"]}), 422)
+    assert_envelope(await client.post("/retrieve", json={"queries": [" "]}), 422)  # our own API stays strict
+
+
 BAD_INPUTS: list[tuple[str, Any, int]] = [
     ("empty query", {"queries": [""]}, 422),
     ("blank query", {"queries": ["   "]}, 422),

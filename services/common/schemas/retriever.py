@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints
 
-from services.common.schemas.base import Document, StrictModel, bounded_text
+from services.common.schemas.base import Document, StrictModel, bounded_text, no_nul
 
 Method = Literal["bm25", "dense", "hybrid"]
 
@@ -29,8 +29,14 @@ class RetrieveResponse(BaseModel):
 
 
 # Search-R1 / veRL search-tool compatible shapes (POST /retrieve in Search-R1's retrieval_server.py).
+# A blank query is allowed here (a policy that writes `<search> </search>`): Search-R1's server answers it
+# with an empty list instead of failing the whole batch, and a training run must not die on one.
+SearchR1Query = Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS), AfterValidator(no_nul)]
+
+
 class SearchR1Request(StrictModel):
-    queries: list[Query] = Field(..., min_length=1, max_length=MAX_BATCH)  # type: ignore[valid-type]
+    queries: list[SearchR1Query] = Field(..., min_length=1, max_length=MAX_BATCH,
+                                         description="blank queries get an empty result list")
     topk: int | None = Field(None, ge=1, le=MAX_K)
     return_scores: bool = False
 
