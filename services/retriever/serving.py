@@ -8,6 +8,7 @@ through one `MicroBatcher` per backend; hybrid fuses the BM25 and dense batchers
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -74,6 +75,22 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
     return IndexCheck(checksum, manifests)
 
 
+def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests: dict[str, Manifest]) -> str:
+    """What the served results depend on: the corpus, every loaded index (its manifest, build time included)
+    and the settings that change rankings. Callers put it in their cache keys (`/version` -> `index_id`),
+    so a re-index never serves results cached from the old one."""
+    payload = {
+        "corpus": corpus_checksum,
+        "indexes": {name: m.model_dump(mode="json", exclude={"corpus_path", "build_seconds"})
+                    for name, m in sorted(manifests.items())},
+        "default_method": settings.default_method, "bm25": [settings.bm25_k1, settings.bm25_b],
+        "query_prefix": settings.encoder.query_prefix if "dense" in manifests else None,
+        "fusion": [settings.rrf_k, settings.fusion_depth],
+    }
+    digest = hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return f"idx-{digest[:20]}"
+
+
 class SearchMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.seconds = Histogram("retriever_search_seconds", "one library call (a micro-batch)", ["method"],
@@ -86,7 +103,7 @@ class SearchMetrics:
 
 class RetrieverService:
     def __init__(self, corpus: Corpus, retrievers: dict[str, Retriever], settings: RetrieverSettings,
-                 *, metrics: SearchMetrics | None = None) -> None:
+                 *, metrics: SearchMetrics | None = None, index_id: str | None = None) -> None:
         for name, retriever in retrievers.items():
             if retriever.doc_count != len(corpus):
                 raise IndexMismatch(f"{name} index holds {retriever.doc_count} documents, corpus "
@@ -95,6 +112,9 @@ class RetrieverService:
         self.retrievers = retrievers
         self.settings = settings
         self.metrics = metrics
+        manifests = {name: getattr(r, "manifest", None) for name, r in retrievers.items()}
+        self.index_id = index_id or index_identity(settings, corpus.checksum, {
+            name: m for name, m in manifests.items() if isinstance(m, Manifest)})
         self.batchers = {
             name: MicroBatcher(name, r.batch_search, max_batch=settings.max_batch_queries,
                                max_queue=settings.max_queue, observe=self._observer(name),
@@ -150,7 +170,8 @@ class RetrieverService:
             retrievers["dense"] = dense
         logger.info("retriever ready in %.1f s: %s over %s documents", time.perf_counter() - t0,
                     ", ".join(retrievers), len(corpus))
-        return cls(corpus, retrievers, settings, metrics=metrics)
+        return cls(corpus, retrievers, settings, metrics=metrics,
+                   index_id=index_identity(settings, check.corpus_checksum, check.manifests))
 
     async def search(self, queries: Sequence[str], k: int, method: str | None) -> tuple[str, Hits]:
         method = method or self.settings.default_method
@@ -210,7 +231,7 @@ class RetrieverService:
 
     def describe(self) -> dict[str, Any]:
         return {"methods": self.methods, "default_method": self.settings.default_method,
-                "documents": len(self.corpus), "corpus_checksum": self.corpus.checksum,
+                "documents": len(self.corpus), "corpus_checksum": self.corpus.checksum, "index_id": self.index_id,
                 "bm25_backend": self.settings.bm25_backend if "bm25" in self.retrievers else None,
                 "dense_index": self.settings.faiss.index_type if "dense" in self.retrievers else None,
                 "encoder": self.settings.encoder.name if "dense" in self.retrievers else None}

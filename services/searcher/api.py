@@ -20,6 +20,7 @@ from services.common.schemas.searcher import (
     SearchResponse,
 )
 from services.searcher.env import RetrieverBackend
+from services.searcher.index_identity import IndexIdentity
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
@@ -60,8 +61,11 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                 the_cache = make_cache(settings.redis_url, name="search", ttl_s=settings.cache_ttl_s,
                                        max_items=settings.cache_max_items, metrics=metrics)
                 stack.push_async_callback(the_cache.aclose)
+            identity = None if retriever_client is None else IndexIdentity(retriever_client,
+                                                                           ttl_s=settings.index_id_ttl_s)
             app.state.service = SearchService(settings, policy=the_policy, retriever=the_retriever,
-                                              cache=the_cache, metrics=SearcherMetrics(metrics.registry))
+                                              cache=the_cache, metrics=SearcherMetrics(metrics.registry),
+                                              index_identity=identity)
 
             async def readiness() -> dict[str, str]:
                 # The policy is not required: without it searches degrade to naive top-k, they do not fail.

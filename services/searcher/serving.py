@@ -27,6 +27,7 @@ from services.common.schemas.searcher import (
 )
 from services.searcher import parsing
 from services.searcher.env import RetrieverBackend, SearchOutcome
+from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import run_search
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
@@ -89,8 +90,10 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
 
 class SearchService:
     def __init__(self, settings: SearcherSettings, *, policy: LLMBackend, retriever: RetrieverBackend,
-                 cache: ResultCache | None = None, metrics: SearcherMetrics | None = None) -> None:
+                 cache: ResultCache | None = None, metrics: SearcherMetrics | None = None,
+                 index_identity: IndexIdentity | None = None) -> None:
         self.settings = settings
+        self.index_identity = index_identity
         self.policy = policy
         self.retriever = retriever
         self.cache = cache if settings.cache_enabled else None
@@ -109,9 +112,10 @@ class SearchService:
             constraint_style=s.constraint_style, max_invalid=s.max_invalid,
             max_queries_per_round=s.max_queries_per_round, doc_chars=s.doc_chars, timeout_s=s.search_timeout_s)
 
-    def key(self, question: str, params: SearchParams) -> str:
+    def key(self, question: str, params: SearchParams, index_id: str | None = None) -> str:
         payload: dict[str, Any] = {
             "question": question,
+            "index": index_id,
             "params": params.model_dump(exclude={"timeout_s"}),
             "policy_model": self.policy.model if params.mode != "naive" else None,
             "prompt_version": self.prompts.version,
@@ -126,9 +130,13 @@ class SearchService:
             errors = exc.errors()
             raise BadRequest(str(errors[0].get("msg", "invalid parameters")) if errors else "invalid parameters",
                              param="select_k") from exc
-        key = self.key(request.question, params)
-        if self.cache is not None:
-            hit = await self.cache.get_json(key)
+        cache, index_id = self.cache, None
+        if cache is not None and self.index_identity is not None:
+            index_id = await self.index_identity.current()
+            cache = cache if index_id is not None else None  # which index would answer is unknown: no cache
+        key = self.key(request.question, params, index_id)
+        if cache is not None:
+            hit = await cache.get_json(key)
             if hit is not None:
                 response = SearchResponse.model_validate(hit)
                 return response.model_copy(update={"cached": True,
@@ -143,7 +151,7 @@ class SearchService:
                     "policy_ms=%.0f retrieval_ms=%.0f", outcome.mode, outcome.turns, len(outcome.queries),
                     len(outcome.documents), outcome.stop_reason, outcome.valid_actions, outcome.invalid_actions,
                     outcome.timings.total_ms, outcome.timings.policy_ms, outcome.timings.retrieval_ms)
-        store = None if outcome.degraded else self.cache
+        store = None if outcome.degraded else cache
         # the cached entry keeps the trace (a later request may ask for it); build it only when needed
         full = to_response(outcome, return_trace=store is not None or request.return_trace)
         if store is not None:

@@ -46,6 +46,9 @@ class SearcherSettings(ServiceSettings):
         "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
         "queries; 1 = one request per retrieval"))
     cache_enabled: bool = True
+    index_id_ttl_s: float = Field(10.0, ge=0, description=(
+        "how often the retriever's index identity (part of every cache key) is read again: after a "
+        "re-index, cached searches of the old index stop being served within this time"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))

@@ -181,6 +181,7 @@ async def test_ops_endpoints(client: httpx.AsyncClient, tiny: RetrieverSettings)
     assert ready.json() == {"status": "ready", "checks": {"indexes": "ok"}}
     details = (await client.get("/version")).json()["details"]
     assert details["methods"] == ["bm25", "dense", "hybrid"] and details["dense_index"] == "flat"
+    assert details["index_id"].startswith("idx-")  # searchers put it in their cache keys
     await client.post("/retrieve", json={"queries": ["a", "b"], "method": "dense"})
     metrics = (await client.get("/metrics")).text
     assert 'retriever_search_seconds_count{method="dense"}' in metrics
