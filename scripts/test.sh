@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
-echo "[test] ruff"; "$PY" -m ruff check services trainer tests bench
+echo "[test] ruff"; "$PY" -m ruff check services trainer tests bench plugsearch
 echo "[test] mypy"; "$PY" -m mypy
 echo "[test] pytest"
 set +e

@@ -672,6 +672,18 @@ def test_k8s_llm_command(monkeypatch: pytest.MonkeyPatch,
 
 
 # ---------------------------------------------------------------------------------- the image package
+PACKAGES = ("services", "trainer", "plugsearch")
+"""The top-level packages pyproject installs (and the Dockerfile copies)."""
+
+
+def test_the_dockerfile_copies_every_package() -> None:
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "include"] == [f"{p}*" for p in PACKAGES]
+    for package in PACKAGES:
+        assert f"COPY {package} ./{package}" in dockerfile, package
+
+
 def test_the_installed_package_has_every_entrypoint_and_data_file(tmp_path: Path,
                                                                   compose: dict[str, Any]) -> None:
     """Images `pip install .` (not editable): build that wheel from a copy of the sources and check it
@@ -681,7 +693,7 @@ def test_the_installed_package_has_every_entrypoint_and_data_file(tmp_path: Path
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("services", "trainer"):
+    for package in PACKAGES:
         shutil.copytree(REPO / package, src / package, ignore=ignore)
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                              "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
@@ -699,7 +711,7 @@ def test_the_installed_package_has_every_entrypoint_and_data_file(tmp_path: Path
     for target in scripts.values():  # every console script's module is in the wheel
         module = target.split(":")[0].replace(".", "/")
         assert f"{module}.py" in names or f"{module}/__init__.py" in names, target
-    data_files = {p.relative_to(src).as_posix() for package in ("services", "trainer")
+    data_files = {p.relative_to(src).as_posix() for package in PACKAGES
                   for p in (src / package).rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")}
     assert not data_files - names, f"left out of the installed package: {sorted(data_files - names)}"
 

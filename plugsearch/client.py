@@ -1,0 +1,154 @@
+"""The public Python client of the searcher: `SearchClient` (blocking) and `AsyncSearchClient` (asyncio).
+
+    from plugsearch import SearchClient
+
+    with SearchClient("http://127.0.0.1:8000", api_key="...") as client:
+        result = client.search("who wrote the call of the wild", mode="s3")
+        prompt = f"{result.context}\\n\\nQuestion: {result.question}"
+
+Both return the searcher's own pydantic models (`SearchResponse` with `documents`, `context`, `queries`,
+`timings`, ...). Both send the API key as `Authorization: Bearer`, time out (`timeout` per request,
+`connect_timeout` to connect), and retry connection errors, timeouts and 429/502/503/504 answers
+(`max_retries`, full-jitter backoff, a server's Retry-After honoured), through the same `ServiceClient`
+the services use between themselves. Errors raise `plugsearch.ServiceError` subclasses carrying the
+server's status, message and parameter: `BadRequest` (400, or a request refused before sending),
+`ValidationFailed` (422), `Unauthorized` (401), `Overloaded` (429), `UpstreamUnavailable` (503, or the
+searcher unreachable), `UpstreamTimeout` (504, or no answer within `timeout`).
+
+Defaults come from the environment: `PLUGSEARCH_URL` (else http://127.0.0.1:8000) and
+`PLUGSEARCH_API_KEY` (the key `plugsearch-stack --api-key` sets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import SecretStr
+
+from services.common.clients import SearcherClient
+from services.common.errors import BadRequest
+from services.common.http import ClientSettings
+from services.common.schemas.searcher import Method, SearchMode, SearchRequest, SearchResponse
+
+T = TypeVar("T")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+URL_ENV = "PLUGSEARCH_URL"
+API_KEY_ENV = "PLUGSEARCH_API_KEY"
+
+
+def _request(question: str | SearchRequest, options: dict[str, Any]) -> SearchRequest:
+    if isinstance(question, SearchRequest):
+        return question.model_copy(update=options) if options else question
+    try:
+        return SearchRequest(question=question, **options)
+    except ValueError as exc:  # refused here, before any network call, with the server's own rules
+        raise BadRequest(f"invalid search request: {exc}") from exc
+
+
+class AsyncSearchClient:
+    """asyncio client of `POST /search`. Use `async with`, or call `aclose()` when done."""
+
+    def __init__(self, base_url: str | None = None, *, api_key: str | None = None, timeout: float = 120.0,
+                 connect_timeout: float = 5.0, max_retries: int = 2, backoff: float = 0.5,
+                 max_connections: int = 16, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """`transport`: an httpx transport instead of the network (tests: `httpx.ASGITransport(app)`)."""
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        settings = ClientSettings(url=self.base_url, timeout_s=timeout, connect_timeout_s=connect_timeout,
+                                  max_retries=max_retries, backoff_s=backoff, max_connections=max_connections,
+                                  token=SecretStr(key) if key else None)
+        self._client = SearcherClient(settings, transport=transport, name="searcher")
+
+    async def search(self, question: str | SearchRequest, *, mode: SearchMode | None = None,
+                     max_turns: int | None = None, retrieve_k: int | None = None, select_k: int | None = None,
+                     method: Method | None = None, constrained: bool | None = None,
+                     return_trace: bool | None = None) -> SearchResponse:
+        """Search for the documents an LLM needs to answer `question`; unset options take the server's
+        defaults (s3, 3 turns, 8 retrieved and 3 selected per turn)."""
+        options = {k: v for k, v in (("mode", mode), ("max_turns", max_turns), ("retrieve_k", retrieve_k),
+                                     ("select_k", select_k), ("method", method), ("constrained", constrained),
+                                     ("return_trace", return_trace)) if v is not None}
+        return await self._client.search(_request(question, options))
+
+    async def search_batch(self, questions: Sequence[str | SearchRequest], *, mode: SearchMode | None = None,
+                           **options: Any) -> list[SearchResponse]:
+        """Many searches in one request (at most 64), run concurrently by the server; results in order."""
+        if mode is not None:
+            options["mode"] = mode
+        return await self._client.search_batch([_request(q, options) for q in questions])
+
+    async def ready(self) -> bool:
+        """True when the searcher and its retriever answer (`GET /health/ready`)."""
+        return await self._client.ready() == "ok"
+
+    async def version(self) -> dict[str, Any]:
+        """The searcher's `GET /version`: version, prompt version, policy model and search defaults."""
+        response = await self._client.request("GET", "/version")
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncSearchClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class SearchClient:
+    """Blocking client with the same methods as `AsyncSearchClient` (it runs one on a private event loop
+    in a background thread, so it also works where an event loop is already running, as in Jupyter).
+    Use `with`, or call `close()` when done."""
+
+    def __init__(self, base_url: str | None = None, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="plugsearch-client", daemon=True)
+        self._thread.start()
+        self._async = AsyncSearchClient(base_url, **options)
+        self.base_url = self._async.base_url
+        self._closed = False
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            call.close()
+            raise RuntimeError("the client is closed")
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
+    def search(self, question: str | SearchRequest, **options: Any) -> SearchResponse:
+        """See `AsyncSearchClient.search`."""
+        return self._run(self._async.search(question, **options))
+
+    def search_batch(self, questions: Sequence[str | SearchRequest], **options: Any) -> list[SearchResponse]:
+        """See `AsyncSearchClient.search_batch`."""
+        return self._run(self._async.search_batch(questions, **options))
+
+    def ready(self) -> bool:
+        return self._run(self._async.ready())
+
+    def version(self) -> dict[str, Any]:
+        return self._run(self._async.version())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._run(self._async.aclose())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def __enter__(self) -> SearchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
