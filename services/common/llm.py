@@ -9,16 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 import httpx
+import orjson
 from pydantic import BaseModel, Field, SecretStr
 
-from services.common.errors import ServiceError, UpstreamError, UpstreamTimeout
+from services.common.errors import BadRequest, ServiceError, UpstreamError, UpstreamTimeout
 from services.common.http import CircuitBreaker, backoff_delay, decode_error
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, WireResponse, make_wire
+from services.common.transport import HttpTransport, WireResponse, as_response, make_wire
 
 logger = logging.getLogger(__name__)
 
@@ -101,45 +103,124 @@ class OpenAIChatClient:
             body["stop"] = stop
         if extra:
             body.update(extra)
-        headers = {}
+        return self._parse(await self._post(body))
+
+    def _headers(self) -> dict[str, str]:
         rid = get_request_id()
-        if rid:
-            headers[REQUEST_ID_HEADER] = rid
+        return {REQUEST_ID_HEADER: rid} if rid else {}
+
+    def _check_breaker(self) -> None:
+        if not self.breaker.allow():
+            raise UpstreamError(f"{self.name} is unavailable (circuit open after repeated failures)",
+                                retry_after=self.breaker.retry_after())
+
+    def _transport_failure(self, exc: httpx.HTTPError) -> ServiceError:
+        self.breaker.record_failure()
+        if isinstance(exc, httpx.TimeoutException):
+            return UpstreamTimeout(f"{self.name} timed out after {self.settings.timeout_s:g} s")
+        return UpstreamError(f"{self.name} unreachable: {type(exc).__name__}")
+
+    def _refused(self, response: WireResponse, *, caller_error: bool) -> ServiceError:
+        """The error to retry for a 429 / 5xx answer; raises at once for any other 4xx (`caller_error`:
+        as the caller's BadRequest, when the request carried the caller's own fields)."""
+        err = decode_error(self.name, response)
+        status = response.status_code
+        if status >= 500 or status == 429:
+            self.breaker.record_failure()
+            return UpstreamTimeout(err.message) if status == 504 else UpstreamError(err.message)
+        self.breaker.record_success()
+        if caller_error:
+            raise BadRequest(f"{self.name} refused the request: {err.message}", param=err.param)
+        raise UpstreamError(f"{self.name} refused the request: {err.message}")
+
+    async def _retry_pause(self, attempt: int, last: ServiceError) -> None:
+        if self.metrics is not None:
+            self.metrics.upstream_errors.labels(self.name, last.type).inc()
+        if attempt < self.settings.max_retries:
+            await asyncio.sleep(backoff_delay(attempt, self.settings.backoff_s))
+
+    async def _post(self, body: dict[str, Any], *, caller_error: bool = False) -> WireResponse:
+        """POST /chat/completions with retries (connection errors, timeouts, 429, 5xx) and the breaker."""
+        headers = self._headers()
         last: ServiceError | None = None
         async with self._sem:
             for attempt in range(self.settings.max_retries + 1):
-                if not self.breaker.allow():
-                    raise UpstreamError(f"{self.name} is unavailable (circuit open after repeated failures)",
-                                        retry_after=self.breaker.retry_after())
+                self._check_breaker()
                 t0 = time.perf_counter()
                 try:
                     response = await self._wire.send("POST", "/chat/completions", json=body, headers=headers)
-                except httpx.TimeoutException:
-                    self.breaker.record_failure()
-                    last = UpstreamTimeout(f"{self.name} timed out after {self.settings.timeout_s:g} s")
                 except httpx.TransportError as exc:
-                    self.breaker.record_failure()
-                    last = UpstreamError(f"{self.name} unreachable: {type(exc).__name__}")
+                    last = self._transport_failure(exc)
                 else:
                     if response.status_code < 400:
                         self.breaker.record_success()
                         if self.metrics is not None:
                             self.metrics.upstream_seconds.labels(self.name).observe(time.perf_counter() - t0)
-                        return self._parse(response)
-                    err = decode_error(self.name, response)
-                    if response.status_code >= 500 or response.status_code == 429:
-                        self.breaker.record_failure()
-                        last = UpstreamTimeout(err.message) if response.status_code == 504 else \
-                            UpstreamError(err.message)
-                    else:
-                        self.breaker.record_success()
-                        raise UpstreamError(f"{self.name} refused the request: {err.message}")
-                if self.metrics is not None:
-                    self.metrics.upstream_errors.labels(self.name, last.type).inc()
-                if attempt < self.settings.max_retries:
-                    await asyncio.sleep(backoff_delay(attempt, self.settings.backoff_s))
+                        return response
+                    last = self._refused(response, caller_error=caller_error)
+                await self._retry_pause(attempt, last)
         assert last is not None
         raise last
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A whole chat-completions request (the caller's own fields, e.g. a proxied request) -> the
+        response body as it came. A 4xx answer is the caller's BadRequest."""
+        response = await self._post({**body, "stream": False}, caller_error=True)
+        try:
+            data = response.json()
+            data["choices"][0]["message"]  # noqa: B018 - the shape every caller reads
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
+        self._count_usage(data.get("usage"))
+        return data  # type: ignore[no-any-return]
+
+    async def stream(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """A chat-completions request with `stream: true`: yields each chunk (the `data:` JSON of the
+        server-sent events) until `[DONE]`. Retried like `complete` until the first chunk; a failure after
+        it raises (what was yielded cannot be taken back)."""
+        body = {**body, "stream": True}
+        headers = self._headers()
+        last: ServiceError | None = None
+        async with self._sem:
+            for attempt in range(self.settings.max_retries + 1):
+                self._check_breaker()
+                started = False
+                try:
+                    async with self._wire.stream("POST", "/chat/completions", json=body, headers=headers) as response:
+                        if response.status_code >= 400:
+                            last = self._refused(as_response(response, await response.aread()), caller_error=True)
+                        else:
+                            self.breaker.record_success()
+                            async for line in response.aiter_lines():
+                                if not line.startswith("data:"):
+                                    continue  # blank separators, comments, `event:` lines
+                                data = line[5:].strip()
+                                if data == "[DONE]":
+                                    return
+                                try:
+                                    chunk = orjson.loads(data)
+                                except orjson.JSONDecodeError as exc:
+                                    raise UpstreamError(f"{self.name} streamed an unexpected event") from exc
+                                if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+                                    raise UpstreamError(f"{self.name} failed mid-stream: "
+                                                        f"{str(chunk['error'].get('message', 'error'))[:500]}")
+                                self._count_usage(chunk.get("usage") if isinstance(chunk, dict) else None)
+                                started = True
+                                yield chunk
+                            return
+                except httpx.TransportError as exc:
+                    if started:
+                        raise UpstreamError(f"{self.name} stream broke off: {type(exc).__name__}") from exc
+                    last = self._transport_failure(exc)
+                assert last is not None
+                await self._retry_pause(attempt, last)
+        assert last is not None
+        raise last
+
+    def _count_usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self._count("prompt", int(usage.get("prompt_tokens") or 0))
+            self._count("completion", int(usage.get("completion_tokens") or 0))
 
     def _parse(self, response: WireResponse) -> ChatResult:
         try:

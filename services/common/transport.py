@@ -18,7 +18,8 @@ Both raise httpx's exception types (`httpx.TimeoutException`, `httpx.ConnectErro
 from __future__ import annotations
 
 import json as stdjson
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -70,11 +71,36 @@ class Response:
             raise ValueError(str(exc)) from exc
 
 
+class StreamResponse(Protocol):
+    """A response whose body is read as it arrives (`httpx.Response` in a `stream()` block has all of it)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_lines(self) -> AsyncIterator[str]: ...
+
+
 class Wire(Protocol):
     async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                    timeout: float | None = None) -> WireResponse: ...
 
+    def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+               timeout: float | None = None) -> AbstractAsyncContextManager[StreamResponse]:
+        """The response as soon as its headers arrive; the body is read inside the block (server-sent
+        events). `timeout` bounds connecting and each wait between reads, not the whole body."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+def as_response(stream: StreamResponse, content: bytes) -> Response:
+    """A streamed response read to the end, as a `WireResponse` (to decode an error body)."""
+    return Response(stream.status_code, stream.headers, content, "")
 
 
 def dumps(body: Any) -> bytes:
@@ -103,8 +129,36 @@ class HttpxWire:
         return await self.client.request(method, path, headers=headers, **kwargs,
                                          timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
 
+    @asynccontextmanager
+    async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                     timeout: float | None = None) -> AsyncIterator[StreamResponse]:
+        kwargs: dict[str, Any] = {}
+        if json is not None:
+            kwargs["content"] = dumps(json)
+            headers = {"content-type": "application/json", **(headers or {})}
+        async with self.client.stream(method, path, headers=headers, **kwargs,
+                                      timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout) as response:
+            yield response
+
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class _AiohttpStream:
+    __slots__ = ("_response", "headers", "status_code")
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self.status_code: int = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def aread(self) -> bytes:
+        content: bytes = await self._response.read()
+        return content
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        async for line in self._response.content:  # aiohttp's StreamReader yields one line at a time
+            yield line.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 class AiohttpWire:
@@ -147,7 +201,6 @@ class AiohttpWire:
 
     async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                    timeout: float | None = None) -> Response:
-        import aiohttp
 
         url = self.base_url + path
         data = None
@@ -155,25 +208,48 @@ class AiohttpWire:
             data = dumps(json)
             headers = {"Content-Type": "application/json", **(headers or {})}
         session = self._get_session()
-        try:
+        with _as_httpx_errors(method, url):
             async with session.request(method, url, data=data, headers=headers, timeout=self._timeout(timeout),
                                        allow_redirects=False) as resp:
                 content = await resp.read()
                 return Response(resp.status, resp.headers, content, resp.reason or "")
-        except aiohttp.ConnectionTimeoutError as exc:  # no connection within the connect / pool timeout
-            raise httpx.ConnectTimeout(str(exc) or "connect timeout", request=httpx.Request(method, url)) from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "read timeout", request=httpx.Request(method, url)) from exc
-        except aiohttp.ClientConnectorError as exc:  # refused, unreachable, DNS
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=httpx.Request(method, url)) from exc
-        except aiohttp.ClientError as exc:  # reset, disconnected mid-response, malformed HTTP
-            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__,
-                                            request=httpx.Request(method, url)) from exc
+
+    @asynccontextmanager
+    async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                     timeout: float | None = None) -> AsyncIterator[StreamResponse]:
+        url = self.base_url + path
+        data = None
+        if json is not None:
+            data = dumps(json)
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        session = self._get_session()
+        with _as_httpx_errors(method, url):
+            async with session.request(method, url, data=data, headers=headers, timeout=self._timeout(timeout),
+                                       allow_redirects=False) as resp:
+                yield _AiohttpStream(resp)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+@contextmanager
+def _as_httpx_errors(method: str, url: str) -> Iterator[None]:
+    """aiohttp's exceptions as httpx's, so callers handle one family whatever the wire."""
+    import aiohttp
+
+    try:
+        yield
+    except aiohttp.ConnectionTimeoutError as exc:  # no connection within the connect / pool timeout
+        raise httpx.ConnectTimeout(str(exc) or "connect timeout", request=httpx.Request(method, url)) from exc
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise httpx.ReadTimeout(str(exc) or "read timeout", request=httpx.Request(method, url)) from exc
+    except aiohttp.ClientConnectorError as exc:  # refused, unreachable, DNS
+        raise httpx.ConnectError(str(exc) or type(exc).__name__, request=httpx.Request(method, url)) from exc
+    except aiohttp.ClientError as exc:  # reset, disconnected mid-response, malformed HTTP
+        raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__,
+                                        request=httpx.Request(method, url)) from exc
 
 
 def make_wire(base_url: str, *, timeout_s: float, connect_timeout_s: float, max_connections: int,

@@ -19,6 +19,8 @@ from services.common.schemas.searcher import (
     SearchRequest,
     SearchResponse,
 )
+from services.searcher.chat import AnswerBackend
+from services.searcher.chat_api import add_chat_routes, chat_proxy
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.prompts import PromptSet
@@ -38,8 +40,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend | None = None,
-               retriever: RetrieverBackend | None = None, cache: ResultCache | None = None) -> FastAPI:
-    """The searcher app. Backends are built in the lifespan unless injected (tests, benches)."""
+               retriever: RetrieverBackend | None = None, cache: ResultCache | None = None,
+               answer: AnswerBackend | None = None) -> FastAPI:
+    """The searcher app. Backends are built in the lifespan unless injected (tests, benches); `answer`:
+    the answer LLM of the chat proxy (used only when `settings.chat` turns the proxy on)."""
     settings = settings or SearcherSettings()
 
     @asynccontextmanager
@@ -66,6 +70,9 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             app.state.service = SearchService(settings, policy=the_policy, retriever=the_retriever,
                                               cache=the_cache, metrics=SearcherMetrics(metrics.registry),
                                               index_identity=identity)
+            if settings.chat is not None:
+                app.state.chat = await stack.enter_async_context(
+                    chat_proxy(settings.chat, app.state.service, answer=answer, metrics=metrics))
 
             async def readiness() -> dict[str, str]:
                 # The policy is not required: without it searches degrade to naive top-k, they do not fail.
@@ -81,6 +88,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
 
     app = build_app(settings, service="searcher", lifespan=lifespan, version_details=details,
                     description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.")
+    if settings.chat is not None:
+        add_chat_routes(app, settings.chat)
 
     # The bodies are built as response models already: serialise them once (FastAPI's `response_model`
     # would validate every document again), and still document the model in OpenAPI.

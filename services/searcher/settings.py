@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from string import Template
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.http import ClientSettings
 from services.common.llm import LLMSettings
-from services.common.schemas.searcher import ConstraintStyle, check_select_k
+from services.common.schemas.searcher import ConstraintStyle, SearchMode, check_select_k
 from services.common.settings import ServiceSettings
 from services.searcher.prompts import PromptSet
 
@@ -20,6 +21,36 @@ def _retriever_defaults() -> ClientSettings:
 
 def _policy_defaults() -> LLMSettings:
     return LLMSettings()  # type: ignore[call-arg]
+
+
+DEFAULT_CHAT_TEMPLATE = """Answer the question using the documents below where they are relevant.
+
+$context
+
+Question: $question"""
+
+
+class ChatProxySettings(BaseModel):
+    """Opt-in OpenAI-compatible answering proxy (`POST /v1/chat/completions`): set at least
+    `SEARCHER_CHAT__ANSWER__BASE_URL` (any OpenAI-compatible endpoint) and `SEARCHER_CHAT__ANSWER__MODEL`."""
+
+    answer: LLMSettings = Field(..., description="the LLM that answers, given the search's context")
+    mode: SearchMode = Field("s3", description="search mode when the request sets none")
+    template: str = Field(DEFAULT_CHAT_TEMPLATE, description=(
+        "replaces the last user message: `$context` (the documents found) and `$question` (the message)"))
+    model_name: str = Field("plugsearch", min_length=1, description="the model id GET /v1/models lists")
+
+    @field_validator("template")
+    @classmethod
+    def _check_template(cls, value: str) -> str:
+        try:
+            names = set(Template(value).get_identifiers())
+        except ValueError as exc:
+            raise ValueError(f"chat template: {exc}") from exc
+        if not Template(value).is_valid() or not names <= {"context", "question"} or "context" not in names:
+            raise ValueError("the chat template must use $context (and may use $question), nothing else; "
+                             "write $$ for a literal $")
+        return value
 
 
 class SearcherSettings(ServiceSettings):
@@ -49,6 +80,8 @@ class SearcherSettings(ServiceSettings):
     index_id_ttl_s: float = Field(10.0, ge=0, description=(
         "how often the retriever's index identity (part of every cache key) is read again: after a "
         "re-index, cached searches of the old index stop being served within this time"))
+    chat: ChatProxySettings | None = Field(None, description=(
+        "the OpenAI-compatible answering proxy (POST /v1/chat/completions); off unless configured"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))

@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible chat-completions server with configurable latency and a scripted responder.
 
 Used by api/e2e tests and benchmarks in place of vLLM or llama.cpp. It speaks the same wire format
-(`POST /v1/chat/completions`, `GET /v1/models`), so the real `OpenAIChatClient` is exercised.
+(`POST /v1/chat/completions`, streamed with `stream: true`; `GET /v1/models`), so the real
+`OpenAIChatClient` is exercised.
 
     python -m services.testing.fake_llm --port 9100 --latency-ms 100 --responder services.testing.fake_llm:echo
 """
@@ -13,12 +14,12 @@ import asyncio
 import importlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 Responder = Callable[[dict[str, Any]], "str | Awaitable[str]"]
 
@@ -87,6 +88,9 @@ def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, 
         if inspect.isawaitable(text):
             text = await text
         prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        if body.get("stream"):
+            return StreamingResponse(_chunks(f"fake-{app.state.calls}", body.get("model", model), str(text)),
+                                     media_type="text/event-stream")
         return Response(orjson.dumps({
             "id": f"fake-{app.state.calls}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", model),
@@ -96,6 +100,20 @@ def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, 
         }), media_type="application/json")
 
     return app
+
+
+async def _chunks(completion_id: str, model: str, text: str) -> AsyncIterator[bytes]:
+    """The answer as OpenAI's server-sent events: a role chunk, one chunk per word, a finish chunk."""
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    for i, word in enumerate(text.split(" ")):
+        yield event({"content": word if i == 0 else " " + word})
+    yield event({}, "stop")
+    yield b"data: [DONE]\n\n"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,62 @@
+"""Routes of the OpenAI-compatible answering proxy (mounted only when `SEARCHER_CHAT__...` configures it):
+`POST /v1/chat/completions` (JSON, or server-sent events with `stream: true`) and `GET /v1/models`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
+
+from services.common.errors import ErrorEnvelope
+from services.common.llm import OpenAIChatClient
+from services.common.metrics import ServiceMetrics
+from services.common.schemas.chat import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
+from services.searcher.chat import AnswerBackend, ChatProxy
+from services.searcher.serving import SearchService
+from services.searcher.settings import ChatProxySettings
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope, "description": description}
+    for status, description in (
+        (400, "bad input (no user message, bad search options, or refused by the answer LLM)"),
+        (401, "missing or invalid API key"), (422, "invalid request"), (429, "overloaded; retry after Retry-After"),
+        (502, "the answer LLM failed"), (503, "the retriever is unavailable; retry after Retry-After"),
+        (504, "the answer LLM or the request timed out"))
+}
+
+
+@asynccontextmanager
+async def chat_proxy(settings: ChatProxySettings, search: SearchService, *, answer: AnswerBackend | None,
+                     metrics: ServiceMetrics) -> AsyncIterator[ChatProxy]:
+    """The proxy over the answer LLM client (built here and closed on exit, unless injected)."""
+    if answer is not None:
+        yield ChatProxy(search, answer, settings)
+        return
+    client = OpenAIChatClient(settings.answer, name="answer", metrics=metrics)
+    try:
+        yield ChatProxy(search, client, settings)
+    finally:
+        await client.aclose()
+
+
+def add_chat_routes(app: FastAPI, settings: ChatProxySettings) -> None:
+    @app.get("/v1/models", response_model=ModelList, tags=["openai"])
+    async def models() -> ModelList:
+        """The one model this proxy answers as (chat UIs list it)."""
+        return ModelList(data=[ModelCard(id=settings.model_name)])
+
+    @app.post("/v1/chat/completions", response_class=Response, tags=["openai"], responses={
+        200: {"model": ChatCompletionResponse, "content": {"application/json": {}, "text/event-stream": {}}},
+        **ERRORS})
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """OpenAI chat completions, search-augmented: the last user message is searched and answered from
+        the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
+        proxy: ChatProxy = request.app.state.chat
+        if body.stream:
+            return StreamingResponse(await proxy.open_stream(body), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return Response(orjson.dumps(await proxy.complete(body)), media_type="application/json")
