@@ -64,16 +64,23 @@ def default_policy_path(var_dir: Path) -> Path:
     return clean_checkpoint_from_gguf(smollm2_gguf_path(), var_dir)
 
 
-def load_policy(path: str | Path, *, threads: int | None = None) -> tuple[Any, Any]:
-    """(model in float32 on CPU, tokenizer with a pad token and left padding for batched sampling)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(path: str | Path) -> Any:
+    """The policy's tokenizer, with a pad token and left padding for batched sampling."""
+    from transformers import AutoTokenizer
 
-    if threads:
-        torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_policy(path: str | Path, *, threads: int | None = None) -> tuple[Any, Any]:
+    """(model in float32 on CPU, tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return model, tokenizer
+    return model, load_tokenizer(path)

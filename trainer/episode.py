@@ -1,0 +1,144 @@
+"""The search environment driven at the token level: what TRL rollouts and veRL's agent loop train on.
+
+`run_episode` drives a `services.searcher.env.SearchEnv` with a `TokenSampler` (HF `generate`-style
+sampling on the CPU, vLLM on GPUs): the policy continues the exact token sequence so far, the ids it
+sampled are kept as they are (mask 1), and what the environment answers is rendered with the policy's
+chat template and appended as ids (mask 0: system prompt, question, information blocks, re-prompts,
+role headers, the end-of-turn token the policy did not sample). Nothing is re-tokenised after the fact,
+so the ids trained on are the ids that were sampled, and the reward reads the documents from the
+environment's state (`Episode.outcome.documents`), exactly what the searcher service would return.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.common.llm import ChatMessage
+from services.common.schemas.searcher import SearchParams
+from services.searcher.env import PolicyCall, RetrieverBackend, SearchEnv, SearchOutcome
+from services.searcher.prompts import PromptSet
+
+_MARK = "\u2063PLUGSEARCH\u2063"  # an assistant content no template rewrites, to find where content ends
+
+
+class TemplateError(ValueError):
+    """The chat template does not render a conversation as a prefix of its extension."""
+
+
+@dataclass
+class Sampled:
+    """One policy output: the sampled ids (with the stop string or end-of-turn token when sampled), the
+    text the environment parses, whether it ended at a stop string or end of turn, per-token logprobs."""
+
+    ids: list[int]
+    text: str
+    stopped: bool
+    logprobs: list[float] | None = None
+
+
+class TokenSampler(Protocol):
+    async def sample(self, ids: list[int], call: PolicyCall) -> Sampled: ...
+
+
+class ChatTokens:
+    """Renders the environment's messages as ids with the policy's chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.eos_id: int | None = tokenizer.eos_token_id
+
+    def _render(self, messages: Sequence[ChatMessage], generation_prompt: bool) -> str:
+        return str(self.tokenizer.apply_chat_template([m.model_dump() for m in messages], tokenize=False,
+                                                      add_generation_prompt=generation_prompt))
+
+    def ids(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]] if text else []
+
+    def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The first observation, up to and including the assistant header."""
+        return self.ids(self._render(messages, True))
+
+    def after_turn(self, history: Sequence[ChatMessage], added: Sequence[ChatMessage], *,
+                   sampled_eos: bool) -> list[int]:
+        """Ids the template puts after the policy's turn (its end-of-turn marker, unless the policy sampled
+        it), then the environment's `added` messages and the next assistant header. `history` is the
+        conversation before the policy's turn."""
+        with_turn = [*history, ChatMessage(role="assistant", content=_MARK)]
+        closed = self._render(with_turn, False)
+        at = closed.rfind(_MARK)
+        if at < 0:
+            raise TemplateError("the chat template dropped the assistant content")
+        tail = closed[at + len(_MARK):]
+        nxt = self._render([*with_turn, *added], True)
+        if not nxt.startswith(closed):
+            raise TemplateError("chat template is not prefix-stable; cannot append the environment's turn")
+        ids = self.ids(tail + nxt[len(closed):])
+        if sampled_eos and ids and ids[0] == self.eos_id:
+            ids = ids[1:]
+        return ids
+
+
+@dataclass
+class Episode:
+    outcome: SearchOutcome
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    """1 = a token the policy sampled, 0 = a token the environment inserted."""
+    logprobs: list[float] | None = None
+    """Sampling logprobs aligned with `completion_ids` (0.0 on inserted tokens), when the sampler gives them."""
+    sampled: list[list[int]] = field(default_factory=list)
+    """Each policy output's sampled ids, in order (what `completion_ids` must contain at mask 1)."""
+    truncated: bool = False
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.env_mask)
+
+    def masked_ids(self) -> list[int]:
+        """The completion ids at mask 1: equal to the concatenated sampled ids unless truncated."""
+        return [t for t, m in zip(self.completion_ids, self.env_mask, strict=True) if m]
+
+
+async def run_episode(question: str, params: SearchParams, *, sampler: TokenSampler, chat: ChatTokens,
+                      retriever: RetrieverBackend, prompts: PromptSet | None = None,
+                      max_completion_tokens: int | None = None) -> Episode:
+    """One search, token level. The completion is cut at `max_completion_tokens` (`truncated`); the search
+    itself always runs to its end, so the reward sees the documents the service would return."""
+    env = SearchEnv(question, params, retriever, prompts=prompts)
+    prompt_ids = chat.prompt(await env.reset())
+    completion: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    have_logprobs = True
+    sampled_turns: list[list[int]] = []
+    while not env.done:
+        history = list(env.messages)
+        t0 = time.perf_counter()
+        out = await sampler.sample(prompt_ids + completion, env.next_call())
+        env.record_policy_call(time.perf_counter() - t0)
+        sampled_turns.append(list(out.ids))
+        completion += out.ids
+        mask += [1] * len(out.ids)
+        if out.logprobs is None or len(out.logprobs) != len(out.ids):
+            have_logprobs = False
+        else:
+            logprobs += out.logprobs
+        added = await env.step(out.text, stopped=out.stopped)
+        if env.done:
+            break
+        inserted = chat.after_turn(history, added, sampled_eos=bool(out.ids) and out.ids[-1] == chat.eos_id)
+        completion += inserted
+        mask += [0] * len(inserted)
+        logprobs += [0.0] * len(inserted)
+    outcome = await env.finish()
+    truncated = False
+    if max_completion_tokens is not None and len(completion) > max_completion_tokens:
+        completion, mask, truncated = completion[:max_completion_tokens], mask[:max_completion_tokens], True
+        logprobs = logprobs[:max_completion_tokens]
+    return Episode(outcome=outcome, prompt_ids=prompt_ids, completion_ids=completion, env_mask=mask,
+                   logprobs=logprobs if have_logprobs and sampled_turns else None, sampled=sampled_turns,
+                   truncated=truncated)
