@@ -15,8 +15,8 @@ from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import PolicyCall
 from services.searcher.loop import run_search
-from trainer.episode import ChatTokens, Sampled, run_episode
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
+from trainer.episode import ChatTokens, Sampled, run_episode
 
 
 @pytest.fixture(scope="module")
