@@ -7,6 +7,7 @@ content, and as JSON text for clients that read only text).
 
     plugsearch-mcp                                   # stdio (what desktop clients launch)
     plugsearch-mcp --transport http --port 8010      # streamable HTTP at http://127.0.0.1:8010/mcp
+                                                     # (GET /health: liveness)
 
 Settings (env prefix `PLUGSEARCH_MCP_`, or the flags): `SEARCHER_URL` (default: `PLUGSEARCH_URL`, else
 http://127.0.0.1:8000), `API_KEY` (default: `PLUGSEARCH_API_KEY`), `TIMEOUT_S`, `MAX_RETRIES`,
@@ -102,6 +103,12 @@ def create_server(client: AsyncSearchClient, settings: McpSettings | None = None
     settings = settings or McpSettings()
     server: MCPServer[Any] = MCPServer("plugsearch", title="plugsearch search agent", instructions=INSTRUCTIONS,
                                        version=services.__version__)
+
+    @server.custom_route("/health", methods=["GET"], include_in_schema=False)
+    async def health(request: Any) -> Any:  # the HTTP transport's liveness probe (no MCP session needed)
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok"})
 
     @server.tool(name="search", title="Search documents", description=TOOL_DESCRIPTION)
     async def search(

@@ -199,33 +199,31 @@ class AiohttpWire:
                                                   auto_decompress=True)
         return self._session
 
-    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> Response:
-
+    def _request(self, method: str, path: str, json: Any, headers: Mapping[str, str] | None,
+                 timeout: float | None) -> tuple[str, Any]:
+        """(url, aiohttp's request context manager) for one call."""
         url = self.base_url + path
         data = None
         if json is not None:
             data = dumps(json)
             headers = {"Content-Type": "application/json", **(headers or {})}
-        session = self._get_session()
+        return url, self._get_session().request(method, url, data=data, headers=headers,
+                                                timeout=self._timeout(timeout), allow_redirects=False)
+
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> Response:
+        url, request = self._request(method, path, json, headers, timeout)
         with _as_httpx_errors(method, url):
-            async with session.request(method, url, data=data, headers=headers, timeout=self._timeout(timeout),
-                                       allow_redirects=False) as resp:
+            async with request as resp:
                 content = await resp.read()
                 return Response(resp.status, resp.headers, content, resp.reason or "")
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                      timeout: float | None = None) -> AsyncIterator[StreamResponse]:
-        url = self.base_url + path
-        data = None
-        if json is not None:
-            data = dumps(json)
-            headers = {"Content-Type": "application/json", **(headers or {})}
-        session = self._get_session()
+        url, request = self._request(method, path, json, headers, timeout)
         with _as_httpx_errors(method, url):
-            async with session.request(method, url, data=data, headers=headers, timeout=self._timeout(timeout),
-                                       allow_redirects=False) as resp:
+            async with request as resp:
                 yield _AiohttpStream(resp)
 
     async def aclose(self) -> None:

@@ -54,14 +54,23 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: P
 def service_process(module: str, env: Mapping[str, str], port: int, log: Path,
                     timeout_s: float = 180.0) -> Iterator[str]:
     """`python -m <module>` with `env`, ready on `port` (GET /health/ready); stopped (SIGTERM) on exit."""
+    url = f"http://127.0.0.1:{port}"
+    with python_process(["-m", module], f"{url}/health/ready", log, env=env, timeout_s=timeout_s):
+        yield url
+
+
+@contextmanager
+def python_process(args: list[str], ready_url: str, log: Path, *, env: Mapping[str, str] | None = None,
+                   timeout_s: float = 180.0) -> Iterator[None]:
+    """`python <args>` from the repository with `env` added, ready when `ready_url` answers 200 (output
+    to `log`); stopped (SIGTERM, then SIGKILL) on exit."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module], cwd=REPO, env={**os.environ, **env},
+        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(f"{url}/health/ready", proc, timeout_s, log)
-            yield url
+            wait_ready(ready_url, proc, timeout_s, log)
+            yield
         finally:
             proc.terminate()
             try:

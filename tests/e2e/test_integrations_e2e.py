@@ -12,12 +12,8 @@ searcher with an API key and the answering proxy on llama.cpp + SmolLM2 (the `ll
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,31 +21,18 @@ import pytest
 
 from services.common.llama_server import DEFAULT_MODEL_ALIAS
 from services.common.workers import free_port
-from services.searcher.testing import REPO, ensure_bm25_index, retriever_process, searcher_process, wait_ready
+from services.searcher.testing import (
+    REPO,
+    ensure_bm25_index,
+    python_process,
+    retriever_process,
+    searcher_process,
+)
 
 pytestmark = pytest.mark.e2e
 
 KEY = "e2e-integrations-key"
 QUESTION = "who wrote the novel the call of the wild"
-
-
-@contextmanager
-def process(args: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
-    """`python <args>` from the repository, ready when `ready_url` answers 200; stopped on exit."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})},
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            wait_ready(ready_url, proc, 60, log)
-            yield
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +45,7 @@ def searcher_url(data_dir: Path, var_dir: Path, llama_url: str) -> Iterator[str]
     extra = {"api_keys": KEY, "chat__answer__base_url": llama_url, "chat__answer__model": DEFAULT_MODEL_ALIAS,
              "chat__answer__timeout_s": "120", "chat__mode": "naive"}
     with retriever_process(corpus, ensure_bm25_index(corpus, var_dir), logs / "integrations_retriever.log") as r, \
-            process(policy, f"http://127.0.0.1:{policy_port}/v1/models", logs / "integrations_policy.log"), \
+            python_process(policy, f"http://127.0.0.1:{policy_port}/v1/models", logs / "integrations_policy.log"), \
             searcher_process(r, f"http://127.0.0.1:{policy_port}/v1", logs / "integrations_searcher.log",
                              policy_model="scripted-policy", extra=extra) as url:
         yield url
@@ -105,34 +88,11 @@ async def test_mcp_over_streamable_http(searcher_url: str, var_dir: Path) -> Non
 
     port = free_port()
     args = ["-m", "plugsearch.mcp_server", "--transport", "http", "--port", str(port), "--searcher-url", searcher_url]
-    with mcp_http(args, port, var_dir):
+    with python_process(args, f"http://127.0.0.1:{port}/health", var_dir / "logs" / "integrations_mcp_http.log",
+                        env={"PLUGSEARCH_MCP_API_KEY": KEY}):
         async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=120) as client:
             assert [t.name for t in (await client.list_tools()).tools] == ["search"]
             check_tool(await client.call_tool("search", {"question": QUESTION, "mode": "naive", "budget": 4}), 4)
-
-
-@contextmanager
-def mcp_http(args: list[str], port: int, var_dir: Path) -> Iterator[None]:
-    """`plugsearch-mcp --transport http`, ready when its port accepts connections (the MCP endpoint
-    itself answers only protocol requests)."""
-    log = var_dir / "logs" / "integrations_mcp_http.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, "PLUGSEARCH_MCP_API_KEY": KEY},
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log.read_text()[-2000:]
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-                    time.sleep(0.1)
-            yield
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
 
 
 def test_openai_client_gets_a_search_augmented_answer_from_the_real_llm(searcher_url: str) -> None:
