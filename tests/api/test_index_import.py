@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -154,7 +155,8 @@ async def served_ids(settings: RetrieverSettings, method: str) -> list[list[str]
 
 
 async def test_imported_faiss_index_serves_the_library_top10(wiki: Path, e5_flat: Path, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import faiss
 
     index_dir = tmp_path / "indexes"
@@ -165,7 +167,13 @@ async def test_imported_faiss_index_serves_the_library_top10(wiki: Path, e5_flat
     assert "RETRIEVER_ENCODER__QUERY_PREFIX='query: '" in printed and "RETRIEVER_DENSE=true" in printed
     assert same_file(index_dir / "dense-flat" / "e5_Flat.index", e5_flat)  # linked, not copied
     settings = settings_for(wiki, index_dir, bm25=False, dense=True, default_method="dense", encoder=E5_STYLE)
-    assert set(check_indexes(settings).manifests) == {"dense"}  # what `plugsearch-index check` runs
+    assert set(check_indexes(settings).manifests) == {"dense"}
+    for line in printed.splitlines():  # `plugsearch-index check` with the settings the import printed
+        name, _, value = line.strip().rstrip(" \\").partition("=")
+        if name.startswith("RETRIEVER_"):
+            monkeypatch.setenv(name, shlex.split(value)[0] if value.strip() else "")
+    run_cli(["check"])
+    assert capsys.readouterr().out.startswith("ok: dense")
     got = await served_ids(settings, "dense")
 
     original = faiss.read_index(str(e5_flat))
