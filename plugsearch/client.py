@@ -109,11 +109,11 @@ class SearchClient:
     Use `with`, or call `close()` when done."""
 
     def __init__(self, base_url: str | None = None, **options: Any) -> None:
+        self._async = AsyncSearchClient(base_url, **options)  # first: bad options start no thread
+        self.base_url = self._async.base_url
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="plugsearch-client", daemon=True)
         self._thread.start()
-        self._async = AsyncSearchClient(base_url, **options)
-        self.base_url = self._async.base_url
         self._closed = False
 
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
