@@ -262,9 +262,17 @@ class VLLMSampler(BatchingSampler):
 
     def _result(self, ids: list[int], logps: list[float] | None, finish_reason: str | None,
                 stop: list[str]) -> Sampled:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        ended = bool(ids) and ids[-1] == self.eos_id
-        stopped = ended or finish_reason == "stop" or _stop_at(text, tuple(stop)) >= 0
-        if logps is not None and any(math.isnan(x) for x in logps):
-            logps = None
-        return Sampled(ids=ids, text=text, stopped=stopped, logprobs=logps)
+        return engine_output(self.tokenizer, ids, logps, stop=stop, finish_reason=finish_reason)
+
+
+def engine_output(tokenizer: Any, ids: list[int], logprobs: list[float] | None, *, stop: list[str],
+                  finish_reason: str | None = None) -> Sampled:
+    """An inference engine's output ids (vLLM: the stop string kept, `include_stop_str_in_output`) as the
+    environment reads them: the decoded text, whether it ended at end of turn or a stop string, and the
+    logprobs (dropped when the engine gave NaNs). Shared by TRL's vLLM and veRL's rollout servers."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    ended = bool(ids) and ids[-1] == tokenizer.eos_token_id
+    stopped = ended or finish_reason == "stop" or _stop_at(text, tuple(stop)) >= 0
+    if logprobs is not None and any(math.isnan(x) for x in logprobs):
+        logprobs = None
+    return Sampled(ids=ids, text=text, stopped=stopped, logprobs=logprobs)

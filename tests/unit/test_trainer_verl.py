@@ -1,43 +1,276 @@
-"""The veRL configuration loads and wires our entrypoints; the reward reads documents back from a trajectory."""
+"""veRL's path through the search environment (`trainer.verl.agent_loop`, `trainer.verl.reward`), against a
+fake of veRL 0.9.1's server manager: the same documents as the service and TRL paths (the two-block case),
+the ids trained on are the ids the server sampled, and the reward reads the environment's documents, never
+the text. Runs without veRL; where veRL is installed (the check venv) the same tests run on its classes."""
 
 from __future__ import annotations
 
-import importlib
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
-from trainer.verl import CONFIG_DIR
-from trainer.verl.reward import _gold, documents_from_solution
-from trainer.verl.tools import format_hits
+from services.common.schemas.base import Document
+from services.searcher.env import PolicyCall
+from services.searcher.loop import run_search
+from services.searcher.prompts import PromptSet
+from tests.unit.test_searcher_loop import ScriptedPolicy, s3
+from tests.unit.test_trainer_episode import PARAMS, TWO_BLOCKS, Blocks
+from trainer.rewards import RewardComputer
+from trainer.upstreams import Answered
+from trainer.verl import reward
+from trainer.verl.agent_loop import OUTCOME_FIELD, PlugsearchAgentLoop, ServerSampler
+
+SEARCH = {"mode": PARAMS.mode, "max_turns": PARAMS.max_turns, "retrieve_k": PARAMS.retrieve_k,
+          "select_k": PARAMS.select_k}
 
 
-def test_verl_config_loads_and_points_at_our_tool_and_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PLUGSEARCH_RETRIEVER_URL", "http://10.0.0.5:8001")
-    config = OmegaConf.load(CONFIG_DIR / "s3_grpo.yaml")
-    assert config.algorithm.adv_estimator == "grpo"
-    assert config.actor_rollout_ref.rollout.multi_turn.enable is True
-    assert config.trainer.n_gpus_per_node > 1 and config.trainer.save_freq > 0
-    assert config.custom_reward_function.name == "compute_score_batch"
-    assert str(config.custom_reward_function.path).endswith("trainer/verl/reward.py")
-    tools = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "tool_config.yaml"), resolve=True)
-    assert isinstance(tools, dict)
-    tool = tools["tools"][0]
-    assert tool["config"]["retrieval_service_url"] == "http://10.0.0.5:8001/searchr1/retrieve"
-    module, _, cls = tool["class_name"].rpartition(".")
-    assert callable(getattr(importlib.import_module(module), cls))
-    reward = importlib.import_module("trainer.verl.reward")
-    assert callable(getattr(reward, config.custom_reward_function.name))
+@pytest.fixture(scope="module")
+def tokenizer(var_dir: Path) -> Any:
+    from trainer.model import default_policy_path, load_tokenizer
+
+    return load_tokenizer(default_policy_path(var_dir))
 
 
-def test_documents_come_back_from_the_trajectory_text() -> None:
-    block = format_hits([{"document": {"id": "a", "contents": '"Hamlet"\nA tragedy by Shakespeare.'}, "score": 1.0},
-                         {"document": {"id": "b", "contents": '"Macbeth"\nAnother play.'}, "score": 0.5}])
-    assert block.startswith("Doc 1(Title: Hamlet) A tragedy")
-    solution = f"<tool_response>{block}</tool_response> more text"
-    docs = documents_from_solution(solution)
-    assert [d.title for d in docs] == ["Hamlet", "Macbeth"]
-    assert docs[0].text == "A tragedy by Shakespeare."
-    marked = documents_from_solution(solution + "<important_info>[2]</important_info>")
-    assert [d.title for d in marked] == ["Macbeth"]
-    assert _gold({"target": ["x", "y"]}) == ["x", "y"] and _gold("z") == ["z"]
+def token_output(**fields: Any) -> Any:
+    """veRL's `TokenOutput` where installed, else an object with its fields."""
+    try:
+        from verl.workers.rollout.replica import TokenOutput
+    except ImportError:
+        return SimpleNamespace(**{"log_probs": None, "stop_reason": None, **fields})
+    return TokenOutput(**fields)
+
+
+class FakeServerManager:
+    """veRL 0.9.1's `LLMServerClient.generate(request_id, *, prompt_ids, sampling_params, ...)`: answers each
+    call with the next scripted text as token ids (and end of turn with `eos`)."""
+
+    def __init__(self, tokenizer: Any, script: Sequence[str], *, eos: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.script = list(script)
+        self.eos = eos
+        self.calls: list[dict[str, Any]] = []
+        self.sampled: list[list[int]] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       image_data: Any = None, video_data: Any = None, **kwargs: Any) -> Any:
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
+                           "sampling_params": dict(sampling_params)})
+        text = self.script[len(self.calls) - 1]
+        ids = [int(t) for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        if self.eos:
+            ids.append(int(self.tokenizer.eos_token_id))
+        self.sampled.append(ids)
+        logprobs = [-0.25] * len(ids) if sampling_params.get("logprobs") else None
+        return token_output(token_ids=ids, log_probs=logprobs, stop_reason="completed")
+
+
+def agent_loop(tokenizer: Any, server: FakeServerManager, *, prompt_length: int = 4096,
+               response_length: int = 4096, search: dict[str, Any] | None = None) -> PlugsearchAgentLoop:
+    """Built the way veRL's `AgentLoopWorker` builds it (hydra kwargs: the registry entry and the yaml's)."""
+    config = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": prompt_length,
+                                          "response_length": response_length, "max_model_len": None}},
+        "data": {"apply_chat_template_kwargs": {}}})
+    try:
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    except ImportError:
+        DictConfigWrap = SimpleNamespace  # noqa: N806 - stands in for veRL's class
+    return PlugsearchAgentLoop(
+        trainer_config=DictConfigWrap(config=config), server_manager=server, tokenizer=tokenizer, processor=None,
+        dataset_cls=None, data_config=DictConfigWrap(config=config.data), name="plugsearch_s3",
+        search=OmegaConf.create(search or SEARCH), prompts_dir=None, retriever=Blocks())
+
+
+VERL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+"""What veRL's `AgentLoopWorker.generate_sequences` passes to `run` (training, calculate_log_probs on)."""
+
+
+def row(question: str = "A", **extra: Any) -> dict[str, Any]:
+    """The dataset fields veRL hands to `run` (`trainer.verl.data` rows)."""
+    return {"raw_prompt": [{"role": "user", "content": question}], "data_source": "nq", "agent_name": "plugsearch_s3",
+            "reward_model": {"style": "rule", "ground_truth": ["gold"]}, "index": 0,
+            "extra_info": {"question": question, "id": "nq-1", "index": 0,
+                           "prompt_version": PromptSet.packaged().version, **extra}}
+
+
+async def run(loop: PlugsearchAgentLoop, question: str = "A", sampling: dict[str, Any] | None = None) -> Any:
+    return await loop.run(dict(sampling or VERL_SAMPLING), **row(question))
+
+
+class RecordingServices:
+    """`QAServices` that records the documents the frozen generator is given."""
+
+    def __init__(self) -> None:
+        self.generator_saw: list[list[str]] = []
+
+    async def retrieve(self, queries: Sequence[str], k: int, method: Any) -> list[list[Document]]:
+        return await Blocks().retrieve(list(queries), k, method)
+
+    async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
+                               ) -> list[Answered]:
+        self.generator_saw += [[d.id for d in docs] for _, docs, _ in items]
+        return [Answered("answer", 1.0, 0.0, 0.5, "span") for _ in items]
+
+
+# ------------------------------------------------------------------------------------ the two blocks
+async def test_two_blocks_give_the_service_documents_on_the_verl_path(tokenizer: Any) -> None:
+    """Blocks [A1, A2] and [B1, B2] marked [2] then [1]: the service returns [A2, B1], and veRL's rollout
+    hands the reward, and the reward hands the frozen generator, [A2, B1] as well."""
+    service = await run_search("A", PARAMS, policy=ScriptedPolicy(TWO_BLOCKS), retriever=Blocks())
+    assert [d.id for d in service.documents] == ["A-2", "B-1"]
+
+    output = await run(agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS)))
+    outcome = output.extra_fields[OUTCOME_FIELD]
+    assert [d["id"] for d in outcome["documents"]] == ["A-2", "B-1"]
+    assert outcome["stop_reason"] == "complete" and outcome["valid_actions"] == 2
+
+    services = RecordingServices()
+    scorer = reward.BatchScorer(RewardComputer(services, kind="genacc"), gather_s=0.0)
+    fields = row()
+    # what veRL's naive reward manager passes: the agent loop's extra_fields merged into extra_info; the
+    # decoded response is ignored, even when its text would select other documents
+    extra_info = {**fields["extra_info"], **output.extra_fields}
+    scored = await reward.compute_score(data_source="nq", solution_str="<important_info>[1, 2]</important_info>",
+                                        ground_truth=fields["reward_model"]["ground_truth"], extra_info=extra_info,
+                                        scorer=scorer)
+    assert services.generator_saw == [["A-2", "B-1"]]
+    assert scored["score"] == 1.0 and scored["documents"] == 2.0 and scored["format"] == 1.0
+
+
+@pytest.mark.parametrize("eos", [False, True])
+async def test_verl_trains_on_the_ids_the_server_sampled(tokenizer: Any, eos: bool) -> None:
+    server = FakeServerManager(tokenizer, TWO_BLOCKS, eos=eos)
+    output = await run(agent_loop(tokenizer, server))
+    mask = output.response_mask
+    assert len(output.response_ids) == len(mask) == len(output.response_logprobs)
+    assert [t for t, m in zip(output.response_ids, mask, strict=True) if m] == [t for s in server.sampled for t in s]
+    assert all(lp == 0.0 for lp, m in zip(output.response_logprobs, mask, strict=True) if not m)
+    # every call continued the exact ids so far, from veRL's prompt, with one request id (sticky server)
+    assert server.calls[0]["prompt_ids"] == output.prompt_ids
+    second = server.calls[1]["prompt_ids"]
+    assert second == output.prompt_ids + output.response_ids[:len(second) - len(output.prompt_ids)]
+    assert len({c["request_id"] for c in server.calls}) == 1
+    # the environment's information block is in the mask-0 part
+    inserted = tokenizer.decode([t for t, m in zip(output.response_ids, mask, strict=True) if not m])
+    assert "text 1 of B" in inserted and "<information>" in inserted
+    # the prompt is the environment's first observation (question + naive top-k), s3's tag format
+    prompt = tokenizer.decode(output.prompt_ids)
+    assert "<query>" in prompt and "text 2 of A" in prompt and "tool_call" not in prompt
+    params = server.calls[0]["sampling_params"]
+    assert params["stop"] == ["</query>"] and params["include_stop_str_in_output"] is True
+    assert params["temperature"] == 1.0 and params["max_tokens"] == PARAMS.max_new_tokens
+    assert output.num_turns == len(output.extra_fields[OUTCOME_FIELD]["blocks"]) + 3  # system, user x2, assistant x2
+
+
+async def test_logprobs_only_when_verl_asks(tokenizer: Any) -> None:
+    output = await run(agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS)),
+                       sampling={**VERL_SAMPLING, "logprobs": False})
+    assert output.response_logprobs is None
+
+
+async def test_response_is_cut_at_response_length_but_the_search_runs_to_its_end(tokenizer: Any) -> None:
+    output = await run(agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS), response_length=12))
+    assert len(output.response_ids) == len(output.response_mask) == 12
+    assert [d["id"] for d in output.extra_fields[OUTCOME_FIELD]["documents"]] == ["A-2", "B-1"]
+
+
+async def test_a_prompt_longer_than_verls_prompt_length_is_an_error(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="prompt_length"):
+        await run(agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS), prompt_length=16))
+
+
+async def test_rows_built_with_other_prompts_are_refused(tokenizer: Any) -> None:
+    loop = agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS))
+    with pytest.raises(ValueError, match="prompt set"):
+        await loop.run(dict(VERL_SAMPLING), **row(prompt_version="other-00000000"))
+    with pytest.raises(ValueError, match="question"):
+        await loop.run(dict(VERL_SAMPLING), **{**row(), "extra_info": {"id": "x"}})
+
+
+def test_constrained_decoding_is_refused_up_front(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="constrained"):
+        agent_loop(tokenizer, FakeServerManager(tokenizer, []), search={**SEARCH, "constrained": True})
+
+
+# ------------------------------------------------------------------------------------------ sampler
+async def test_sampler_keeps_verls_settings_and_caps_the_budget_at_the_context(tokenizer: Any) -> None:
+    server = FakeServerManager(tokenizer, [s3("B")])
+    call = PolicyCall(stop=["</query>"], max_tokens=160, temperature=0.0)
+    sampler = ServerSampler(server, tokenizer, {**VERL_SAMPLING, "max_tokens": 9999}, max_model_len=100)
+    out = await sampler.sample(list(range(40)), call)
+    params = server.calls[0]["sampling_params"]
+    assert params["max_tokens"] == 60 and params["temperature"] == 1.0 and params["top_k"] == -1
+    assert out.stopped and out.text.endswith("</query>") and out.ids == server.sampled[0]
+    assert out.logprobs == [-0.25] * len(out.ids)
+    # no room left: no request, an empty output (an invalid action for the environment)
+    full = await sampler.sample(list(range(100)), call)
+    assert full.ids == [] and not full.stopped and len(server.calls) == 1
+    sglang = ServerSampler(server, tokenizer, VERL_SAMPLING, engine="sglang").request([1], call)
+    assert sglang is not None and sglang["max_new_tokens"] == 160 and sglang["no_stop_trim"] is True
+    assert "max_tokens" not in sglang
+
+
+async def test_a_stop_string_not_reached_is_not_stopped(tokenizer: Any) -> None:
+    server = FakeServerManager(tokenizer, ['<query>{"query": "unfinish'])
+    out = await ServerSampler(server, tokenizer, VERL_SAMPLING).sample([1, 2], PolicyCall(["</query>"], 8, 1.0))
+    assert not out.stopped
+
+
+# ------------------------------------------------------------------------------------------- reward
+def test_reward_refuses_a_trajectory_without_the_environments_outcome() -> None:
+    with pytest.raises(ValueError, match="agent loop"):
+        reward.trajectory("nq", ["gold"], {"question": "q", "id": "1"})
+    assert reward.gold_answers({"target": ["x", "y"]}) == ["x", "y"] and reward.gold_answers("z") == ["z"]
+
+
+async def test_concurrent_rewards_go_out_as_one_batch(tokenizer: Any) -> None:
+    output = await run(agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS)))
+    services = RecordingServices()
+    scorer = reward.BatchScorer(RewardComputer(services, kind="genacc"), gather_s=0.01)
+    extra_info = {**row()["extra_info"], **output.extra_fields}
+    results = await asyncio.gather(*(reward.compute_score("nq", "", ["gold"], extra_info, scorer=scorer)
+                                     for _ in range(3)))
+    assert scorer.batches == 1 and len(services.generator_saw) == 3 and [r["score"] for r in results] == [1.0] * 3
+
+    class Failing(RecordingServices):
+        async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
+                                   ) -> list[Answered]:
+            raise RuntimeError("generator down")
+
+    failing = reward.BatchScorer(RewardComputer(Failing(), kind="genacc"), gather_s=0.01)
+    outcomes = await asyncio.gather(*(reward.compute_score("nq", "", ["gold"], extra_info, scorer=failing)
+                                      for _ in range(2)), return_exceptions=True)
+    assert all(isinstance(o, RuntimeError) for o in outcomes)
+
+
+# ---------------------------------------------------------------------- with veRL's own batch and reward code
+async def test_verl_batches_the_episode_and_its_reward_loop_scores_the_environments_documents(tokenizer: Any) -> None:
+    """Where veRL is installed (the check venv, the image): its AgentLoopWorker pads the output into the
+    training batch, and its reward loop (`_compute_score` -> naive reward manager -> our async function)
+    scores the documents of the environment's state."""
+    pytest.importorskip("verl")
+    from functools import partial
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+    output = await run(agent_loop(tokenizer, FakeServerManager(tokenizer, TWO_BLOCKS)))
+    services = RecordingServices()
+    scorer = reward.BatchScorer(RewardComputer(services, kind="genacc"), gather_s=0.0)
+    manager = NaiveRewardManager(OmegaConf.create({}), tokenizer, partial(reward.compute_score, scorer=scorer))
+    worker = object.__new__(AgentLoopWorker)  # only the state its post-processing reads
+    worker.tokenizer, worker.processor, worker.distillation_enabled, worker.mm_processor_kwargs = tokenizer, None, False, {}
+    worker.rollout_config = SimpleNamespace(prompt_length=4096, response_length=4096)
+    worker.reward_loop_worker_handles = [SimpleNamespace(compute_score=SimpleNamespace(remote=manager.run_single))]
+
+    internal = await worker._agent_loop_postprocess(output, False, **row())
+    batch = worker._postprocess([internal])
+    assert services.generator_saw == [["A-2", "B-1"]]
+    assert internal.reward_score == 1.0 and float(batch.batch["rm_scores"].sum()) == 1.0
+    assert int(batch.batch["response_mask"].sum()) == sum(output.response_mask)
+    assert [d["id"] for d in batch.non_tensor_batch[OUTCOME_FIELD][0]["documents"]] == ["A-2", "B-1"]

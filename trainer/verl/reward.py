@@ -1,88 +1,131 @@
-"""veRL custom reward: GBR (or GenAcc / EM / QAgent stage 2) of a searcher trajectory, through the
-plugsearch generator and judge services, with the naive-RAG baseline from the trainer's store.
+"""veRL reward: GBR (or another `TRAINER_REWARD` kind) of a searcher episode through the plugsearch services.
 
-veRL config: `custom_reward_function.path=<this file>`, `name=compute_score` (NaiveRewardManager, one
-trajectory per call) or `name=compute_score_batch` (BatchRewardManager: the whole batch concurrently).
-Services and the baseline store come from the `TRAINER_*` settings. `ground_truth` is the list of gold
-answers (or `{"target": [...]}`, Search-R1's format); `extra_info` carries `question` and `id`.
+veRL config (0.9.1): `reward.custom_reward_function.path=pkg://trainer.verl.reward`,
+`name=compute_score`, with the default `naive` reward manager of veRL's reward loop, which calls it once
+per trajectory with the agent loop's `extra_fields` merged into `extra_info`.
+
+The documents scored are the ones `trainer.verl.agent_loop` put there: the episode's `SearchOutcome`,
+whose documents the search environment computed from its state (the same as `POST /search` returns).
+Nothing is parsed back out of `solution_str`; a trajectory without the outcome (another agent loop) is an
+error, never a silent fallback. Concurrent calls of one worker are scored together (one batch through the
+generator and judge, baselines from the trainer's store), with clients kept per worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping
 from typing import Any
 
-from services.common.schemas.base import Document
+from services.searcher.env import SearchOutcome
 from trainer.baseline import BaselineConfig, BaselineStore
 from trainer.data import QAItem
-from trainer.rewards import RewardComputer, Trajectory
+from trainer.grpo import outcome_trajectory
+from trainer.rewards import RewardBreakdown, RewardComputer, Trajectory
 from trainer.settings import TrainerSettings
 from trainer.upstreams import ServiceStack
+from trainer.verl.agent_loop import OUTCOME_FIELD
+from trainer.verl.shared import per_loop
 
-_DOC = re.compile(r"Doc\s*(\d+)\s*\(\s*Title\s*:\s*\"?([^\")]*)\"?\)\s*(.*?)(?=Doc\s*\d+\s*\(\s*Title\s*:|\n---\n|$)",
-                  re.DOTALL | re.IGNORECASE)
-_IMPORTANT = re.compile(r"<important_info>(.*?)</important_info>", re.DOTALL)
-
-
-def documents_from_solution(solution: str) -> list[Document]:
-    """Documents the trajectory retrieved (Search-R1 `Doc i(Title: t) text` blocks, from tool responses or
-    `<information>` blocks), deduplicated by text, in order; when the policy marked documents with
-    `<important_info>`, only the marked ids are kept (s3's selection)."""
-    docs: list[Document] = []
-    seen: set[str] = set()
-    for match in _DOC.finditer(solution.replace('\\"', '"').replace("\\n", "\n")):
-        text = " ".join(match.group(3).split()).rstrip('"}] ')
-        if text and text not in seen:
-            seen.add(text)
-            docs.append(Document(id=f"traj-{len(docs) + 1}", title=match.group(2).strip(), text=text))
-    marked = [int(n) for m in _IMPORTANT.finditer(solution) for n in re.findall(r"\d+", m.group(1))]
-    if marked:
-        picked = [docs[i - 1] for i in dict.fromkeys(marked) if 1 <= i <= len(docs)]
-        return picked or docs
-    return docs
+GATHER_S = 0.05
+"""How long a worker waits for company before scoring a batch of trajectories."""
 
 
-def _gold(ground_truth: Any) -> list[str]:
-    if isinstance(ground_truth, dict):
+def gold_answers(ground_truth: Any) -> list[str]:
+    """`reward_model.ground_truth`: a list of gold answers (or Search-R1's `{"target": [...]}`)."""
+    if isinstance(ground_truth, Mapping):
         ground_truth = ground_truth.get("target", ground_truth.get("golden_answers", []))
     if isinstance(ground_truth, str):
         return [ground_truth]
     return [str(g) for g in list(ground_truth)]
 
 
-async def _score(solutions: Sequence[str], ground_truths: Sequence[Any], extra_infos: Sequence[dict[str, Any] | None],
-                 settings: TrainerSettings) -> list[float]:
+def trajectory(data_source: str, ground_truth: Any, extra_info: Mapping[str, Any]) -> Trajectory:
+    """The trajectory to score, from the episode's outcome in `extra_info` (never from the text)."""
+    payload = extra_info.get(OUTCOME_FIELD)
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"extra_info has no {OUTCOME_FIELD!r} outcome: the rollout must use the plugsearch agent "
+                         "loop (agent_name plugsearch_s3 / plugsearch_qagent, trainer/verl/agent_loop.yaml)")
+    outcome = SearchOutcome.model_validate(dict(payload))
+    item_id = extra_info.get("id")
+    if not item_id:
+        raise ValueError("extra_info.id is missing: build the parquet with `python -m trainer.verl.data`")
+    golden = gold_answers(ground_truth)
+    if not golden:
+        raise ValueError(f"question {item_id} has no gold answers")
+    item = QAItem(id=str(item_id), question=str(extra_info.get("question") or outcome.question),
+                  golden_answers=golden, dataset=str(data_source or ""))
+    return outcome_trajectory(item, outcome)
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def result(breakdown: RewardBreakdown, scored: Trajectory) -> dict[str, float]:
+    """veRL's reward result: `score` (what GRPO optimises) and the parts, as `reward_extra_info`."""
+    return {"score": breakdown.total, "reward": breakdown.reward, "format": breakdown.format_score,
+            "genacc": breakdown.genacc, "em": breakdown.em, "f1": breakdown.f1,
+            "baseline_genacc": _number(breakdown.baseline_genacc), "hit": _number(breakdown.hit),
+            "documents": float(len(scored.documents))}
+
+
+class BatchScorer:
+    """`RewardComputer` over the services, with the trajectories that arrive within `gather_s` scored as
+    one batch (veRL calls the reward function once per trajectory)."""
+
+    def __init__(self, computer: RewardComputer, *, gather_s: float = GATHER_S) -> None:
+        self.computer = computer
+        self.gather_s = gather_s
+        self.batches = 0
+        self._pending: list[tuple[Trajectory, asyncio.Future[RewardBreakdown]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def score(self, scored: Trajectory) -> RewardBreakdown:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[RewardBreakdown] = loop.create_future()
+        self._pending.append((scored, future))
+        if len(self._pending) == 1:
+            loop.call_later(self.gather_s, self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[Trajectory, asyncio.Future[RewardBreakdown]]]) -> None:
+        live = [(t, f) for t, f in batch if not f.done()]
+        try:
+            results = await self.computer.score([t for t, _ in live])
+        except Exception as exc:  # every trajectory of the batch gets the failure
+            for _, future in live:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        self.batches += 1
+        for (_, future), breakdown in zip(live, results, strict=True):
+            if not future.done():
+                future.set_result(breakdown)
+
+
+def _service_scorer() -> BatchScorer:
+    settings = TrainerSettings()
     store = BaselineStore(settings.var_dir / "baselines", BaselineConfig(k=settings.baseline_k, method=settings.method),
                           redis_url=settings.redis_url)
-    try:
-        async with ServiceStack(settings) as stack:
-            computer = RewardComputer(stack, kind=settings.reward, baselines=store,
-                                      format_lambda=settings.format_lambda)
-            trajectories = []
-            for i, (solution, truth, extra) in enumerate(zip(solutions, ground_truths, extra_infos, strict=True)):
-                extra = extra or {}
-                question = str(extra.get("question") or "")
-                if not question:
-                    raise ValueError("extra_info.question is required for the GBR reward")
-                item = QAItem(id=str(extra.get("id") or extra.get("index") or f"verl-{i}-{hash(question)}"),
-                              question=question, golden_answers=_gold(truth) or [""], dataset=str(extra.get("data_source", "")))
-                docs = documents_from_solution(solution)
-                trajectories.append(Trajectory(item=item, documents=docs, retrieved=docs))
-            results = await computer.score(trajectories)
-    finally:
-        await store.aclose()
-    return [r.total for r in results]
+    computer = RewardComputer(ServiceStack(settings), kind=settings.reward_kind("cuda"), baselines=store,
+                              format_lambda=settings.format_lambda, method=settings.method)
+    return BatchScorer(computer)
 
 
-def compute_score_batch(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
-                        extra_infos: Sequence[dict[str, Any] | None], **kwargs: Any) -> list[float]:
-    """veRL BatchRewardManager entrypoint: every trajectory of the batch scored concurrently."""
-    return asyncio.run(_score(solution_strs, ground_truths, extra_infos, TrainerSettings()))
-
-
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None,
-                  **kwargs: Any) -> float:
-    """veRL NaiveRewardManager entrypoint (one trajectory)."""
-    return compute_score_batch([data_source], [solution_str], [ground_truth], [extra_info])[0]
+async def compute_score(data_source: str, solution_str: str, ground_truth: Any,
+                        extra_info: Mapping[str, Any] | None = None, *, scorer: BatchScorer | None = None,
+                        **kwargs: Any) -> dict[str, float]:
+    """veRL reward function (async; `solution_str` is not read). Services, reward kind and baseline store
+    come from the `TRAINER_*` settings; `scorer` is for tests."""
+    item = trajectory(data_source, ground_truth, extra_info or {})
+    scorer = scorer or per_loop("reward", _service_scorer)
+    return result(await scorer.score(item), item)
