@@ -236,34 +236,3 @@ def test_training_resumes_from_last_checkpoint_after_sigkill(stack: LocalService
     final = {e["step"]: e["qids"] for e in entries}
     assert all(len(set(final[s])) == 1 and len(final[s]) == 2 for s in (1, 2, 3))
     assert len({final[s][0] for s in (1, 2, 3)}) == 3
-
-
-async def test_verl_tool_and_reward_run_against_the_services(stack: LocalServices, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.verl.reward import compute_score_batch
-    from trainer.verl.tools import PlugsearchSearchTool
-
-    tool = PlugsearchSearchTool({"retrieval_service_url": f"{stack.urls['retriever']}/searchr1/retrieve", "topk": 2})
-    instance, _ = await tool.create()
-    response, step_reward, metrics = await tool.execute(instance, {"query_list": ["first nobel prize in physics"]})
-    await tool.release(instance)
-    bad, _, bad_metrics = await tool.execute(instance, {"query_list": []})
-    await tool.aclose()
-    assert metrics["status"] == "ok" and metrics["total_results"] == 2 and step_reward == 0.0
-    text = json.loads(response.text)["result"]
-    assert text.startswith("Doc 1(Title:") and "Doc 2(Title:" in text
-    assert bad_metrics["status"] == "bad_request" and "query_list" in (bad.text or "")
-
-    for key, value in _env(stack, tmp_path).items():
-        if key.startswith("TRAINER_"):
-            monkeypatch.setenv(key, value)
-    monkeypatch.setenv("TRAINER_REWARD", "genacc")
-    question = "who got the first nobel prize in physics"
-    solution = f"<tool_response>{text}</tool_response>"
-    import asyncio
-
-    scores = await asyncio.to_thread(compute_score_batch, ["nq", "nq"], [solution, "no documents at all"],
-                                     [{"target": ["Wilhelm Conrad Röntgen"]}, ["Wilhelm Conrad Röntgen"]],
-                                     [{"question": question, "id": "nq-lim-0000"},
-                                      {"question": question, "id": "nq-lim-0000"}])
-    assert len(scores) == 2 and all(s in (0.0, 1.0) for s in scores)

@@ -70,8 +70,10 @@ class FakeServerManager:
 
 
 def agent_loop(tokenizer: Any, server: FakeServerManager, *, prompt_length: int = 4096,
-               response_length: int = 4096, search: dict[str, Any] | None = None) -> PlugsearchAgentLoop:
-    """Built the way veRL's `AgentLoopWorker` builds it (hydra kwargs: the registry entry and the yaml's)."""
+               response_length: int = 4096, search: dict[str, Any] | None = None,
+               retriever: Any = None) -> PlugsearchAgentLoop:
+    """Built the way veRL's `AgentLoopWorker` builds it (hydra kwargs: the registry entry and the yaml's);
+    `retriever` defaults to the two-block fake (`"service"`: the retriever service of the TRAINER_* settings)."""
     config = OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": prompt_length,
                                           "response_length": response_length, "max_model_len": None}},
@@ -83,7 +85,8 @@ def agent_loop(tokenizer: Any, server: FakeServerManager, *, prompt_length: int 
     return PlugsearchAgentLoop(
         trainer_config=DictConfigWrap(config=config), server_manager=server, tokenizer=tokenizer, processor=None,
         dataset_cls=None, data_config=DictConfigWrap(config=config.data), name="plugsearch_s3",
-        search=OmegaConf.create(search or SEARCH), prompts_dir=None, retriever=Blocks())
+        search=OmegaConf.create(search or SEARCH), prompts_dir=None,
+        retriever=None if retriever == "service" else (retriever or Blocks()))
 
 
 VERL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
