@@ -277,3 +277,130 @@ async def test_verl_batches_the_episode_and_its_reward_loop_scores_the_environme
     assert internal.reward_score == 1.0 and float(batch.batch["rm_scores"].sum()) == 1.0
     assert int(batch.batch["response_mask"].sum()) == sum(output.response_mask)
     assert [d["id"] for d in batch.non_tensor_batch[OUTCOME_FIELD][0]["documents"]] == ["A-2", "B-1"]
+
+
+# --------------------------------------------------------------------------------------------- config
+def verl_config() -> Any:
+    from trainer.verl import CONFIG_DIR
+
+    return OmegaConf.load(CONFIG_DIR / "s3_grpo.yaml")
+
+
+@pytest.mark.parametrize(("nnodes", "gpus"), [(1, 1), (1, 8), (2, 8)])
+def test_config_batch_arithmetic_holds_on_one_eight_and_sixteen_gpus(nnodes: int, gpus: int) -> None:
+    """Mirrors veRL 0.9.1's batch checks (validate_config and the workers' asserts, quoted in
+    `check_config.batch_problems`); `python -m trainer.verl.check_config` runs veRL's own code on top."""
+    from trainer.verl.check_config import batch_problems
+
+    assert batch_problems(verl_config(), nnodes=nnodes, gpus_per_node=gpus) == []
+
+
+def test_the_old_config_fails_the_mirrored_checks() -> None:
+    """The issue's numbers: mini-batch 60 x n 5 over 8 GPUs is 37.5 per GPU; rollout TP 2 on one GPU."""
+    from trainer.verl.check_config import batch_problems
+
+    config = verl_config()
+    config.data.train_batch_size = 120
+    config.actor_rollout_ref.actor.ppo_mini_batch_size = 60
+    config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 4
+    config.actor_rollout_ref.rollout.tensor_model_parallel_size = 2
+    assert any("300 not divisible by data-parallel size 8" in p for p in batch_problems(config, nnodes=1,
+                                                                                         gpus_per_node=8))
+    assert any("rollout engine" in p for p in batch_problems(config, nnodes=1, gpus_per_node=1))
+    assert any("600 not divisible by 16" in p for p in batch_problems(config, nnodes=2, gpus_per_node=8))
+
+
+def test_config_runs_our_agent_loop_and_reward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    import yaml
+
+    from trainer.verl import CONFIG_DIR
+
+    config = verl_config()
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.multi_turn.enable is False  # the turns are the search environment's, not a tool loop
+    monkeypatch.setenv("PLUGSEARCH_VERL_DIR", str(CONFIG_DIR))
+    registry = yaml.safe_load(Path(rollout.agent.agent_loop_config_path).read_text())
+    entries = {e["name"]: e for e in registry}
+    assert rollout.agent.default_agent_loop in entries
+    for entry in entries.values():  # each entry builds with veRL's kwargs
+        module, _, name = entry["_target_"].rpartition(".")
+        assert getattr(__import__(module, fromlist=[name]), name) is PlugsearchAgentLoop
+    assert config.reward.custom_reward_function.path == "pkg://trainer.verl.reward"
+    assert inspect.iscoroutinefunction(getattr(reward, config.reward.custom_reward_function.name))
+    assert config.data.max_prompt_length + config.data.max_response_length <= rollout.max_model_len
+    assert config.actor_rollout_ref.model.path  # resolves with or without POLICY_MODEL
+
+
+# ----------------------------------------------------------------------------------------------- data
+def qa_dir(tmp_path: Path, sizes: dict[str, int]) -> Path:
+    import json
+
+    (tmp_path / "qa").mkdir()
+    for name, n in sizes.items():
+        lines = [json.dumps({"id": f"{name}-{i}", "question": f"{name} question {i}?",
+                             "golden_answers": [f"answer {i}"]}) for i in range(n)]
+        (tmp_path / "qa" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_parquet_rows_are_verls_format_with_the_environments_prompt(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from services.common.schemas.searcher import SearchParams
+    from trainer.verl.data import agent_search_params, build, first_messages
+
+    data = qa_dir(tmp_path, {"nq": 105, "hotpotqa": 103})
+    summary = build(data, tmp_path / "out", val_per_dataset=2)
+    train = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
+    val = pq.read_table(tmp_path / "out" / "val.parquet").to_pylist()
+    # the first 100 of each file (the evaluation questions) are never trained on; val comes from them
+    assert [r["extra_info"]["id"] for r in train] == ["nq-100", "hotpotqa-100", "nq-101", "hotpotqa-101",
+                                                      "nq-102", "hotpotqa-102", "nq-103", "nq-104"]
+    assert [r["extra_info"]["id"] for r in val] == ["nq-0", "nq-1", "hotpotqa-0", "hotpotqa-1"]
+    assert summary["train"] == 8 and summary["val"] == 4
+    first = train[0]
+    assert first["agent_name"] == "plugsearch_s3" and first["data_source"] == "nq"
+    assert first["reward_model"] == {"style": "rule", "ground_truth": ["answer 100"]}
+    assert first["extra_info"]["question"] == "nq question 100?" and first["extra_info"]["index"] == 0
+    assert first["extra_info"]["prompt_version"] == PromptSet.packaged().version
+    # the prompt is the environment's own first observation (s3 tags), with the agent loop's setting
+    params = agent_search_params()["plugsearch_s3"]
+    assert params == SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3, max_new_tokens=160)
+    assert first["prompt"] == first_messages("nq question 100?", params, PromptSet.packaged())
+    assert "<query>" in first["prompt"][0]["content"] and "tool" not in first["prompt"][0]["content"]
+    assert "nq question 100?" in first["prompt"][1]["content"]
+
+
+def test_parquet_s3_filter_and_refusals(tmp_path: Path) -> None:
+    from trainer.verl.data import build, main
+
+    data = qa_dir(tmp_path, {"nq": 103, "hotpotqa": 101})
+    baselines = {"nq-100": 0.0, "nq-101": 1.0, "nq-102": 0.0, "hotpotqa-100": 0.0}
+    summary = build(data, tmp_path / "out", val_per_dataset=1, baselines=baselines)
+    assert summary["train"] == 3 and summary["train_candidates"] == 4
+    with pytest.raises(ValueError, match="held out"):
+        build(data, tmp_path / "out", val_per_dataset=101)
+    summary = main(["--out", str(tmp_path / "cli"), "--data-dir", str(data), "--agent", "plugsearch_qagent",
+                    "--val-per-dataset", "1"])
+    assert summary["agent"] == "plugsearch_qagent" and (tmp_path / "cli" / "train.parquet").is_file()
+
+
+def test_verls_dataset_reads_the_parquet(tmp_path: Path, tokenizer: Any) -> None:
+    """Where veRL is installed: its RLHFDataset loads the rows and hands the agent loop what it reads."""
+    pytest.importorskip("verl")
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from trainer.verl.data import build
+
+    build(qa_dir(tmp_path, {"nq": 102}), tmp_path / "out", datasets=["nq"], val_per_dataset=1)
+    data = verl_config().data
+    dataset = RLHFDataset(data_files=[str(tmp_path / "out" / "train.parquet")], tokenizer=tokenizer,
+                          config=OmegaConf.create({k: data[k] for k in ("prompt_key", "max_prompt_length",
+                                                                        "filter_overlong_prompts", "truncation")}))
+    assert len(dataset) == 2
+    sample = dataset[0]
+    assert sample["agent_name"] == "plugsearch_s3" and sample["index"] == 0
+    assert sample["extra_info"]["question"] == "nq question 100?"
+    assert sample["raw_prompt"][0]["role"] == "system"

@@ -1,0 +1,162 @@
+"""Check `s3_grpo.yaml` with veRL's own code, for each GPU layout, without GPUs or a cluster.
+
+    python -m trainer.verl.check_config [--layout 1x1 --layout 1x8 --layout 2x8] [OVERRIDE ...]
+
+Run it where veRL is installed (the trainer-verl image, or a virtualenv: see trainer/README.md). For each
+layout NODESxGPUS it composes the config with Hydra as `verl.trainer.main_ppo` does (plus the overrides),
+then runs what veRL runs before it starts workers:
+
+- `verl.utils.config.validate_config` with `need_reference_policy` / `need_critic` (main_ppo's own call):
+  train batch x n divisible by the GPU count, actor mini/micro batch rules, log-prob micro batch sizes;
+- the config dataclasses veRL builds from it (`omega_conf_to_dataclass`: rollout, actor, reward, algorithm),
+  whose `__post_init__`s refuse impossible settings;
+- `batch_problems`: the divisibility the workers assert at run time (quoted below), which validate_config
+  does not check;
+- that the agent loop registry (`agent_loop_config_path`) names `default_agent_loop` and that veRL's loader
+  finds the reward function.
+
+Exit status 0 when every layout passes; one log line per layout either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.verl import CONFIG_DIR
+
+logger = logging.getLogger(__name__)
+
+VERL_VERSION = "0.9.1"
+"""The veRL release this config and the agent loop follow (pinned by the `verl` extra and the image)."""
+
+LAYOUTS = ("1x1", "1x8", "2x8")
+"""NODESxGPUS_PER_NODE: one GPU, one 8-GPU node, two 8-GPU nodes (the RayJob)."""
+
+
+def _get(config: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = config
+    for key in dotted.split("."):
+        value = value[key]
+    return value
+
+
+def batch_problems(config: Mapping[str, Any], *, nnodes: int, gpus_per_node: int) -> list[str]:
+    """The batch divisibility veRL 0.9.1's FSDP workers assert at run time (empty when it all holds).
+
+    Mirrors, for the FSDP engine without dynamic batch sizes:
+    - `workers/engine_workers.py` (init_model): world size % (rollout TP x DP x PP) == 0;
+    - `workers/rollout/replica.py`: a rollout replica's GPUs fit the node (its world size % min(GPUs per node,
+      world size) == 0);
+    - `utils/config.py` validate_config: train_batch_size x n % GPUs == 0 (FSDP: minimal batch = GPUs);
+    - `trainer/ppo/v1/trainer_base.py` (_update_actor) + `workers/engine_workers.py` (train_mini_batch): the
+      global mini-batch ppo_mini_batch_size x n % data-parallel size == 0;
+    - `workers/engine/utils.py` (prepare_micro_batches): a GPU's mini-batch % ppo_micro_batch_size_per_gpu == 0,
+      and a GPU's share of the step % log_prob_micro_batch_size_per_gpu == 0 (rollout and ref log-probs);
+    - `trainer/ppo/v1/trainer_base.py` (_get_required_batch_multiple): a step that is not a multiple of the
+      global mini-batch is padded with synthetic samples; counted as a problem here (wasted GPU work).
+    `config` is the composed config or this repository's `s3_grpo.yaml` alone (it sets every key read here).
+    """
+    gpus = nnodes * gpus_per_node
+    problems: list[str] = []
+    actor = _get(config, "actor_rollout_ref.actor")
+    rollout = _get(config, "actor_rollout_ref.rollout")
+    n = int(rollout["n"])
+    step = int(_get(config, "data.train_batch_size")) * n
+    engine = int(rollout["tensor_model_parallel_size"]) * int(rollout["data_parallel_size"]) * int(
+        rollout["pipeline_model_parallel_size"])
+    if gpus % engine:
+        problems.append(f"{gpus} GPUs not divisible by a rollout engine's {engine} GPUs")
+    if engine % min(gpus_per_node, engine):
+        problems.append(f"a rollout engine's {engine} GPUs do not fit nodes of {gpus_per_node}")
+    if step % gpus:
+        problems.append(f"train_batch_size x n = {step} not divisible by {gpus} GPUs")
+    dp = gpus // int(actor["ulysses_sequence_parallel_size"])
+    mini = int(actor["ppo_mini_batch_size"]) * n
+    if mini % dp:
+        problems.append(f"ppo_mini_batch_size x n = {mini} not divisible by data-parallel size {dp}")
+    elif not actor["use_dynamic_bsz"]:
+        micro = int(actor["ppo_micro_batch_size_per_gpu"])
+        if (mini // dp) % micro:
+            problems.append(f"{mini // dp} trajectories per GPU per mini-batch not divisible by "
+                            f"ppo_micro_batch_size_per_gpu {micro}")
+        for role in ("rollout", "ref"):
+            infer = int(_get(config, f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu"))
+            if step % dp == 0 and (step // dp) % infer:
+                problems.append(f"{step // dp} trajectories per GPU not divisible by {role}."
+                                f"log_prob_micro_batch_size_per_gpu {infer}")
+    if step % mini:
+        problems.append(f"a step of {step} trajectories is not a whole number of mini-batches of {mini}: veRL pads it")
+    return problems
+
+
+def compose(overrides: Sequence[str], *, config_dir: Path = CONFIG_DIR, name: str = "s3_grpo") -> Any:
+    """The config `python -m verl.trainer.main_ppo --config-path=<config_dir> --config-name=<name>` sees."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+        return hydra_compose(config_name=name, overrides=list(overrides))
+
+
+def check_layout(layout: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """veRL's checks for one NODESxGPUS layout; raises on the first failure."""
+    import inspect
+
+    import yaml
+    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.utils.import_utils import resolve_config_path
+
+    nnodes, gpus_per_node = (int(x) for x in layout.split("x"))
+    config = compose([f"trainer.nnodes={nnodes}", f"trainer.n_gpus_per_node={gpus_per_node}", *overrides])
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    for section in ("actor_rollout_ref.rollout", "actor_rollout_ref.actor", "algorithm"):
+        omega_conf_to_dataclass(_get(config, section))
+    problems = batch_problems(config, nnodes=nnodes, gpus_per_node=gpus_per_node)
+    if problems:
+        raise ValueError("; ".join(problems))
+    agent = config.actor_rollout_ref.rollout.agent
+    registry = yaml.safe_load(Path(resolve_config_path(agent.agent_loop_config_path)).read_text(encoding="utf-8"))
+    names = [str(entry["name"]) for entry in registry]
+    if agent.default_agent_loop not in names:
+        raise ValueError(f"default_agent_loop {agent.default_agent_loop} is not in {agent.agent_loop_config_path}")
+    # what veRL's reward loop workers load: the manager class and our (async) reward function
+    manager = resolve_reward_manager_cls(config)
+    reward_fn = get_custom_reward_fn(config)
+    if reward_fn is None or not inspect.iscoroutinefunction(reward_fn):
+        raise ValueError("reward.custom_reward_function must load as an async function")
+    return {"layout": layout, "gpus": nnodes * gpus_per_node, "ok": True, "agent_loops": names,
+            "reward_manager": manager.__name__,
+            "trajectories_per_step": int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    parser = argparse.ArgumentParser(prog="python -m trainer.verl.check_config", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", action="append", help=f"NODESxGPUS (default: {' '.join(LAYOUTS)})")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as on main_ppo's command line")
+    args = parser.parse_args(argv)
+    import verl
+
+    if verl.__version__ != VERL_VERSION:
+        logger.warning("veRL %s installed; this config follows %s", verl.__version__, VERL_VERSION)
+    failed = 0
+    for layout in args.layout or LAYOUTS:
+        try:
+            result = check_layout(layout, args.overrides)
+        except Exception as exc:  # noqa: BLE001 - reported per layout, the exit status says it failed
+            failed += 1
+            result = {"layout": layout, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        logger.info("%s", json.dumps({"verl": verl.__version__, **result}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
