@@ -240,6 +240,9 @@ def test_rayjob_entrypoint_matches_the_cluster_and_veRLs_arithmetic(rayjob: dict
     # the parquet lands where the config reads it, the checkpoints on the shared volume
     env = k8s_env(rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0])
     assert str(args.out) == env["PLUGSEARCH_VERL_DATA"]
+    mounts = {m["mountPath"] for m in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
+        "containers"][0]["volumeMounts"]}
+    assert env["TRAINER_DATA_DIR"] in mounts and env["TRAINER_VAR_DIR"] in mounts  # questions, baselines
     assert env["CHECKPOINT_DIR"].startswith(env["TRAINER_VAR_DIR"] + "/")
     assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == pinned(extras()["verl"], "ray")
 

@@ -33,7 +33,7 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchEnv
 from services.searcher.prompts import PromptSet
 from trainer.baseline import BaselineConfig, BaselineStore
-from trainer.data import TRAIN_DATASETS, QAItem, default_data_dir, eval_split, s3_filter, train_split
+from trainer.data import TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
 from trainer.settings import TrainerSettings
 from trainer.verl import CONFIG_DIR
 
@@ -112,7 +112,8 @@ def build(data_dir: Path, out: Path, *, datasets: Sequence[str] = TRAIN_DATASETS
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer.verl.data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for train.parquet and val.parquet")
-    parser.add_argument("--data-dir", type=Path, default=None, help="holds qa/<set>.jsonl (default: the shared data)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="holds qa/<set>.jsonl (default: TRAINER_DATA_DIR, else the shared data)")
     parser.add_argument("--datasets", nargs="+", default=list(TRAIN_DATASETS))
     parser.add_argument("--per-dataset", type=int, default=None, help="training questions per set (default: all)")
     parser.add_argument("--val-per-dataset", type=int, default=100)
@@ -127,13 +128,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
+    settings = TrainerSettings()
     baselines = None
     if args.s3_filter:
-        settings = TrainerSettings()
         store = BaselineStore(settings.var_dir / "baselines",
                               BaselineConfig(k=settings.baseline_k, method=settings.method))
         baselines = store.genacc_by_id()
-    summary = build(args.data_dir or default_data_dir(), args.out, datasets=args.datasets,
+    summary = build(args.data_dir or settings.data_dir, args.out, datasets=args.datasets,
                     per_dataset=args.per_dataset, val_per_dataset=args.val_per_dataset,
                     eval_holdout=args.eval_holdout, agent=args.agent, prompts=PromptSet.load(args.prompts_dir),
                     baselines=baselines)
