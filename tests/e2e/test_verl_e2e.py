@@ -6,7 +6,6 @@ interface (no GPU, no veRL needed)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,16 @@ import pytest
 from services.common.clients import RetrieverClient
 from services.searcher.loop import run_search
 from services.searcher.retrieval import ServiceRetriever
+from tests.e2e.test_trainer_e2e import stack  # noqa: F401 - fixture: the local services
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
-from tests.unit.test_trainer_verl import SEARCH, FakeServerManager, agent_loop, row, run
+from tests.unit.test_trainer_verl import (
+    SEARCH,
+    FakeServerManager,
+    agent_loop,
+    row,
+    run,
+    tokenizer,  # noqa: F401 - fixture: SmolLM2's tokenizer
+)
 from trainer.localstack import LocalServices
 from trainer.verl import reward
 from trainer.verl.agent_loop import OUTCOME_FIELD
@@ -28,22 +35,8 @@ GOLD = ["Wilhelm Conrad Röntgen"]
 SCRIPT = [s3("Wilhelm Röntgen Nobel Prize", ids="[2]"), s3(ids="[1]", complete=True)]
 
 
-@pytest.fixture(scope="module")
-def stack(llama_url: str, data_dir: Path, var_dir: Path) -> Iterator[LocalServices]:
-    with LocalServices(var_dir, corpus=data_dir / "corpus" / "combined.jsonl", llm_url=llama_url,
-                       log_dir=var_dir / "logs" / "verl-e2e") as services:
-        yield services
-
-
-@pytest.fixture(scope="module")
-def tokenizer(var_dir: Path) -> Any:
-    from trainer.model import default_policy_path, load_tokenizer
-
-    return load_tokenizer(default_policy_path(var_dir))
-
-
-async def test_verl_episode_and_reward_through_the_services(stack: LocalServices, tokenizer: Any, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_verl_episode_and_reward_through_the_services(stack: LocalServices, tokenizer: Any,  # noqa: F811
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = stack.settings()
     for key, value in {"TRAINER_RETRIEVER__URL": settings.retriever.url,
                        "TRAINER_GENERATOR__URL": settings.generator.url, "TRAINER_JUDGE__URL": settings.judge.url,
