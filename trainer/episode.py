@@ -109,6 +109,12 @@ async def run_episode(question: str, params: SearchParams, *, sampler: TokenSamp
     """One search, token level. The completion is cut at `max_completion_tokens` (`truncated`); the search
     itself always runs to its end, so the reward sees the documents the service would return."""
     env = SearchEnv(question, params, retriever, prompts=prompts)
+    return await drive(env, sampler, chat, max_completion_tokens=max_completion_tokens)
+
+
+async def drive(env: SearchEnv, sampler: TokenSampler, chat: ChatTokens, *,
+                max_completion_tokens: int | None = None) -> Episode:
+    """`run_episode` on a given (fresh) environment."""
     prompt_ids = chat.prompt(await env.reset())
     completion: list[int] = []
     mask: list[int] = []

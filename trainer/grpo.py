@@ -16,12 +16,13 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchOutcome
+from services.searcher.prompts import PromptSet
 from trainer.baseline import BaselineStore
 from trainer.data import QAItem
 from trainer.rewards import RewardComputer, Trajectory, format_score
@@ -32,6 +33,23 @@ from trainer.upstreams import QAServices
 logger = logging.getLogger(__name__)
 
 REWARD_LOG = "rewards.jsonl"
+
+
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+VLLMMode = Literal["off", "colocate", "server"]
+
+LORA_MODULES = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Adapted by default: every projection llama.cpp stores unpermuted, so the adapter exports to GGUF."""
+
+
+class LoraSettings(BaseModel):
+    rank: int = Field(16, ge=1, le=256)
+    alpha: int = Field(32, gt=0)
+    modules: tuple[str, ...] = LORA_MODULES
+    top_layers: int | None = Field(None, ge=1, description=(
+        "adapt only the last N layers: backpropagation stops below them, which cuts a step's backward "
+        "pass when the lower layers stay frozen (None = every layer)"))
 
 
 class TrainConfig(BaseModel):
@@ -50,8 +68,52 @@ class TrainConfig(BaseModel):
     # an s3 search action (selection, completion flag, JSON query) is ~55 SmolLM2 tokens: leave room for it
     search: SearchParams = Field(default_factory=lambda: SearchParams(mode="s3", max_turns=3, retrieve_k=8,
                                                                       select_k=3, max_new_tokens=80))
+    prompts_dir: Path | None = Field(None, description="prompt templates of the environment (None = packaged)")
     format_lambda: float = Field(0.0, ge=0.0)
     threads: int | None = None
+    device: Device = "auto"
+    precision: Precision = "auto"
+    vllm: VLLMMode = "off"
+    vllm_server_url: str | None = None
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter instead of every weight")
+    init_adapter: Path | None = Field(None, description="start from this saved LoRA adapter (e.g. a warm start)")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.vllm != "off" and self.device == "cpu":
+            raise ValueError("vLLM rollouts need a GPU: use --device cuda (or auto on a GPU machine)")
+        if self.vllm == "server" and not self.vllm_server_url:
+            raise ValueError("--vllm server needs --vllm-server-url")
+        if self.init_adapter is not None and self.lora is not None:
+            raise ValueError("init_adapter carries its own LoRA settings; do not give lora as well")
+        return self
+
+
+def resolve_device(device: Device) -> str:
+    """`auto`: cuda when torch sees a GPU, else cpu. `cuda` without a GPU is refused, not run on the CPU."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch sees no GPU (CUDA_VISIBLE_DEVICES, drivers, a CPU build of torch?)")
+    return device
+
+
+def resolve_precision(precision: Precision, device: str) -> str:
+    """`auto`: bf16 on a GPU that supports it (fp16 on older ones), fp32 on the CPU."""
+    import torch
+
+    if precision != "auto":
+        if precision in ("bf16", "fp16") and device == "cpu":
+            raise ValueError(f"{precision} training on the CPU is not supported here: use fp32")
+        return precision
+    if device == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def outcome_trajectory(item: QAItem, outcome: SearchOutcome) -> Trajectory:
@@ -133,22 +195,51 @@ def last_checkpoint(output_dir: Path) -> str | None:
     return str(max(complete)[1]) if complete else None
 
 
+def load_model(config: TrainConfig, device: str, precision: str) -> tuple[Any, Any]:
+    """The policy in the run's precision (moved to the device by the Trainer), with its LoRA if any."""
+    import torch
+
+    from trainer.model import load_policy
+
+    model, tokenizer = load_policy(config.model_path, threads=config.threads,
+                                   dtype=getattr(torch, TORCH_DTYPES[precision]))
+    if config.init_adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(config.init_adapter), is_trainable=True)
+    elif config.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        layers = None
+        n_layers = int(model.config.num_hidden_layers)
+        if config.lora.top_layers is not None:
+            layers = list(range(max(0, n_layers - config.lora.top_layers), n_layers))
+        model = get_peft_model(model, LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha,
+                                                 target_modules=list(config.lora.modules), lora_dropout=0.0,
+                                                 layers_to_transform=layers, task_type="CAUSAL_LM"))
+    return model, tokenizer
+
+
 def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: AsyncRunner, services: QAServices,
                   retriever: Any, baselines: BaselineStore | None, reward_kind: str = "gbr",
                   extra_reward_funcs: Sequence[Any] = (), extra_reward_weights: Sequence[float] = ()) -> Any:
-    """A ready `GRPOTrainer` (model loaded from `config.model_path`, rollouts through the search loop)."""
+    """A ready `GRPOTrainer`: the model from `config.model_path` on `config.device` in `config.precision`
+    (a LoRA when asked), rollouts through the search environment (vLLM ones when `config.vllm` is on)."""
     from trl import GRPOConfig, GRPOTrainer
-
-    from trainer.model import load_policy
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model, tokenizer = load_policy(config.model_path, threads=config.threads)
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.precision, device)
+    model, tokenizer = load_model(config, device, precision)
     params = config.search.model_copy(update={"temperature": config.temperature})
-    rollout = SearchRollout(runner, retriever, params, max_completion_tokens=config.max_completion_tokens)
+    prompts = PromptSet.load(config.prompts_dir)
+    rollout = SearchRollout(runner, retriever, params, prompts=prompts,
+                            max_completion_tokens=config.max_completion_tokens)
     config.output_dir.mkdir(parents=True, exist_ok=True)
-    computer = RewardComputer(services, kind=reward_kind, baselines=baselines)  # type: ignore[arg-type]
+    computer = RewardComputer(services, kind=reward_kind, baselines=baselines,  # type: ignore[arg-type]
+                              method=params.method)
     reward_funcs: list[Any] = [ServiceReward(runner, computer, config.output_dir / REWARD_LOG)]
     weights = [1.0]
     if config.format_lambda > 0:
@@ -156,6 +247,11 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
         weights.append(config.format_lambda)
     reward_funcs += list(extra_reward_funcs)
     weights += list(extra_reward_weights)
+    vllm: dict[str, Any] = {}
+    if config.vllm != "off":
+        vllm = {"use_vllm": True, "vllm_mode": config.vllm}
+        if config.vllm == "server":
+            vllm["vllm_server_base_url"] = config.vllm_server_url
     args = GRPOConfig(
         output_dir=str(config.output_dir),
         per_device_train_batch_size=config.questions_per_step * config.num_generations,
@@ -173,9 +269,9 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
         save_total_limit=config.save_total_limit,
         logging_steps=1,
         report_to="none",
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
+        use_cpu=device == "cpu",
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
         activation_checkpointing=False,
         seed=config.seed,
         data_seed=config.seed,
@@ -183,6 +279,7 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
         remove_unused_columns=False,
         reward_weights=weights,
         disable_tqdm=True,
+        **vllm,
     )
     return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=to_dataset(items),
                        processing_class=tokenizer, rollout_func=rollout)

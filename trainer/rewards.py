@@ -7,6 +7,12 @@
 - qagent (QAgent stage 2): EM(answer) + 0.5 x hit, hit = a gold answer occurs (normalised span
   match) in the documents the trajectory retrieved.
 - gbr_genacc: GBR + GenAcc (s3's `use_utility_score and use_generation_score`).
+- recall: GBR without an LLM: hit(searcher's documents) - hit(naive top-n of the question), n = the
+  number of documents the searcher returned, hit = GenAcc's span check (a gold answer, normalised, as a
+  token span) over the documents. It keeps s3's reading of GBR, "what the searched context adds over
+  naive RAG for the same question", with the frozen generator replaced by the check GenAcc itself starts
+  with, and it compares at equal document budget, so returning more documents earns nothing by itself.
+  `genacc` / `baseline_genacc` in its breakdown are those two document hits.
 - format (Search-R1 empirical study): share of the policy's actions that parsed, weighted by lambda.
 """
 
@@ -18,12 +24,15 @@ from dataclasses import dataclass, field
 
 from services.common.answers import span_match
 from services.common.schemas.base import Document
+from services.common.schemas.retriever import Method
 from trainer.baseline import BaselineRecord, BaselineStore, baselines_for
 from trainer.data import QAItem
 from trainer.settings import RewardKind
 from trainer.upstreams import Answered, QAServices
 
 QAGENT_HIT_WEIGHT = 0.5
+NAIVE_DEPTH = 16
+"""recall: naive top-n is cut from one retrieval of this depth per question (deeper when n is larger)."""
 
 
 @dataclass
@@ -66,6 +75,11 @@ def trajectory_hit(trajectory: Trajectory) -> float:
     return float(bool(text) and span_match(text, trajectory.item.golden_answers))
 
 
+def documents_hit(documents: Sequence[Document], golden_answers: Sequence[str]) -> float:
+    """1.0 when some document's text contains a gold answer (GenAcc's span check), else 0.0."""
+    return float(any(span_match(d.text, golden_answers) for d in documents))
+
+
 def combine(kind: RewardKind, answered: Answered, baseline: BaselineRecord | None, hit: float) -> float:
     if kind == "genacc":
         return answered.genacc
@@ -81,18 +95,44 @@ def combine(kind: RewardKind, answered: Answered, baseline: BaselineRecord | Non
 
 class RewardComputer:
     def __init__(self, services: QAServices, *, kind: RewardKind = "gbr", baselines: BaselineStore | None = None,
-                 format_lambda: float = 0.0) -> None:
+                 format_lambda: float = 0.0, method: Method | None = None) -> None:
         if kind in ("gbr", "gbr_genacc") and baselines is None:
             raise ValueError(f"reward {kind} needs a BaselineStore")
         self.services = services
         self.kind = kind
         self.baselines = baselines
         self.format_lambda = format_lambda
+        self.method = method
+        self._naive: dict[str, tuple[int, list[Document]]] = {}
+        """question -> (depth retrieved, naive ranking)"""
+
+    async def naive_top(self, question: str, n: int) -> list[Document]:
+        """Naive top-n of the question (one retrieval per question, again only when a deeper n is asked)."""
+        depth, docs = self._naive.get(question, (0, []))
+        if n > depth:
+            depth = max(n, NAIVE_DEPTH)
+            docs = (await self.services.retrieve([question], depth, self.method))[0]
+            self._naive[question] = (depth, docs)
+        return docs[:n]
+
+    async def _score_recall(self, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
+        naive = await asyncio.gather(*(self.naive_top(t.item.question, len(t.documents)) for t in trajectories))
+        out = []
+        for t, base in zip(trajectories, naive, strict=True):
+            found = documents_hit(t.documents, t.item.golden_answers)
+            baseline = documents_hit(base, t.item.golden_answers) if t.documents else 0.0
+            fmt = format_score(t.valid_actions, t.invalid_actions)
+            out.append(RewardBreakdown(reward=found - baseline, format_score=fmt,
+                                       total=found - baseline + self.format_lambda * fmt, genacc=found, em=0.0,
+                                       f1=0.0, answer="", baseline_genacc=baseline, hit=found))
+        return out
 
     async def score(self, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
         """Every trajectory's answer + judgement and every needed baseline, all concurrently."""
         if not trajectories:
             return []
+        if self.kind == "recall":
+            return await self._score_recall(trajectories)
         answers_task = self.services.answer_and_judge(
             [(t.item.question, t.documents, t.item.golden_answers) for t in trajectories])
         if self.baselines is not None and self.kind in ("gbr", "gbr_genacc"):

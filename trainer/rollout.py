@@ -1,27 +1,30 @@
-"""TRL `rollout_func`: multi-turn rollouts of the searcher's own loop (`services.searcher.loop.run_search`)
-with the model being trained as the policy, tokenised with the environment mask.
+"""TRL `rollout_func`: the searcher's own environment (`services.searcher.env.SearchEnv`) driven at the
+token level by the model being trained (`trainer.episode.run_episode`).
 
 TRL calls `rollout(prompts, trainer)` with the batch's prompts (each question repeated
-`num_generations` times). All rollouts of the batch run concurrently on one event loop; their policy
-calls are batched by `HFPolicy`, their retrievals go to the retriever service. The return value holds
-`prompt_ids`, `completion_ids`, `logprobs=None` (TRL recomputes them), `env_mask` (TRL's tool mask:
-0 on every token the environment inserted, so retrieved text carries no loss and no KL) and `search`
-(the `SearchOutcome`s), which TRL forwards to the reward functions.
+`num_generations` times). All episodes of the batch run concurrently on one event loop; their policy
+calls are batched by the sampler (`HFSampler` on the CPU or without vLLM, `VLLMSampler` over TRL's own
+vLLM when `use_vllm` is on), their retrievals go to the retriever service. The return value holds
+`prompt_ids`, `completion_ids` (the sampled ids as sampled, the environment's turns appended as ids),
+`logprobs` (the sampler's, or None), `env_mask` (TRL's tool mask: 0 on every inserted token, so
+retrieved text carries no loss and no KL) and `search` (the `SearchOutcome`s, documents from the
+environment's state), which TRL forwards to the reward functions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from services.common.schemas.searcher import SearchParams
-from services.searcher.env import RetrieverBackend, SearchOutcome
-from services.searcher.loop import run_search
-from trainer.policy import HFPolicy
+from services.searcher.env import RetrieverBackend
+from services.searcher.prompts import PromptSet
+from trainer.episode import ChatTokens, Episode, TokenSampler, run_episode
 from trainer.runner import AsyncRunner
-from trainer.transcript import TokenizedTrajectory, tokenize_transcript
+from trainer.samplers import BatchingSampler, HFSampler, VLLMSampler
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +38,14 @@ def prompt_text(prompt: Any) -> str:
     raise TypeError(f"unsupported prompt type {type(prompt).__name__}")
 
 
-def fill_empty(tokenized: TokenizedTrajectory, eos_id: int) -> TokenizedTrajectory:
-    """TRL needs at least one completion token; a trajectory where the policy never spoke gets one
-    masked end-of-turn token (no loss)."""
-    if tokenized.completion_ids:
-        return tokenized
-    return TokenizedTrajectory(tokenized.prompt_ids, [eos_id], [0], tokenized.truncated)
+def sampler_for(trainer: Any, model: Any, tokenizer: Any, max_batch: int) -> BatchingSampler:
+    """TRL's vLLM when the trainer runs one (colocate: its `LLM`; server: its client), else HF sampling."""
+    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    if generation is not None:
+        if getattr(generation, "mode", None) == "colocate":
+            return VLLMSampler(tokenizer, llm=generation.llm)
+        return VLLMSampler(tokenizer, client=generation.vllm_client)
+    return HFSampler(model, tokenizer, max_batch=max_batch)
 
 
 class SearchRollout:
@@ -49,46 +54,56 @@ class SearchRollout:
     __name__ = "search_rollout"
 
     def __init__(self, runner: AsyncRunner, retriever: RetrieverBackend, params: SearchParams, *,
-                 max_completion_tokens: int = 1024, max_batch: int = 16) -> None:
+                 prompts: PromptSet | None = None, max_completion_tokens: int = 1024, max_batch: int = 32) -> None:
         self.runner = runner
         self.retriever = retriever
         self.params = params
+        self.prompts = prompts
         self.max_completion_tokens = max_completion_tokens
         self.max_batch = max_batch
-        self.last: list[tuple[SearchOutcome, TokenizedTrajectory]] = []
+        self.last: list[Episode] = []
+        self.seconds: list[float] = []
+        """Wall seconds of every rollout batch (the `train_step` bench reads them)."""
 
-    async def run_batch(self, questions: Sequence[str], policy: HFPolicy) -> list[SearchOutcome]:
+    async def run_batch(self, questions: Sequence[str], sampler: TokenSampler, chat: ChatTokens) -> list[Episode]:
         try:
-            return list(await asyncio.gather(*(run_search(q, self.params, policy=policy, retriever=self.retriever)
-                                               for q in questions)))
+            return list(await asyncio.gather(*(
+                run_episode(q, self.params, sampler=sampler, chat=chat, retriever=self.retriever,
+                            prompts=self.prompts, max_completion_tokens=self.max_completion_tokens)
+                for q in questions)))
         finally:
-            await policy.aclose()
+            if isinstance(sampler, BatchingSampler):
+                await sampler.aclose()
 
-    def rollouts(self, questions: Sequence[str], model: Any, tokenizer: Any
-                 ) -> list[tuple[SearchOutcome, TokenizedTrajectory]]:
-        policy = HFPolicy(model, tokenizer, max_batch=self.max_batch)
-        outcomes = self.runner.run(self.run_batch(questions, policy))
-        out = []
-        for outcome in outcomes:
-            tokenized = tokenize_transcript(tokenizer, outcome.messages,
-                                            max_completion_tokens=self.max_completion_tokens)
-            out.append((outcome, fill_empty(tokenized, int(tokenizer.eos_token_id))))
-        return out
+    def episodes(self, questions: Sequence[str], sampler: TokenSampler, tokenizer: Any) -> list[Episode]:
+        episodes = self.runner.run(self.run_batch(questions, sampler, ChatTokens(tokenizer)))
+        eos = int(tokenizer.eos_token_id)
+        for episode in episodes:
+            if not episode.completion_ids:  # TRL needs one completion token: a masked end of turn
+                episode.completion_ids, episode.env_mask = [eos], [0]
+                episode.logprobs = [0.0] if episode.logprobs is not None else None
+        return episodes
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         from trl.models import unwrap_model_for_generation
 
         questions = [prompt_text(p) for p in prompts]
+        tokenizer = trainer.processing_class
+        t0 = time.perf_counter()
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-            results = self.rollouts(questions, model, trainer.processing_class)
-        self.last = results
-        logger.info("rollouts: %s trajectories, %s policy tokens, %s inserted tokens", len(results),
-                    sum(t.policy_tokens for _, t in results),
-                    sum(len(t.completion_ids) - t.policy_tokens for _, t in results))
+            episodes = self.episodes(questions, sampler_for(trainer, model, tokenizer, self.max_batch), tokenizer)
+        self.seconds.append(time.perf_counter() - t0)
+        self.last = episodes
+        logger.info("rollouts: %s episodes, %s policy tokens, %s inserted tokens, %.1f s", len(episodes),
+                    sum(e.policy_tokens for e in episodes),
+                    sum(len(e.completion_ids) - e.policy_tokens for e in episodes), self.seconds[-1])
+        logprobs = None
+        if all(e.logprobs is not None for e in episodes):
+            logprobs = [e.logprobs for e in episodes]
         return {
-            "prompt_ids": [t.prompt_ids for _, t in results],
-            "completion_ids": [t.completion_ids for _, t in results],
-            "logprobs": None,
-            "env_mask": [t.env_mask for _, t in results],
-            "search": [o for o, _ in results],
+            "prompt_ids": [e.prompt_ids for e in episodes],
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": logprobs,
+            "env_mask": [e.env_mask for e in episodes],
+            "search": [e.outcome for e in episodes],
         }

@@ -14,10 +14,12 @@ from services.common.llm import LLMSettings
 from services.common.schemas.retriever import Method
 from trainer.data import default_data_dir
 
-RewardKind = Literal["gbr", "genacc", "em", "qagent", "gbr_genacc"]
+RewardKind = Literal["gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
+RewardSetting = Literal["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
 """gbr: GenAcc(searched) - GenAcc(naive RAG) (s3); genacc / em: of the frozen generator's answer;
 qagent: EM + 0.5 x hit(gold in trajectory) (QAgent stage 2); gbr_genacc: GBR + GenAcc (s3's
-`use_utility_score and use_generation_score`)."""
+`use_utility_score and use_generation_score`); recall: gain beyond RAG without an LLM, the GenAcc span
+check on the searcher's documents minus the same check on naive top-n at the same number of documents."""
 
 
 def _client(url: str, timeout_s: float) -> ClientSettings:
@@ -45,13 +47,20 @@ class TrainerSettings(BaseSettings):
 
     method: Method | None = Field(None, description="retrieval method; None = the retriever's default")
     baseline_k: int = Field(3, ge=1, le=64, description="naive-RAG top-k of the GBR baseline (s3: 3)")
-    reward: RewardKind = "gbr"
+    reward: RewardSetting = Field("auto", description="auto: gbr on GPUs, recall (no LLM) on the CPU")
     format_lambda: float = Field(0.0, ge=0.0, le=10.0, description="weight of the format reward (0 = off)")
     concurrency: int = Field(4, ge=1, le=256, description="batch requests in flight per service")
     chunk: int = Field(4, ge=1, le=256, description="items per generate/judge batch request")
     batch_timeout_s: float = Field(900.0, gt=0, description="timeout of one generate/judge batch request "
                                    "(one local LLM serves requests one at a time: batches queue)")
     log_level: str = "INFO"
+
+    def reward_kind(self, device: str) -> RewardKind:
+        """The reward to train with on `device`: `auto` is GBR through the generator and judge on GPUs and
+        the LLM-free `recall` GBR on the CPU."""
+        if self.reward == "auto":
+            return "gbr" if device == "cuda" else "recall"
+        return self.reward
 
     @model_validator(mode="after")
     def _check(self) -> TrainerSettings:

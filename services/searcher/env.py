@@ -185,6 +185,11 @@ class SearchEnv:
                 self._end("max_turns")
         return list(self.messages)
 
+    @property
+    def can_search(self) -> bool:
+        """Whether the next policy output may search (s3: turns left; QAgent: every round searches)."""
+        return self._steps < self.params.max_turns
+
     def next_call(self) -> PolicyCall:
         """Sampling settings of the next policy output (stop strings, grammar for the current block)."""
         p = self.params
@@ -193,7 +198,7 @@ class SearchEnv:
             stop = ["</query>"]
             if p.constrained:
                 grammar = s3_grammar(n_docs=len(self.blocks[-1].documents), select_k=p.select_k,
-                                     allow_search=self._steps < p.max_turns)
+                                     allow_search=self.can_search)
         else:
             stop = ["</search>"]
             if p.constrained:
@@ -301,7 +306,7 @@ class SearchEnv:
 
     async def _step_s3(self, output: str, *, stopped: bool) -> None:
         p = self.params
-        allow_search = self._steps < p.max_turns
+        allow_search = self.can_search
         current = self.blocks[-1]
         text = parsing.postprocess_s3(output, stopped=stopped)
         self.messages.append(ChatMessage(role="assistant", content=text))

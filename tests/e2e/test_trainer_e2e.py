@@ -82,6 +82,7 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
     from trainer.baseline import BaselineConfig, BaselineStore
     from trainer.data import train_split
     from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train
+    from trainer.probe import GradientProbe
     from trainer.runner import AsyncRunner
     from trainer.upstreams import ServiceStack
 
@@ -103,26 +104,11 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
         trainer = build_trainer(config, items, runner=runner, services=services, retriever=services, baselines=store,
                                 extra_reward_funcs=[length_bonus], extra_reward_weights=[1.0])
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-
-        captured: dict[str, Any] = {}
-        original = trainer._compute_loss
-
-        def spy(model: Any, inputs: dict[str, Any]) -> Any:
-            captured["inputs"] = inputs
-            return original(model, inputs)
-
-        trainer._compute_loss = spy
-
-        def keep_hidden(module: Any, args: Any, output: Any) -> None:
-            if output.requires_grad:
-                output.retain_grad()
-                captured["hidden"] = output
-
-        hook = trainer.model.model.norm.register_forward_hook(keep_hidden)
+        probe = GradientProbe(trainer)
         try:
             summary = train(trainer, config.output_dir, resume=False)
         finally:
-            hook.remove()
+            probe.close()
             runner.run(services.aclose())
             runner.run(store.aclose())
 
@@ -132,18 +118,12 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
     changed = sum(float((p.detach() - before[n]).abs().sum()) for n, p in trainer.model.named_parameters())
     assert changed > 0, "the GRPO update did not change the weights"
 
-    # masked positions: the hidden state at position t predicts token t+1; a completion token that the
-    # environment inserted (tool mask 0) or padding must send back exactly zero gradient
-    inputs, hidden = captured["inputs"], captured["hidden"]
-    loss_mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
-    assert hidden.grad is not None
-    completion_len = inputs["completion_ids"].size(1)
-    prompt_len = inputs["prompt_ids"].size(1)
-    assert hidden.size(1) == prompt_len + completion_len
-    grads = hidden.grad[:, prompt_len - 1: prompt_len - 1 + completion_len, :].abs().sum(-1)
-    assert (~loss_mask).any() and loss_mask.any()
-    assert torch.count_nonzero(grads[~loss_mask]) == 0
-    assert torch.count_nonzero(grads[loss_mask]) > 0
+    # the hidden state at position t predicts token t+1: a completion token the environment inserted (tool
+    # mask 0) or padding must send back exactly zero gradient, the policy's own tokens must not
+    assert probe.masked_grad_max() == 0.0
+    assert probe.unmasked_grad_max() > 0.0
+    # the ids the last step trained on are the ids SmolLM2 sampled in its rollouts
+    assert probe.trained_vs_sampled(trainer.rollout_func.last)
 
     # the checkpoint reloads to exactly the trained weights
     from transformers import AutoModelForCausalLM

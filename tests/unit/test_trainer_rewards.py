@@ -140,3 +140,47 @@ def test_resume_picks_the_newest_complete_checkpoint(tmp_path: Path) -> None:
         if complete:
             (folder / "trainer_state.json").write_text("{}")
     assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")  # 6 was cut mid-save
+
+
+class RankedStack(FakeStack):
+    """Naive ranking of a question: documents `<q>-1..k`; only the listed ranks hold the answer."""
+
+    def __init__(self, answer_ranks: dict[str, set[int]]) -> None:
+        super().__init__({})
+        self.answer_ranks = answer_ranks
+        self.depths: list[int] = []
+
+    async def retrieve(self, queries: Sequence[str], k: int, method: Method | None) -> list[list[Document]]:
+        self.depths.append(k)
+        return [[Document(id=f"{q}-{r}", text="the answer is Oslo" if r in self.answer_ranks.get(q, set()) else "no")
+                 for r in range(1, k + 1)] for q in queries]
+
+    async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
+                               ) -> list[Answered]:
+        raise AssertionError("the recall reward calls no LLM")
+
+
+async def test_recall_reward_is_hit_minus_naive_top_n_at_the_same_budget() -> None:
+    stack = RankedStack({"q": {4}})  # naive finds the answer only at rank 4
+    computer = RewardComputer(stack, kind="recall")
+    item = _item("1", "q", ["Oslo"])
+    answer = Document(id="q-4", text="the answer is Oslo")
+    miss = Document(id="q-1", text="no")
+    results = await computer.score([
+        Trajectory(item=item, documents=[answer]),                  # 1 doc, found; naive top-1 misses: +1
+        Trajectory(item=item, documents=[miss, miss, miss]),        # 3 docs, missed; naive top-3 misses: 0
+        Trajectory(item=item, documents=[miss] * 4),                # 4 docs, missed; naive top-4 finds it: -1
+        Trajectory(item=item, documents=[], valid_actions=1),       # nothing returned: 0, never negative
+    ])
+    assert [r.reward for r in results] == [1.0, 0.0, -1.0, 0.0]
+    assert [r.baseline_genacc for r in results] == [0.0, 0.0, 1.0, 0.0]
+    assert stack.depths == [16]  # one retrieval per question, deep enough for every budget
+    deep = await computer.score([Trajectory(item=item, documents=[miss] * 20)])
+    assert deep[0].reward == -1.0 and stack.depths == [16, 20]
+
+
+async def test_recall_reward_adds_the_format_term() -> None:
+    computer = RewardComputer(RankedStack({}), kind="recall", format_lambda=0.5)
+    result = (await computer.score([Trajectory(item=_item("1", "q", ["Oslo"]), documents=[],
+                                               valid_actions=1, invalid_actions=1)]))[0]
+    assert result.reward == 0.0 and result.total == 0.25
