@@ -42,14 +42,17 @@ from typing import Any
 
 from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB
 from services.common.workers import free_port, port_is_free
+from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
+from services.searcher.trained import TrainedSearcher, TrainedSearcherError
 
 SERVICES = ("retriever", "generator", "judge", "searcher")
 """The plugsearch services, each run as `python -m services.<name>` (console script `plugsearch-<name>`)."""
 
 DEFAULT_PORTS = {"searcher": 8000, "retriever": 8001, "generator": 8002, "judge": 8003, "llm": 8080,
-                 "redis": 6379}
-BASE_OFFSETS = {"searcher": 0, "retriever": 1, "generator": 2, "judge": 3, "llm": 4, "redis": 5}
-"""With `--base-port B`: searcher B, retriever B+1, generator B+2, judge B+3, LLM B+4, Redis B+5."""
+                 "redis": 6379, "policy": 8081}
+BASE_OFFSETS = {"searcher": 0, "retriever": 1, "generator": 2, "judge": 3, "llm": 4, "redis": 5, "policy": 6}
+"""With `--base-port B`: searcher B, retriever B+1, generator B+2, judge B+3, LLM B+4, Redis B+5, the trained
+searcher's policy LLM B+6."""
 
 REDIS_DB = {"retriever": 0, "generator": 1, "judge": 2, "searcher": 3}
 
@@ -187,6 +190,8 @@ class StackOptions:
     llm_model: str | None = None
     llm_threads: int = 2
     llm_prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
+    trained: TrainedSearcher | None = None
+    """Serve this trained searcher (its own llama.cpp process with the adapter); None = the base policy."""
     api_key: str | None = None
     internal_token: str = field(default_factory=lambda: secrets.token_hex(24))
     python: str = sys.executable
@@ -239,7 +244,20 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     specs.append(service("judge", {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
                                 **{f"POLICY__{k}": v for k, v in llm.items()}}
-    if options.llm_url is None:
+    if options.trained is not None and options.llm_url is None:
+        # The trained searcher: the same GGUF with the adapter, in its own process (an adapter applies to
+        # every request of a llama.cpp server; the generator and judge keep the plain model).
+        trained = options.trained
+        specs.append(ProcessSpec("policy", [py, "-m", "services.common.llama_server", "--host", host,
+                                            "--port", str(options.ports["policy"]),
+                                            "--n-threads", str(options.llm_threads),
+                                            "--prompt-cache-mb", str(options.llm_prompt_cache_mb),
+                                            "--model-alias", trained.model_alias,
+                                            "--lora_path", str(trained.adapter)],
+                                 ready_url=f"{options.url('policy')}/v1/models", port=options.ports["policy"]))
+        searcher.update({"POLICY__BASE_URL": f"{options.url('policy')}/v1", "POLICY__MODEL": trained.model_alias,
+                         **trained.searcher_env()})
+    elif options.llm_url is None:
         # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (20 HotpotQA
         # questions, tests/e2e/test_searcher_e2e.py: all actions valid in 100% of searches constrained, 0% free).
         searcher["CONSTRAINED"] = "true"
@@ -326,6 +344,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         default=DEFAULT_PROMPT_CACHE_MB,
                         help="RAM for llama.cpp's cached states that concurrent multi-turn searches resume from "
                         "(0 = off; each state also holds a 96 MiB logits copy: ~2.7 GB peak RSS at the default)")
+    parser.add_argument("--policy", choices=["auto", "trained", "base"], default="auto",
+                        help="trained: the searcher trained here (services/searcher/trained), served by a second "
+                        "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): trained "
+                        "when it is shipped, else base")
     parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
                         help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
@@ -346,6 +368,30 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.llm_prompt_cache_mb < 0:
         parser.error("--llm-prompt-cache-mb must be >= 0")
     return args
+
+
+def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder: Path | None = None
+                    ) -> TrainedSearcher | None:
+    """The trained searcher when `--policy trained` can serve it here; says why when it cannot."""
+    if args.policy == "base":
+        say("policy: the untrained SmolLM2 (--policy base)")
+        return None
+    if args.llm_url is not None:
+        say("policy: the model at --llm-url (the trained adapter is for the embedded SmolLM2 only)")
+        return None
+    folder = folder or TRAINED_DIR
+    if args.policy == "auto" and not TrainedSearcher.shipped(folder):
+        say("policy: the untrained SmolLM2 (no trained searcher is shipped in services/searcher/trained)")
+        return None
+    try:
+        trained = TrainedSearcher.load(folder)
+        from services.common.llama_server import smollm2_gguf_path
+
+        trained.check_base(smollm2_gguf_path())
+    except TrainedSearcherError as exc:
+        raise StackError(f"{exc} (pass --policy base to serve the untrained model)") from exc
+    say(f"policy: the trained searcher ({trained.folder.name}: {trained.manifest.get('summary', 'see its manifest')})")
+    return trained
 
 
 def _run_index_build(options: StackOptions, say: Callable[[str], None]) -> None:
@@ -395,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
-                               api_key=args.api_key, log_level=args.log_level,
+                               trained=_trained_policy(args, say), api_key=args.api_key, log_level=args.log_level,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
         _run_index_build(options, say)
     except StackError as exc:

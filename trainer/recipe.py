@@ -9,12 +9,8 @@ for the policy (the returned documents are whole), at most 3 marked per block, a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from services.common.schemas.searcher import SearchParams
-
-TRAINED_DIR = Path(__file__).resolve().parent.parent / "services" / "searcher" / "trained" / "smollm2-s3"
-"""The shipped searcher: `adapter.gguf`, `prompts/`, `manifest.json` (how it was trained)."""
+from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
 
 PROMPTS_DIR = TRAINED_DIR / "prompts"
 

@@ -292,3 +292,64 @@ def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: 
     assert cmd[cmd.index("--n_threads") + 1] == "3"
     assert cmd[cmd.index("--cache_size") + 1] == str(64 << 20)
     assert stack._parse_args(["--llm-prompt-cache-mb", "0"]).llm_prompt_cache_mb == 0
+
+
+# --------------------------------------------------------------------------------- trained searcher
+def fake_trained(folder: Path, *, base_sha: str | None = None) -> Any:
+    from services.searcher.trained import ADAPTER, MANIFEST, TrainedSearcher, sha256
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ADAPTER).write_bytes(b"GGUF adapter bytes")
+    prompts = folder / "prompts"
+    prompts.mkdir(exist_ok=True)
+    (prompts / "s3.system.txt").write_text("Mark at most $select_k ids.")
+    manifest = {"adapter_sha256": sha256(folder / ADAPTER), "model_alias": "smollm2-135m-searcher",
+                "search": {"mode": "s3", "max_turns": 1, "retrieve_k": 5, "select_k": 3, "doc_chars": 200,
+                           "max_new_tokens": 64}}
+    if base_sha:
+        manifest["base_gguf_sha256"] = base_sha
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return TrainedSearcher.load(folder)
+
+
+def test_the_trained_searcher_gets_its_own_llm_process_and_its_settings(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    trained = fake_trained(tmp_path / "trained")
+    options = make_options(tmp_path, trained=trained)
+    specs = {s.name: s for s in stack.build_specs(options, redis_server=None)}
+    assert list(specs) == ["llm", "retriever", "generator", "judge", "policy", "searcher"]
+    policy_cmd = llama_command(specs["policy"].argv[3:], monkeypatch)
+    assert policy_cmd[policy_cmd.index("--lora_path") + 1] == str(trained.adapter)
+    assert policy_cmd[policy_cmd.index("--model_alias") + 1] == "smollm2-135m-searcher"
+    assert int(policy_cmd[policy_cmd.index("--port") + 1]) == options.ports["policy"]
+    assert "--lora_path" not in llama_command(specs["llm"].argv[3:], monkeypatch)  # generator/judge: plain model
+    searcher = load_settings("searcher", specs["searcher"].env, monkeypatch)
+    assert searcher.policy.base_url == f"http://127.0.0.1:{options.ports['policy']}/v1"
+    assert searcher.policy.model == "smollm2-135m-searcher"
+    assert (searcher.max_turns, searcher.retrieve_k, searcher.select_k, searcher.doc_chars) == (1, 5, 3, 200)
+    assert searcher.prompts_dir == trained.prompts_dir and searcher.constrained is True
+
+
+def test_an_altered_adapter_or_another_base_model_is_refused(tmp_path: Path) -> None:
+    from services.searcher.trained import ADAPTER, TrainedSearcher, TrainedSearcherError
+
+    trained = fake_trained(tmp_path / "t", base_sha="0" * 64)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another model")
+    with pytest.raises(TrainedSearcherError, match="--policy base"):
+        trained.check_base(other)
+    (trained.folder / ADAPTER).write_bytes(b"tampered")
+    with pytest.raises(TrainedSearcherError, match="does not match"):
+        TrainedSearcher.load(trained.folder)
+    with pytest.raises(TrainedSearcherError, match="no trained searcher"):
+        TrainedSearcher.load(tmp_path / "missing")
+
+
+def test_policy_choice(tmp_path: Path) -> None:
+    said: list[str] = []
+    assert stack._trained_policy(stack._parse_args(["--policy", "base"]), said.append) is None
+    assert "untrained" in said[-1]
+    none = tmp_path / "none"
+    assert stack._trained_policy(stack._parse_args([]), said.append, none) is None  # auto, nothing shipped: base
+    with pytest.raises(stack.StackError, match="--policy base"):
+        stack._trained_policy(stack._parse_args(["--policy", "trained"]), said.append, none)

@@ -1,0 +1,88 @@
+"""The searcher trained here and shipped with the package: a LoRA adapter over SmolLM2-135M-Instruct in
+llama.cpp's GGUF adapter format, the prompt templates it was trained with, and `manifest.json`, the
+record of how it was trained (command, data, steps, seed) and the search setting it must be served with.
+
+`plugsearch-stack` serves it by default (a second llama.cpp process with `--lora_path`, so the generator
+and judge keep the plain model); `plugsearch-stack --policy base` serves the untrained model instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.common.schemas.searcher import SearchParams
+
+DEFAULT_DIR = Path(__file__).resolve().parent / "smollm2-s3"
+MANIFEST = "manifest.json"
+ADAPTER = "adapter.gguf"
+
+
+class TrainedSearcherError(RuntimeError):
+    """The trained searcher's files are missing, altered, or do not fit the served base model."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TrainedSearcher:
+    folder: Path
+    manifest: dict[str, Any]
+
+    @property
+    def adapter(self) -> Path:
+        return self.folder / ADAPTER
+
+    @property
+    def prompts_dir(self) -> Path:
+        return self.folder / "prompts"
+
+    @property
+    def search(self) -> SearchParams:
+        return SearchParams(**self.manifest["search"])
+
+    @property
+    def model_alias(self) -> str:
+        return str(self.manifest.get("model_alias", "smollm2-135m-searcher"))
+
+    @staticmethod
+    def shipped(folder: Path = DEFAULT_DIR) -> bool:
+        return (folder / MANIFEST).is_file()
+
+    @classmethod
+    def load(cls, folder: Path = DEFAULT_DIR) -> TrainedSearcher:
+        """The searcher in `folder`, its adapter checked against the digest its manifest records."""
+        manifest_path = folder / MANIFEST
+        if not manifest_path.is_file() or not (folder / ADAPTER).is_file():
+            raise TrainedSearcherError(f"no trained searcher in {folder} ({MANIFEST} and {ADAPTER} needed)")
+        manifest = json.loads(manifest_path.read_text())
+        digest = sha256(folder / ADAPTER)
+        if manifest.get("adapter_sha256") != digest:
+            raise TrainedSearcherError(f"{folder / ADAPTER} does not match its manifest (sha256 {digest[:12]})")
+        return cls(folder, manifest)
+
+    def check_base(self, gguf: Path) -> None:
+        """The adapter was trained on one base model: refuse to put it on another."""
+        want = self.manifest.get("base_gguf_sha256")
+        if want and sha256(gguf) != want:
+            raise TrainedSearcherError(f"the trained searcher adapts {self.manifest.get('base_model')}, not {gguf.name}; "
+                                       "serve it on that model or use --policy base")
+
+    def searcher_env(self) -> dict[str, str]:
+        """`SEARCHER_*` settings (without the prefix) that serve it as trained."""
+        s = self.search
+        env = {"PROMPTS_DIR": str(self.prompts_dir), "MAX_TURNS": str(s.max_turns),
+               "RETRIEVE_K": str(s.retrieve_k), "SELECT_K": str(s.select_k), "MAX_NEW_TOKENS": str(s.max_new_tokens),
+               "CONSTRAINED": "true"}
+        if s.doc_chars is not None:
+            env["DOC_CHARS"] = str(s.doc_chars)
+        return env
