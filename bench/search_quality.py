@@ -1,25 +1,27 @@
-"""Search quality with the local SmolLM2 policy: answer recall of the returned documents, per mode.
+"""Search quality at equal cost: answer recall of the searcher's documents against naive top-k with as many
+documents, for the untrained and the trained local searcher, on held-out questions.
 
 Real components: the retriever service (bm25s over ../shared/data/corpus/combined.jsonl, index cached under
-var/indexes) and llama.cpp's server with SmolLM2-135M-Instruct as the policy; the loop is the searcher's own
-(`services.searcher.loop.run_search`, called in-process; the HTTP layer does not change quality).
+var/indexes) and llama.cpp's server with SmolLM2-135M-Instruct, once plain (`s3_base`) and once with the
+trained LoRA adapter (`s3_trained`, `--adapter`, default the shipped one). The loop is the searcher's own
+(`services.searcher.loop.run_search`, in-process; the HTTP layer does not change quality), both policies
+with the trained searcher's setting (its manifest: prompts, T, k, doc_chars) and constrained decoding, as
+`plugsearch-stack` serves them, so the only difference between the two is the adapter.
 
-For the first N HotpotQA and N NQ questions (yes/no questions skipped: substring recall cannot judge them):
-- naive: top-k of the question (the baseline);
-- s3 and qagent, each with constrained decoding (llama.cpp GBNF grammar) and free decoding.
-Answer recall = share of questions with at least one returned document whose text contains a gold answer
-(s3's normalisation on both sides + DrQA tokens: `services.common.answers.span_match`). Valid action rate =
-valid / (valid + invalid) policy actions over all s3 and qagent searches of that decoding.
-`recall` reports s3/qagent with constrained decoding (`recall_free` the same with free decoding, on the
-first `--free-n` questions of each set: SmolLM2 on 2 CPU cores takes ~12 s per s3 search, so the full
-run with both decodings on 100 + 100 questions would take over 2 hours).
+Questions: the first `--n` of each set (the evaluation hold-out no training question comes from), yes/no
+ones skipped (substring recall cannot judge them). Answer recall of a list of documents = 1 when some
+document's text contains a gold answer (s3's normalisation + DrQA tokens: `span_match`), averaged.
+- matched: each policy's documents against naive top-n, n = the number of documents that policy returned
+  for that question (so a policy cannot win by returning more);
+- budget3 / budget5: the first 3 / 5 documents each returns against naive top-3 / top-5;
+- ci95: 95% percentile bootstrap intervals over questions (2,000 resamples, fixed seed), for every figure
+  and for the paired difference trained - naive.
 
-Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed or
-stopped run started again with the same settings resumes from there (degraded searches, where the policy
-failed, run again; `--restart` discards everything; `--report` summarises a partial run).
+Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed run
+started again with the same settings resumes (`--restart` discards, `--report` summarises a partial run).
 
-Final line: {"recall": {mode: {dataset: r}}, "docs_returned": {mode: avg}, "valid_action_rate":
-{"constrained": .., "free": ..}, ...}
+Final line: {"datasets": {name: {"matched": {...}, "budget3": {...}, "budget5": {...}, "docs": {...},
+"n": ..}}, "all": {...}, "settings": {...}}
 """
 
 from __future__ import annotations
@@ -29,145 +31,174 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from services.common.answers import span_match
-from services.common.clients import RetrieverClient
-from services.common.http import ClientSettings
-from services.common.llm import LLMSettings, OpenAIChatClient
-from services.common.schemas.searcher import SearchParams
-from services.searcher.env import SearchOutcome
-from services.searcher.loop import run_search
-from services.searcher.prompts import PROMPT_VERSION
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.testing import ensure_bm25_index, load_questions, retriever_process
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from services.common.answers import is_yes_no, span_match  # noqa: E402
+from services.common.clients import RetrieverClient  # noqa: E402
+from services.common.http import ClientSettings  # noqa: E402
+from services.common.llm import LLMSettings, OpenAIChatClient  # noqa: E402
+from services.common.schemas.base import Document  # noqa: E402
+from services.common.schemas.searcher import SearchParams  # noqa: E402
+from services.searcher.loop import run_search  # noqa: E402
+from services.searcher.prompts import PromptSet  # noqa: E402
+from services.searcher.retrieval import ServiceRetriever  # noqa: E402
+from services.searcher.testing import ensure_bm25_index, retriever_process  # noqa: E402
+from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
+from services.searcher.trained import TrainedSearcher  # noqa: E402
+
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
-DATASETS = ("hotpotqa", "nq")
+DATASETS = ("hotpotqa", "nq", "2wikimultihopqa")
+BUDGETS = (3, 5)
+POLICIES = ("s3_base", "s3_trained")
 
 
-def hit(outcome: SearchOutcome, answers: list[str]) -> bool:
-    return any(span_match(doc.text, answers) for doc in outcome.documents)
+def hit(docs: Sequence[Document] | Sequence[dict[str, Any]], answers: Sequence[str]) -> bool:
+    return any(span_match(d["text"] if isinstance(d, dict) else d.text, answers) for d in docs)
 
 
-def results_path(args: argparse.Namespace, model: str) -> Path:
-    """One JSONL of finished searches per setting (a killed run resumes from it; other settings start anew)."""
-    settings = {"max_turns": args.max_turns, "retrieve_k": args.retrieve_k, "select_k": args.select_k,
-                "doc_chars": args.doc_chars, "max_new_tokens": args.max_new_tokens, "model": model,
-                "prompt_version": PROMPT_VERSION}
+def bootstrap(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> list[float]:
+    """95% percentile interval of the mean."""
+    if not values:
+        return [float("nan"), float("nan")]
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
+
+
+def questions(dataset: str, n: int) -> list[dict[str, Any]]:
+    rows = []
+    with (DATA / "qa" / f"{dataset}.jsonl").open() as fh:
+        for index, line in enumerate(fh):
+            if index >= n:
+                break
+            row = json.loads(line)
+            if not is_yes_no(row["golden_answers"]):
+                rows.append(row)
+    return rows
+
+
+def results_path(args: argparse.Namespace, params: SearchParams, prompts: PromptSet, adapter_digest: str) -> Path:
+    settings = {"params": params.model_dump(), "prompts": prompts.version, "adapter": adapter_digest,
+                "n": args.n, "budgets": BUDGETS}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     return Path(args.out) / f"searches-{digest}.jsonl"
 
 
 def read_results(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Finished searches by (dataset, id, label); the last line of a search run again wins, and a line cut
-    short by a kill is skipped (that search runs again)."""
+    """Finished searches by (dataset, id, policy); a line cut by a kill is skipped (searched again)."""
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    if not path.exists():
+        return latest
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue
-        latest[(row["dataset"], row["id"], row["label"])] = row
+        latest[(row["dataset"], row["id"], row["policy"])] = row
     return latest
 
 
-async def evaluate(args: argparse.Namespace, retriever_url: str, llm_url: str, model: str) -> dict[str, Any]:
-    policy = OpenAIChatClient(LLMSettings(base_url=llm_url, model=model, timeout_s=600, max_retries=0))
+async def evaluate(args: argparse.Namespace, retriever_url: str, policies: dict[str, tuple[str, str]],
+                   params: SearchParams, prompts: PromptSet, path: Path,
+                   done: dict[tuple[str, str, str], dict[str, Any]]) -> list[dict[str, Any]]:
     client = RetrieverClient(ClientSettings(url=retriever_url, timeout_s=60))
     retriever = ServiceRetriever(client)
-    runs = [("naive", None), ("s3", True), ("s3", False), ("qagent", True), ("qagent", False)]
-    path = results_path(args, model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    done: dict[tuple[str, str, str], dict[str, Any]] = {}
-    if path.exists() and not args.restart:
-        # degraded searches (the policy failed: infrastructure, not quality) run again
-        done = {key: row for key, row in read_results(path).items() if not row["degraded"]}
-        log(f"resuming: {len(done)} searches already in {path}")
-    elif path.exists():
-        path.unlink()
+    llms = {name: OpenAIChatClient(LLMSettings(base_url=url, model=model, timeout_s=600, max_retries=1))
+            for name, (url, model) in policies.items()}
     records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    sets = {d: questions(d, args.n) for d in args.datasets}
+    order = [(i, d) for i in range(args.n) for d in args.datasets if i < len(sets[d])]
     try:
         with path.open("a") as sink:
-            sets = {d: load_questions(DATA / "qa" / f"{d}.jsonl", args.n) for d in DATASETS}
-            # question by question across the sets, so a partial run covers both of them evenly
-            order = [(qi, d) for qi in range(args.n) for d in DATASETS if qi < len(sets[d])]
-            for qi, dataset in order:
-                row = sets[dataset][qi]
-                qid = str(row.get("id", qi))
-                for mode, constrained in runs:
-                    if constrained is False and qi >= args.free_n:
-                        continue
-                    label = mode if constrained is not False else f"{mode}_free"
-                    record = done.get((dataset, qid, label))
+            for i, dataset in order:
+                row = sets[dataset][i]
+                qid = str(row["id"])
+                naive: list[Document] | None = None
+                for name, llm in llms.items():
+                    record = done.get((dataset, qid, name))
                     if record is None:
-                        params = SearchParams(mode=mode, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
-                                              select_k=args.select_k, doc_chars=args.doc_chars,
-                                              max_new_tokens=args.max_new_tokens, constrained=bool(constrained))
-                        out = await run_search(row["question"], params, policy=policy, retriever=retriever)
-                        record = {"dataset": dataset, "id": qid, "label": label,
-                                  "hit": hit(out, row["golden_answers"]), "docs": len(out.documents),
-                                  "valid": out.valid_actions, "invalid": out.invalid_actions,
-                                  "degraded": out.degraded, "stop_reason": out.stop_reason}
+                        if naive is None:
+                            depth = max(20, *BUDGETS)
+                            naive = (await retriever.retrieve([row["question"]], depth, params.method))[0]
+                        out = await run_search(row["question"], params, policy=llm, retriever=retriever,
+                                               prompts=prompts)
+                        answers = row["golden_answers"]
+                        n = len(out.documents)
+                        if n > len(naive):
+                            naive = (await retriever.retrieve([row["question"]], n, params.method))[0]
+                        record = {
+                            "dataset": dataset, "id": qid, "policy": name, "docs": n,
+                            "hit": hit(out.documents, answers), "naive_hit_n": hit(naive[:n], answers),
+                            **{f"hit_{b}": hit(out.documents[:b], answers) for b in BUDGETS},
+                            **{f"naive_hit_{b}": hit(naive[:b], answers) for b in BUDGETS},
+                            "queries": out.queries, "stop_reason": out.stop_reason, "degraded": out.degraded,
+                            "valid": out.valid_actions, "invalid": out.invalid_actions}
                         sink.write(json.dumps(record) + "\n")
                         sink.flush()
                     records.append(record)
-                log(f"{dataset} {qi + 1}/{len(sets[dataset])} done, {time.perf_counter() - t0:.0f} s")
+                log(f"{dataset} {i + 1}/{len(sets[dataset])} done, {time.perf_counter() - t0:.0f} s")
     finally:
-        await policy.aclose()
+        for llm in llms.values():
+            await llm.aclose()
         await client.aclose()
-    return summarise(records, args, model, path, time.perf_counter() - t0)
+    return records
 
 
-def summarise(records: list[dict[str, Any]], args: argparse.Namespace, model: str, path: Path,
-              seconds: float) -> dict[str, Any]:
-    def of(label: str) -> list[dict[str, Any]]:
-        return [r for r in records if r["label"] == label]
+def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    def mean(values: Sequence[float]) -> float:
+        return round(statistics.mean(values), 3) if values else float("nan")
 
-    def recall_of(label: str) -> dict[str, float]:
-        return {d: round(statistics.mean(r["hit"] for r in of(label) if r["dataset"] == d), 3)
-                for d in DATASETS if any(r["dataset"] == d for r in of(label))}
+    def block(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        by = {name: [r for r in rows if r["policy"] == name] for name in names}
+        ids = set.intersection(*({(r["dataset"], r["id"]) for r in v} for v in by.values())) if by else set()
+        by = {k: sorted((r for r in v if (r["dataset"], r["id"]) in ids), key=lambda r: (r["dataset"], r["id"]))
+              for k, v in by.items()}
+        out: dict[str, Any] = {"n": len(ids), "matched": {}, "docs": {}}
+        ci: dict[str, Any] = {}
+        for name, rs in by.items():
+            own, naive = [float(r["hit"]) for r in rs], [float(r["naive_hit_n"]) for r in rs]
+            out["matched"][name] = mean(own)
+            out["matched"][f"naive_at_{name}_n"] = mean(naive)
+            out["matched"][f"gain_{name}"] = round(mean(own) - mean(naive), 3)
+            ci[name] = bootstrap(own)
+            ci[f"naive_at_{name}_n"] = bootstrap(naive)
+            ci[f"gain_{name}"] = bootstrap([a - b for a, b in zip(own, naive, strict=True)])
+            out["docs"][name] = mean([r["docs"] for r in rs])
+        out["matched"]["ci95"] = ci
+        for b in BUDGETS:
+            first = next(iter(by.values()), [])
+            fixed: dict[str, Any] = {"naive": mean([float(r[f"naive_hit_{b}"]) for r in first])}
+            fixed_ci: dict[str, Any] = {"naive": bootstrap([float(r[f"naive_hit_{b}"]) for r in first])}
+            for name, rs in by.items():
+                vals = [float(r[f"hit_{b}"]) for r in rs]
+                fixed[name] = mean(vals)
+                fixed_ci[name] = bootstrap(vals)
+                fixed_ci[f"gain_{name}"] = bootstrap([a - float(r[f"naive_hit_{b}"])
+                                                       for a, r in zip(vals, rs, strict=True)])
+            fixed["ci95"] = fixed_ci
+            out[f"budget{b}"] = fixed
+        out["valid_action_rate"] = {name: round(sum(r["valid"] for r in rs) / max(1, sum(r["valid"] + r["invalid"]
+                                                                                         for r in rs)), 3)
+                                    for name, rs in by.items()}
+        out["searched"] = {name: mean([float(bool(r["queries"])) for r in rs]) for name, rs in by.items()}
+        return out
 
-    def docs_of(label: str) -> float:
-        return round(statistics.mean(r["docs"] for r in of(label)), 2)
-
-    def searched(free: bool) -> list[dict[str, Any]]:  # s3 and qagent runs of one decoding
-        return [r for r in records if r["label"] != "naive" and r["label"].endswith("_free") == free]
-
-    def rate(free: bool) -> float | None:
-        rows = searched(free)
-        total = sum(r["valid"] + r["invalid"] for r in rows)
-        return round(sum(r["valid"] for r in rows) / total, 3) if total else None
-
-    def all_valid(free: bool) -> float | None:
-        rows = searched(free)
-        return round(statistics.mean(r["invalid"] == 0 and r["valid"] > 0 for r in rows), 3) if rows else None
-
-    return {
-        "recall": {mode: recall_of(mode) for mode in ("s3", "qagent", "naive")},
-        "docs_returned": {mode: docs_of(mode) for mode in ("s3", "qagent", "naive")},
-        "valid_action_rate": {"constrained": rate(False), "free": rate(True)},
-        "recall_free": {mode: recall_of(f"{mode}_free") for mode in ("s3", "qagent")},
-        "docs_returned_free": {mode: docs_of(f"{mode}_free") for mode in ("s3", "qagent")},
-        "searches_all_actions_valid": {"constrained": all_valid(False), "free": all_valid(True)},
-        "degraded_searches": sum(bool(r["degraded"]) for r in records),
-        "questions_per_dataset": args.n,
-        "free_decoding_questions_per_dataset": min(args.free_n, args.n),
-        "settings": {"max_turns": args.max_turns, "retrieve_k": args.retrieve_k, "select_k": args.select_k,
-                     "doc_chars": args.doc_chars, "max_new_tokens": args.max_new_tokens, "retriever": "bm25s",
-                     "policy": model},
-        "results_file": str(path),
-        "seconds_this_run": round(seconds, 1),
-        "quick": args.quick,
-    }
+    datasets = sorted({r["dataset"] for r in records})
+    return {"datasets": {d: block([r for r in records if r["dataset"] == d]) for d in datasets},
+            "all": block(records)}
 
 
 def log(msg: str) -> None:
@@ -176,57 +207,57 @@ def log(msg: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="1 question per dataset, 1 turn, k=3 (< 1 minute on "
-                        "an idle machine)")
-    parser.add_argument("--n", type=int, default=100, help="questions per dataset")
-    parser.add_argument("--free-n", type=int, default=None,
-                        help="questions per dataset also searched with free decoding (default: all --n); the "
-                             "constrained runs give `recall`, the free ones only `recall_free` and the valid rate")
-    parser.add_argument("--max-turns", type=int, default=3)
-    parser.add_argument("--retrieve-k", type=int, default=8)
-    parser.add_argument("--select-k", type=int, default=3)
-    parser.add_argument("--doc-chars", type=int, default=300, help="document characters shown to the policy "
-                        "(SmolLM2 serves a 4096-token context)")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
-    parser.add_argument("--llm-url", default=None, help="use this OpenAI-compatible server instead of starting one")
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--out", default=str(VAR / "bench" / "search_quality"),
-                        help="finished searches are appended here; a rerun with the same settings resumes")
-    parser.add_argument("--restart", action="store_true", help="discard finished searches of these settings")
-    parser.add_argument("--report", action="store_true", help="only summarise the searches finished so far "
-                        "(a partial run: says `partial` and how many questions are done)")
+    parser.add_argument("--n", type=int, default=100, help="first n questions of every set (the eval hold-out)")
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument("--trained", default=str(TRAINED_DIR), help="trained searcher folder (manifest, adapter)")
+    parser.add_argument("--adapter", default=None, help="GGUF adapter instead of the folder's (same setting)")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per server")
+    parser.add_argument("--out", default=str(VAR / "bench" / "search_quality"))
+    parser.add_argument("--restart", action="store_true")
+    parser.add_argument("--report", action="store_true", help="summarise what is finished; run nothing")
+    parser.add_argument("--quick", action="store_true", help="2 questions of one set (a smoke run)")
     args = parser.parse_args()
-    if args.free_n is None:
-        args.free_n = args.n
     if args.quick:
-        args.free_n, args.restart = 1, True
-        args.n, args.max_turns, args.retrieve_k, args.select_k, args.doc_chars = 1, 1, 3, 2, 200
-        args.max_new_tokens = 64
+        args.n, args.datasets, args.restart = 2, ["hotpotqa"], True
+    trained = TrainedSearcher.load(Path(args.trained))
+    adapter = Path(args.adapter) if args.adapter else trained.adapter
+    params = trained.search.model_copy(update={"constrained": True})
+    prompts = PromptSet.load(trained.prompts_dir)
+    from services.searcher.trained import sha256
 
+    path = results_path(args, params, prompts, sha256(adapter)[:16])
     if args.report:
-        model = args.model or "smollm2-135m-instruct"
-        path = results_path(args, model)
-        if not path.exists():
-            parser.error(f"no finished searches for these settings ({path})")
         records = list(read_results(path).values())
-        print(json.dumps({**summarise(records, args, model, path, 0.0), "partial": True,
-                          "questions_done": {d: len({r["id"] for r in records if r["dataset"] == d})
-                                             for d in DATASETS}}))
+        print(json.dumps({**summarise(records, args.policies), "partial": True, "results_file": str(path)}))
         return
+    if args.restart:
+        path.unlink(missing_ok=True)
+    # degraded searches (the policy failed: infrastructure, not quality) run again
+    done = {k: v for k, v in read_results(path).items() if not v["degraded"]}
+    if done:
+        log(f"resuming: {len(done)} searches already in {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     corpus = DATA / "corpus" / "combined.jsonl"
     index_dir = ensure_bm25_index(corpus, VAR)
+    t0 = time.perf_counter()
     with ExitStack() as stack:
         retriever_url = stack.enter_context(retriever_process(corpus, index_dir, VAR / "logs" / "bench_retriever.log"))
-        if args.llm_url:
-            llm_url, model = args.llm_url, args.model or "smollm2-135m-instruct"
-        else:
-            from services.common.llama_server import LlamaServer
+        from services.common.llama_server import LlamaServer
 
-            server = stack.enter_context(LlamaServer(n_threads=args.threads, n_ctx=4096,
-                                                     log_path=VAR / "logs" / "bench_llama.log"))
-            llm_url, model = server.base_url, server.model_alias
-        result = asyncio.run(evaluate(args, retriever_url, llm_url, model))
+        policies: dict[str, tuple[str, str]] = {}
+        for name in args.policies:
+            extra = ["--lora_path", str(adapter)] if name == "s3_trained" else []
+            server = stack.enter_context(LlamaServer(n_threads=args.threads, extra_args=extra,
+                                                     log_path=VAR / "logs" / f"bench_{name}.log"))
+            policies[name] = (server.base_url, server.model_alias)
+        records = asyncio.run(evaluate(args, retriever_url, policies, params, prompts, path, done))
+    result = summarise(records, args.policies)
+    result["settings"] = {"params": params.model_dump(exclude_none=True), "prompts": prompts.version,
+                          "adapter": str(adapter.relative_to(REPO)) if adapter.is_relative_to(REPO) else adapter.name,
+                          "retriever": "bm25s", "n_per_set": args.n, "policies": args.policies,
+                          "results_file": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
+                          "seconds": round(time.perf_counter() - t0, 1)}
     print(json.dumps(result))
 
 

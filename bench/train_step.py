@@ -1,15 +1,26 @@
-"""GRPO steps on CPU with the local stack: the reward curve of s3 training (GBR through real services).
+"""GRPO steps on the CPU, two settings in the same run: where the seconds of a step go, and the reward curve.
 
-Starts the local services (Redis, BM25 retriever over ../shared/data/corpus/combined.jsonl, generator and
-judge on a llama.cpp SmolLM2 server), computes naive-RAG baselines until `--questions` training
-questions survive the s3 filter (naive GenAcc = 0, no yes/no), then runs `--steps` GRPO steps of
-SmolLM2-135M in PyTorch (TRL) with the s3 loop as rollout. The baseline of the ratio is in the reward
-itself: GBR = GenAcc(searched) - GenAcc(naive RAG) on the same questions, same generator, same run.
+Both settings train SmolLM2-135M with TRL's GRPO through the same code (the search environment as a
+token-level rollout, `trainer.rollout.SearchRollout`), `--questions-per-step` questions x
+`--num-generations` rollouts per step, on the local services (Redis, BM25 retriever over
+../shared/data/corpus/combined.jsonl, and for the old setting the generator and judge on llama.cpp):
 
-Final JSON line: {"steps", "gbr_first5", "gbr_last5", "seconds_per_step", ...}; PNG: <out>/reward_curve.png.
+- before (the setting of the first CPU runs): every weight in fp32, the packaged s3 prompts (391-token
+  system prompt), T=2, 3 documents of 300 characters, 80 tokens per action, GBR through the generator and
+  judge (s3-filtered questions: naive-RAG GenAcc 0), format weight 0.5. `--before-steps` steps.
+- new (`trainer/recipe.py`, the shipped searcher's): a LoRA on the last 12 layers (backpropagation stops
+  there), the trained searcher's prompts (88-token system prompt), T=1, 5 documents of 200 characters,
+  64 tokens per action, the LLM-free recall GBR (hit of the selected documents minus hit of naive top-n at
+  the same n); KV-cached batched sampling that reads a group's shared prompt once. `--steps` steps,
+  from `--init-adapter` (e.g. the warm start) when given.
 
-    python bench/train_step.py            # 20 steps, 64 questions, 4 questions x 2 rollouts per step
-    python bench/train_step.py --quick    # 1 step, 2 questions: checks the path end to end
+Per step: rollout seconds (sampling + retrieval), reward seconds, update seconds (the rest: TRL's
+forward/backward and optimizer). Final JSON line:
+{"seconds_per_step", "seconds_per_step_before", "speedup", "reward_first5", "reward_last5", "steps", ...};
+PNG: <out>/new/reward_curve.png.
+
+    python bench/train_step.py --init-adapter var/runs/warmstart/adapter      # 20 new steps, 2 before
+    python bench/train_step.py --quick                                        # 1 + 1 steps: the path works
 """
 
 from __future__ import annotations
@@ -18,108 +29,132 @@ import argparse
 import json
 import logging
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from services.common.answers import is_yes_no  # noqa: E402
 from services.common.logging import configure_logging  # noqa: E402
 from services.common.schemas.searcher import SearchParams  # noqa: E402
+from trainer import recipe  # noqa: E402
 from trainer.cli import _baseline_store, select_training_questions  # noqa: E402
 from trainer.data import default_data_dir, train_split  # noqa: E402
-from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train  # noqa: E402
+from trainer.grpo import LoraSettings, TrainConfig, build_trainer, read_reward_log, train  # noqa: E402
 from trainer.localstack import LocalServices  # noqa: E402
 from trainer.model import default_policy_path  # noqa: E402
 from trainer.plotting import plot_reward_curve  # noqa: E402
 from trainer.runner import AsyncRunner  # noqa: E402
 from trainer.upstreams import ServiceStack  # noqa: E402
 
+BEFORE = SearchParams(mode="s3", max_turns=2, retrieve_k=3, select_k=3, doc_chars=300, max_new_tokens=80)
+
 
 def mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    return round(statistics.mean(values), 4) if values else None
+
+
+def run(name: str, config: TrainConfig, items: list[Any], settings: Any, *, reward: str, resume: bool
+        ) -> dict[str, Any]:
+    """Train `config` and break each step's seconds down (first step excluded from the means: warm-up)."""
+    with AsyncRunner() as runner:
+        stack = ServiceStack(settings)
+        store = _baseline_store(settings)
+        try:
+            trainer = build_trainer(config, items, runner=runner, services=stack, retriever=stack, baselines=store,
+                                    reward_kind=reward)
+            summary = train(trainer, config.output_dir, resume=resume)
+        finally:
+            runner.run(stack.aclose())
+            runner.run(store.aclose())
+    entries = read_reward_log(config.output_dir / "rewards.jsonl")
+    steps = [float(e["step_time"]) for e in trainer.state.log_history if "step_time" in e]
+    rollout = list(trainer.rollout_func.seconds)
+    rewards = [float(e["reward_seconds"]) for e in entries][-len(steps):] if steps else []
+    timed = slice(1, None) if len(steps) > 1 else slice(None)
+    per_step = mean(steps[timed])
+    roll = mean(rollout[timed])
+    rew = mean(rewards[timed])
+    logging.getLogger("bench").info("%s: %s", name, summary)
+    return {"entries": entries, "seconds_per_step": per_step, "rollout_s": roll, "reward_s": rew,
+            "update_s": round(per_step - (roll or 0) - (rew or 0), 3) if per_step is not None else None,
+            "steps_timed": len(steps[timed]), "summary": summary}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="1 step before, 1 step new")
+    parser.add_argument("--steps", type=int, default=20, help="steps of the new setting")
+    parser.add_argument("--before-steps", type=int, default=2, help="steps of the old setting (each ~4 min here)")
     parser.add_argument("--questions-per-step", type=int, default=4)
     parser.add_argument("--num-generations", type=int, default=2)
-    parser.add_argument("--max-turns", type=int, default=2)
-    parser.add_argument("--retrieve-k", type=int, default=3)
-    parser.add_argument("--doc-chars", type=int, default=300)
-    parser.add_argument("--max-new-tokens", type=int, default=80,
-                        help="per policy action; an s3 search action is ~55 SmolLM2 tokens (48 made every "
-                             "search action invalid: no GRPO signal)")
+    parser.add_argument("--init-adapter", default=None, help="the new setting starts from this LoRA adapter")
     parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--format-lambda", type=float, default=0.5,
-                        help="weight of the format reward (an untrained 135M policy rarely emits a valid action, so "
-                             "GBR alone gives every rollout of a question the same reward: no GRPO signal)")
-    parser.add_argument("--llm-url", default=None, help="OpenAI-compatible URL for generator/judge (else llama.cpp)")
+    parser.add_argument("--new-lr", type=float, default=5e-5, help="the LoRA's learning rate")
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--out", default=str(REPO / "var" / "bench" / "train_step"))
-    parser.add_argument("--keep", action="store_true", help="resume the previous run in --out instead of restarting")
-    parser.add_argument("--save-steps", type=int, default=2,
-                        help="checkpoint every N steps: what a killed run resumes from with --keep (each ~4 min here)")
+    parser.add_argument("--keep", action="store_true", help="resume the new setting's run in --out")
+    parser.add_argument("--save-steps", type=int, default=5)
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.questions, args.questions_per_step = 1, 2, 2
-        args.max_turns, args.retrieve_k, args.doc_chars, args.max_new_tokens = 1, 2, 200, 64
+        args.steps, args.before_steps = 1, 1
     configure_logging("INFO", service="bench")
-    logging.getLogger("trainer").setLevel(logging.INFO)
     out = Path(args.out) / ("quick" if args.quick else "full")
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)
     data = default_data_dir()
     var = REPO / "var"
+    model = default_policy_path(var)
     t_start = time.perf_counter()
-    with LocalServices(var, corpus=data / "corpus" / "combined.jsonl", llm_url=args.llm_url) as services:
-        settings = services.settings(var_dir=var, reward="gbr")
-        candidates = train_split(data, ("nq", "hotpotqa"), per_dataset=4 * args.questions)
-        t0 = time.perf_counter()
-        items = select_training_questions(settings, candidates, args.questions, batch=8, progress=False)
-        baseline_s = time.perf_counter() - t0
-        genacc = _baseline_store(settings).genacc_by_id()
-        tried = [c for c in candidates if c.id in genacc]
+    with LocalServices(var, corpus=data / "corpus" / "combined.jsonl") as services:
+        base_settings = services.settings(var_dir=var)
+        n_before = args.before_steps * args.questions_per_step
+        before: dict[str, Any] = {}
+        if n_before and not (args.keep and (out / "before").exists()):
+            candidates = train_split(data, ("nq", "hotpotqa"), per_dataset=4 * n_before)
+            items = select_training_questions(base_settings.model_copy(update={"reward": "gbr"}), candidates,
+                                              n_before, batch=8, progress=False)
+            config = TrainConfig(output_dir=out / "before", model_path=model, max_steps=args.before_steps,
+                                 questions_per_step=args.questions_per_step, num_generations=args.num_generations,
+                                 learning_rate=args.lr, save_steps=10_000, seed=0, threads=2,
+                                 max_completion_tokens=768, format_lambda=0.5, device="cpu", search=BEFORE)
+            before = run("before", config, items, base_settings.model_copy(update={"format_lambda": 0.5}),
+                         reward="gbr", resume=False)
+        items_new = [it for it in train_split(data, recipe.TRAIN_DATASETS, per_dataset=200)
+                     if not is_yes_no(it.golden_answers)]
         config = TrainConfig(
-            output_dir=out, model_path=default_policy_path(var), max_steps=args.steps,
+            output_dir=out / "new", model_path=model, max_steps=args.steps,
             questions_per_step=args.questions_per_step, num_generations=args.num_generations,
-            learning_rate=args.lr, save_steps=args.save_steps, seed=0, threads=1,
-            max_completion_tokens=768, format_lambda=args.format_lambda,
-            search=SearchParams(mode="s3", max_turns=args.max_turns, retrieve_k=args.retrieve_k,
-                                select_k=min(3, args.retrieve_k), max_new_tokens=args.max_new_tokens,
-                                doc_chars=args.doc_chars))
-        with AsyncRunner() as runner:
-            stack = ServiceStack(settings)
-            store = _baseline_store(settings)
-            trainer = build_trainer(config, items, runner=runner, services=stack, retriever=stack, baselines=store)
-            summary = train(trainer, out, resume=args.keep)
-            runner.run(stack.aclose())
-            runner.run(store.aclose())
-    entries = read_reward_log(out / "rewards.jsonl")
-    png = plot_reward_curve(entries, out / "reward_curve.png", title="s3 GRPO on CPU: mean GBR per step")
-    steps_done = summary["global_step"] - (int(summary["resumed_from"].rsplit("-", 1)[-1])
-                                          if summary["resumed_from"] else 0)
+            learning_rate=args.new_lr, save_steps=args.save_steps, seed=0, threads=2, max_completion_tokens=768,
+            temperature=args.temperature, device="cpu", search=recipe.SEARCH, prompts_dir=recipe.PROMPTS_DIR,
+            lora=None if args.init_adapter else LoraSettings(rank=recipe.LORA_RANK, alpha=recipe.LORA_ALPHA,
+                                                             top_layers=recipe.LORA_TOP_LAYERS),
+            init_adapter=Path(args.init_adapter) if args.init_adapter else None)
+        new = run("new", config, items_new, base_settings, reward="recall", resume=args.keep)
+    entries = new["entries"]
+    png = plot_reward_curve(entries, out / "new" / "reward_curve.png",
+                            title="GRPO on 2 CPU cores: recall gain beyond naive top-n, per step")
     result = {
+        "seconds_per_step": new["seconds_per_step"],
+        "seconds_per_step_before": before.get("seconds_per_step"),
+        "speedup": round(before["seconds_per_step"] / new["seconds_per_step"], 2)
+        if before.get("seconds_per_step") and new["seconds_per_step"] else None,
+        "reward_first5": mean([e["mean_reward"] for e in entries[:5]]),
+        "reward_last5": mean([e["mean_reward"] for e in entries[-5:]]),
         "steps": len(entries),
-        "gbr_first5": mean([e["mean_reward"] for e in entries[:5]]),
-        "gbr_last5": mean([e["mean_reward"] for e in entries[-5:]]),
-        "seconds_per_step": summary["seconds"] / max(1, steps_done),
-        "genacc_first5": mean([e["mean_genacc"] for e in entries[:5]]),
-        "genacc_last5": mean([e["mean_genacc"] for e in entries[-5:]]),
-        "questions": len(items), "baseline_questions": len(tried),
-        "naive_genacc_of_candidates": mean([genacc[c.id] for c in tried]),
-        "format_first5": mean([e["mean_format"] for e in entries[:5]]),
-        "format_last5": mean([e["mean_format"] for e in entries[-5:]]),
-        # steps where at least one question's rollouts got different optimised rewards (GBR + lambda x
-        # format): only those move the GRPO policy
-        "steps_with_reward_variance": sum(
-            len({(q, r + args.format_lambda * f) for q, r, f in zip(e["qids"], e["reward"], e["format"], strict=True)})
-            > len(set(e["qids"])) for e in entries),
+        "breakdown_s": {"new": {k: new[k] for k in ("rollout_s", "reward_s", "update_s")},
+                        "before": {k: before.get(k) for k in ("rollout_s", "reward_s", "update_s")}},
+        "steps_timed": {"new": new["steps_timed"], "before": before.get("steps_timed")},
         "rollouts_per_step": args.questions_per_step * args.num_generations,
-        "baseline_seconds": round(baseline_s, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
+        "hit_first5": mean([e["mean_genacc"] for e in entries[:5]]),
+        "hit_last5": mean([e["mean_genacc"] for e in entries[-5:]]),
+        "steps_with_reward_variance": sum(
+            len({(q, r) for q, r in zip(e["qids"], e["reward"], strict=True)}) > len(set(e["qids"])) for e in entries),
+        "init_adapter": args.init_adapter, "total_seconds": round(time.perf_counter() - t_start, 1),
         "png": str(png),
     }
     print(json.dumps(result))

@@ -206,8 +206,13 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
                 runner.run(store.aclose())
     entries = read_reward_log(out / "rewards.jsonl")
     png = plot_reward_curve(entries, out / "reward_curve.png") if entries else None
-    return {**summary, "questions": len(items), "reward": reward, "device": device, "recipe": recipe,
-            "png": str(png) if png else None}
+    result = {**summary, "questions": len(items), "reward": reward, "device": device, "recipe": recipe,
+              "png": str(png) if png else None}
+    _record_run(out, args.argv, result, kind="grpo", search=config.search.model_dump(),
+                prompts_dir=config.prompts_dir, lora=config.lora.model_dump() if config.lora else None,
+                init_adapter=config.init_adapter, seed=args.seed, datasets=args.datasets,
+                per_dataset=args.per_dataset, eval_holdout=args.eval_holdout)
+    return result
 
 
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
@@ -231,16 +236,55 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     config = WarmStartConfig(output_dir=out, model_path=model_path, epochs=args.epochs, learning_rate=args.lr,
                              batch_tokens=args.batch_tokens, save_steps=args.save_steps, seed=args.seed,
                              threads=args.threads)
-    summary = train_warm_start(config, examples, _lora(args, recipe), resume=not args.no_resume,
-                               progress=not args.quiet)
-    return {**summary, **stats, "recipe": recipe}
+    lora = _lora(args, recipe)
+    summary = train_warm_start(config, examples, lora, resume=not args.no_resume, progress=not args.quiet)
+    result = {**summary, **stats, "recipe": recipe}
+    _record_run(out, args.argv, result, kind="warmstart", search=params.model_dump(),
+                prompts_dir=_prompts_dir(args, recipe), lora=lora.model_dump() if lora else None, seed=args.seed,
+                datasets=args.datasets, per_dataset=args.per_dataset, eval_holdout=args.eval_holdout)
+    return result
 
 
 def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
+    """A trained adapter as the searcher the stack serves: `<out>/adapter.gguf`, the prompts it was trained
+    with, and `manifest.json` with the search setting and the record of every run that made it."""
+    import shutil
+
+    from services.common.llama_server import smollm2_gguf_path
+    from services.searcher.trained import ADAPTER, MANIFEST, sha256
     from trainer.export import export_peft_dir
 
-    out = export_peft_dir(Path(args.adapter), Path(args.out), half=not args.fp32)
-    return {"gguf": str(out), "bytes": out.stat().st_size}
+    adapter = Path(args.adapter)
+    out = Path(args.out)
+    runs = [Path(r) for r in args.runs] if args.runs else [adapter.parent]
+    records = [json.loads((r / RUN_RECORD).read_text()) for r in runs if (r / RUN_RECORD).is_file()]
+    if not records:
+        raise SystemExit(f"no {RUN_RECORD} in {', '.join(map(str, runs))}: which runs made this adapter?")
+    last = records[-1]
+    out.mkdir(parents=True, exist_ok=True)
+    gguf = export_peft_dir(adapter, out / ADAPTER, half=not args.fp32)
+    prompts = Path(last["prompts_dir"]) if last.get("prompts_dir") else None
+    if prompts is not None:
+        shutil.rmtree(out / "prompts", ignore_errors=True)
+        shutil.copytree(prompts, out / "prompts")
+    base = smollm2_gguf_path()
+    manifest = {"model_alias": args.alias, "base_model": base.name, "base_gguf_sha256": sha256(base),
+                "adapter_sha256": sha256(gguf), "search": last["search"], "summary": args.summary or "",
+                "runs": records, "evaluation": json.loads(Path(args.evaluation).read_text())
+                if args.evaluation else None}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return {"folder": str(out), "adapter_bytes": gguf.stat().st_size, "runs": len(records)}
+
+
+RUN_RECORD = "run.json"
+
+
+def _record_run(out: Path, argv: Sequence[str], result: dict[str, Any], **details: Any) -> None:
+    """`<out>/run.json`: the command, its result and its setting (what `export` puts in the manifest)."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"command": "plugsearch-train " + " ".join(argv), "result": result,
+              **{k: (str(v) if isinstance(v, Path) else v) for k, v in details.items()}}
+    (out / RUN_RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
@@ -416,9 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-resume", dest="no_resume", action="store_true")
     w.set_defaults(func=cmd_warmstart)
 
-    x = sub.add_parser("export", help="a LoRA adapter folder as a llama.cpp GGUF adapter")
+    x = sub.add_parser("export", help="a trained LoRA adapter as the searcher plugsearch-stack serves")
     x.add_argument("adapter", help="PEFT adapter folder (adapter_config.json + adapter_model.safetensors)")
-    x.add_argument("out", help="output .gguf file")
+    x.add_argument("out", help="output folder (adapter.gguf, prompts/, manifest.json), e.g. "
+                               "services/searcher/trained/smollm2-s3")
+    x.add_argument("--runs", nargs="+", default=None,
+                   help="run folders whose run.json go into the manifest, in order (default: the adapter's parent)")
+    x.add_argument("--evaluation", default=None, help="JSON file of the evaluation to record in the manifest")
+    x.add_argument("--summary", default=None, help="one line on what the searcher is")
+    x.add_argument("--alias", default="smollm2-135m-searcher", help="model name the policy server answers to")
     x.add_argument("--fp32", action="store_true", help="float32 tensors (default float16)")
     x.set_defaults(func=cmd_export)
 
@@ -450,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(TrainerSettings().log_level, service="trainer")
     result = args.func(args)
     print(json.dumps(result, default=str))
