@@ -407,6 +407,23 @@ def _policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS / torch's)")
 
 
+def _run_parser(sub: Any, name: str, help_text: str, *, out: str, questions: int, lr: float,
+                save_steps: int) -> argparse.ArgumentParser:
+    """A training command: questions, policy and search setting, output folder, resumption."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
+    _common(p)
+    _train_set(p)
+    _policy_args(p)
+    p.add_argument("--out", default=out)
+    p.add_argument("--questions", type=int, default=questions, help="training questions to use (0 = all)")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--save-steps", dest="save_steps", type=int, default=save_steps)
+    p.add_argument("--local", action="store_true", help="start the services here (retriever + Redis; with an "
+                   "LLM reward also llama.cpp, generator, judge)")
+    p.add_argument("--no-resume", dest="no_resume", action="store_true")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plugsearch-train", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -416,17 +433,11 @@ def build_parser() -> argparse.ArgumentParser:
     _train_set(b)
     b.set_defaults(func=cmd_baseline)
 
-    t = sub.add_parser("train", help="GRPO (TRL) with the search environment as rollout; resumes from checkpoints")
-    _common(t)
-    _train_set(t)
-    _policy_args(t)
-    t.add_argument("--out", default="var/runs/s3")
-    t.add_argument("--questions", type=int, default=64, help="training questions to use (0 = all)")
+    t = _run_parser(sub, "train", "GRPO (TRL) with the search environment as rollout; resumes from checkpoints",
+                    out="var/runs/s3", questions=64, lr=1e-5, save_steps=5)
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--questions-per-step", dest="questions_per_step", type=int, default=4)
     t.add_argument("--num-generations", dest="num_generations", type=int, default=2)
-    t.add_argument("--lr", type=float, default=1e-5)
-    t.add_argument("--save-steps", dest="save_steps", type=int, default=5)
     t.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     t.add_argument("--temperature", type=float, default=1.0)
     t.add_argument("--max-completion-tokens", dest="max_completion_tokens", type=int, default=1024)
@@ -441,23 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vllm-server-url", dest="vllm_server_url", default=None)
     t.add_argument("--init-adapter", dest="init_adapter", default=None,
                    help="start from this LoRA adapter folder (e.g. `warmstart`'s <out>/adapter)")
-    t.add_argument("--local", action="store_true",
-                   help="start the services here (retriever + Redis; with an LLM reward also llama.cpp, generator, judge)")
-    t.add_argument("--no-resume", dest="no_resume", action="store_true")
     t.set_defaults(func=cmd_train)
 
-    w = sub.add_parser("warmstart", help="supervised warm start: LoRA on answer-aware demonstrations (resumable)")
-    _common(w)
-    _train_set(w)
-    _policy_args(w)
-    w.add_argument("--out", default="var/runs/warmstart")
-    w.add_argument("--questions", type=int, default=0, help="training questions to demonstrate (0 = all)")
+    w = _run_parser(sub, "warmstart", "supervised warm start: LoRA on answer-aware demonstrations (resumable)",
+                    out="var/runs/warmstart", questions=0, lr=2e-4, save_steps=20)
     w.add_argument("--epochs", type=float, default=1.0)
-    w.add_argument("--lr", type=float, default=2e-4)
     w.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=4096)
-    w.add_argument("--save-steps", dest="save_steps", type=int, default=20)
-    w.add_argument("--local", action="store_true", help="start a retriever (and Redis) here")
-    w.add_argument("--no-resume", dest="no_resume", action="store_true")
     w.set_defaults(func=cmd_warmstart)
 
     x = sub.add_parser("export", help="a trained LoRA adapter as the searcher plugsearch-stack serves")
