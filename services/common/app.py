@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -72,8 +72,10 @@ def _error_body(status: int, type_: str, message: str, request_id: str) -> bytes
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, *, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
+    def __init__(self, app: ASGIApp, *, settings: ServiceSettings, metrics: ServiceMetrics,
+                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
+        self.open_paths = open_paths
         self.metrics = metrics
         self.token_digests = [hashlib.sha256(t).digest() for t in settings.accepted_tokens()]
         self.max_body = settings.max_body_bytes
@@ -98,7 +100,7 @@ class GuardMiddleware:
         rid_header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode("latin-1"))
         try:
             path = scope.get("path", "")
-            if path in OPEN_PATHS:
+            if path in self.open_paths:
                 await self.app(scope, receive, self._with_header(send, rid_header))
                 return
             await self._guarded(scope, receive, send, request_id, rid_header)
@@ -265,6 +267,19 @@ GUARD_RESPONSES: dict[str, str] = {
 """What the guard middleware and the error handlers may answer on every guarded operation."""
 
 
+def add_component_schemas(schema: dict[str, Any], *models: type[BaseModel]) -> dict[str, Any]:
+    """Put `models` (and the models they use) into the OpenAPI document's components, for operations to
+    refer to (`#/components/schemas/<Model>`) where FastAPI would not list them itself (error envelopes,
+    server-sent events); returns the components' schemas."""
+    components: dict[str, Any] = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in models:
+        definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, nested in definition.pop("$defs", {}).items():
+            components.setdefault(name, nested)
+        components.setdefault(model.__name__, definition)
+    return components
+
+
 def document_errors(schema: dict[str, Any], *, auth: bool = False) -> dict[str, Any]:
     """Make the OpenAPI document say what the service really answers on errors: the error envelope
     (not FastAPI's default `HTTPValidationError`) for every status the guard or handlers produce;
@@ -273,11 +288,7 @@ def document_errors(schema: dict[str, Any], *, auth: bool = False) -> dict[str, 
         schema.setdefault("components", {})["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"},
             "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    envelope = ErrorEnvelope.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, definition in envelope.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components.setdefault("ErrorEnvelope", envelope)
+    components = add_component_schemas(schema, ErrorEnvelope)
     ref = {"$ref": "#/components/schemas/ErrorEnvelope"}
     for path, operations in schema.get("paths", {}).items():
         if path in OPEN_PATHS:
@@ -309,10 +320,12 @@ def build_app(
     description: str,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
     version_details: Callable[[FastAPI], dict[str, Any]] | None = None,
+    open_paths: Iterable[str] = (),
 ) -> FastAPI:
     """A FastAPI app with the shared middleware, error handlers and operational endpoints.
 
     The service's lifespan must set `app.state.readiness` (a ReadinessCheck) once it can answer.
+    `open_paths`: more paths served without auth or request limits (static pages), besides `OPEN_PATHS`.
     """
     forget_dead_workers()
     metrics = ServiceMetrics(service)
@@ -322,7 +335,7 @@ def build_app(
     app.state.metrics = metrics
     app.state.readiness = None
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics)
+    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics, open_paths=OPEN_PATHS | set(open_paths))
     default_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

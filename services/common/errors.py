@@ -98,11 +98,11 @@ class UpstreamTimeout(ServiceError):
     type = "upstream_timeout"
 
 
-_BY_STATUS: dict[int, type[ServiceError]] = {
-    cls.status: cls
-    for cls in (BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, ValidationFailed,
-                Overloaded, UpstreamError, NotReady, UpstreamTimeout)
-}
+ERROR_CLASSES: tuple[type[ServiceError], ...] = (
+    BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, ValidationFailed, Overloaded,
+    UpstreamError, NotReady, UpstreamTimeout)
+
+_BY_STATUS: dict[int, type[ServiceError]] = {cls.status: cls for cls in ERROR_CLASSES}
 
 
 def error_class_for_status(status: int) -> type[ServiceError]:

@@ -13,12 +13,16 @@ import logging
 import math
 import random
 import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
+import orjson
 from pydantic import BaseModel, Field, SecretStr
 
 from services.common.errors import (
+    ERROR_CLASSES,
     ServiceError,
     UpstreamError,
     UpstreamTimeout,
@@ -26,7 +30,7 @@ from services.common.errors import (
 )
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, WireResponse, make_wire
+from services.common.transport import HttpTransport, StreamResponse, WireResponse, as_response, make_wire
 
 logger = logging.getLogger(__name__)
 
@@ -131,18 +135,26 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
+def _envelope(body: Any) -> tuple[str | None, str | None, str | None]:
+    """(type, message, param) of an error envelope, or of FastAPI's `{"detail"}`; Nones where absent."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        param = error.get("param")
+        return (str(error["type"]) if "type" in error else None,
+                str(error["message"]) if "message" in error else None,
+                param[:200] if isinstance(param, str) else None)
+    if isinstance(body, dict) and "detail" in body:
+        return None, str(body["detail"]), None
+    return None, None, None
+
+
 def decode_error(name: str, response: WireResponse) -> ServiceError:
     """Turn an upstream error response (envelope or not) into our exception hierarchy."""
     message = response.reason_phrase or "error"
     param: str | None = None
     try:
-        body = response.json()
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            message = str(body["error"].get("message", message))
-            if isinstance(body["error"].get("param"), str):
-                param = body["error"]["param"][:200]
-        elif isinstance(body, dict) and "detail" in body:
-            message = str(body["detail"])
+        _, found, param = _envelope(response.json())
+        message = found or message
     except ValueError:
         if response.text:
             message = response.text[:200]
@@ -156,6 +168,18 @@ def decode_error(name: str, response: WireResponse) -> ServiceError:
     else:
         cls = error_class_for_status(status)
     return cls(f"{name}: {message[:1000]}", param=param, retry_after=retry_after)
+
+
+def decode_error_event(name: str, data: str) -> ServiceError:
+    """An `error` event of a stream (the error envelope, no status) as the exception its type names."""
+    try:
+        type_, message, param = _envelope(orjson.loads(data))
+    except orjson.JSONDecodeError:
+        type_, message, param = None, None, None
+    classes: tuple[type[ServiceError], ...] = (*ERROR_CLASSES, UpstreamUnavailable)
+    by_type = {cls.type: cls for cls in classes}
+    cls = by_type.get(type_ or "", UpstreamError)
+    return cls(f"{name}: {(message or 'the stream failed')[:1000]}", param=param)
 
 
 class ServiceClient:
@@ -192,50 +216,98 @@ class ServiceClient:
         if error:
             self.metrics.upstream_errors.labels(self.name, error).inc()
 
+    def _headers(self) -> dict[str, str]:
+        rid = get_request_id()
+        return {REQUEST_ID_HEADER: rid} if rid else {}
+
+    def _allow(self) -> None:
+        if not self.breaker.allow():
+            raise UpstreamUnavailable(f"{self.name} is unavailable (circuit open after repeated failures)",
+                                      retry_after=self.breaker.retry_after())
+
+    def _transport_failure(self, exc: httpx.RequestError, seconds: float) -> ServiceError:
+        """A request that got no response (timeout, refused, reset): counted, and what to raise."""
+        self.breaker.record_failure()
+        if isinstance(exc, httpx.TimeoutException):
+            self._observe(seconds, "timeout")
+            return UpstreamTimeout(f"{self.name} timed out")
+        self._observe(seconds, "connect")  # refused, reset, protocol or decoding error
+        return UpstreamUnavailable(f"{self.name} unreachable: {type(exc).__name__}", retry_after=2.0)
+
+    def _succeeded(self, seconds: float) -> None:
+        self.breaker.record_success()
+        self._observe(seconds, None)
+
+    def _refused(self, response: WireResponse, seconds: float) -> ServiceError:
+        """An error response (status >= 400): counted, and decoded into what to raise (at once, unless its
+        status is worth a retry: `RETRY_STATUSES`)."""
+        if response.status_code >= 500:
+            self.breaker.record_failure()
+        else:
+            self.breaker.record_success()  # the upstream is alive; the request was bad
+        self._observe(seconds, str(response.status_code))
+        return decode_error(self.name, response)
+
+    async def _pause(self, attempt: int, last: ServiceError) -> None:
+        delay = backoff_delay(attempt, self.settings.backoff_s)
+        if last.retry_after:
+            delay = max(delay, min(last.retry_after, 5.0))
+        await asyncio.sleep(delay)
+
     async def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
                       retries: int | None = None) -> WireResponse:
         """Send with retries on connection errors, timeouts and 429/502/503/504; raise ServiceError."""
         max_retries = self.settings.max_retries if retries is None else retries
-        headers = {}
-        rid = get_request_id()
-        if rid:
-            headers[REQUEST_ID_HEADER] = rid
+        headers = self._headers()
         last: ServiceError | None = None
         for attempt in range(max_retries + 1):
-            if not self.breaker.allow():
-                raise UpstreamUnavailable(f"{self.name} is unavailable (circuit open after repeated failures)",
-                                          retry_after=self.breaker.retry_after())
+            self._allow()
             t0 = time.perf_counter()
             try:
                 response = await self._wire.send(method, path, json=json, headers=headers, timeout=timeout)
-            except httpx.TimeoutException:
-                self.breaker.record_failure()
-                self._observe(time.perf_counter() - t0, "timeout")
-                last = UpstreamTimeout(f"{self.name} timed out")
-            except httpx.RequestError as exc:  # refused, reset, protocol or decoding error
-                self.breaker.record_failure()
-                self._observe(time.perf_counter() - t0, "connect")
-                last = UpstreamUnavailable(f"{self.name} unreachable: {type(exc).__name__}", retry_after=2.0)
+            except httpx.RequestError as exc:
+                last = self._transport_failure(exc, time.perf_counter() - t0)
             else:
-                elapsed = time.perf_counter() - t0
                 if response.status_code < 400:
-                    self.breaker.record_success()
-                    self._observe(elapsed, None)
+                    self._succeeded(time.perf_counter() - t0)
                     return response
-                err = decode_error(self.name, response)
-                if response.status_code >= 500:
-                    self.breaker.record_failure()
-                else:
-                    self.breaker.record_success()  # the upstream is alive; the request was bad
-                self._observe(elapsed, str(response.status_code))
+                last = self._refused(response, time.perf_counter() - t0)
                 if response.status_code not in RETRY_STATUSES:
-                    raise err
-                last = err
+                    raise last
             if attempt < max_retries:
-                delay = backoff_delay(attempt, self.settings.backoff_s)
-                if last is not None and last.retry_after:
-                    delay = max(delay, min(last.retry_after, 5.0))
-                await asyncio.sleep(delay)
+                await self._pause(attempt, last)
+        assert last is not None
+        raise last
+
+    @asynccontextmanager
+    async def stream(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
+                     retries: int | None = None) -> AsyncIterator[StreamResponse]:
+        """Like `request`, for a response read as it arrives (server-sent events): retried the same way
+        until a successful status; the body is read inside the block (`timeout`: between reads)."""
+        max_retries = self.settings.max_retries if retries is None else retries
+        headers = self._headers()
+        last: ServiceError | None = None
+        for attempt in range(max_retries + 1):
+            self._allow()
+            t0 = time.perf_counter()
+            async with AsyncExitStack() as stack:
+                try:
+                    response = await stack.enter_async_context(
+                        self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
+                    if response.status_code >= 400:
+                        content = await response.aread()
+                except httpx.RequestError as exc:
+                    last = self._transport_failure(exc, time.perf_counter() - t0)
+                else:
+                    if response.status_code < 400:
+                        self._succeeded(time.perf_counter() - t0)
+                        yield response  # outside the try: the caller's own errors are not ours to retry
+                        return
+                    last = self._refused(as_response(response, content), time.perf_counter() - t0)
+                    if response.status_code not in RETRY_STATUSES:
+                        raise last
+            if attempt < max_retries:
+                await self._pause(attempt, last)
         assert last is not None
         raise last
 
