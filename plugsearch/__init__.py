@@ -19,6 +19,9 @@ from services.common.errors import (
 )
 from services.common.http import UpstreamUnavailable
 from services.common.schemas.searcher import (
+    ActionEvent,
+    EndEvent,
+    RetrievalEvent,
     SearchedDocument,
     SearchRequest,
     SearchResponse,
@@ -27,10 +30,13 @@ from services.common.schemas.searcher import (
 )
 
 __all__ = [
+    "ActionEvent",
     "AsyncSearchClient",
     "BadRequest",
+    "EndEvent",
     "NotFound",
     "Overloaded",
+    "RetrievalEvent",
     "SearchClient",
     "SearchRequest",
     "SearchResponse",

@@ -15,6 +15,9 @@ server's status, message and parameter: `BadRequest` (400, or a request refused 
 `ValidationFailed` (422), `Unauthorized` (401), `Overloaded` (429), `UpstreamUnavailable` (503, or the
 searcher unreachable), `UpstreamTimeout` (504, or no answer within `timeout`).
 
+`search_stream` yields the search as it goes (server-sent events: documents retrieved, the policy's
+actions, the end) and the same `SearchResponse` last.
+
 Defaults come from the environment: `PLUGSEARCH_URL` (else http://127.0.0.1:8000) and
 `PLUGSEARCH_API_KEY` (the key `plugsearch-stack --api-key` sets).
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -33,7 +36,13 @@ from pydantic import SecretStr
 from services.common.clients import SearcherClient
 from services.common.errors import BadRequest
 from services.common.http import ClientSettings
-from services.common.schemas.searcher import Method, SearchMode, SearchRequest, SearchResponse
+from services.common.schemas.searcher import (
+    Method,
+    SearchMode,
+    SearchRequest,
+    SearchResponse,
+    SearchStreamEvent,
+)
 
 T = TypeVar("T")
 
@@ -74,7 +83,15 @@ class AsyncSearchClient:
         options = {k: v for k, v in (("mode", mode), ("max_turns", max_turns), ("retrieve_k", retrieve_k),
                                      ("select_k", select_k), ("method", method), ("constrained", constrained),
                                      ("return_trace", return_trace)) if v is not None}
-        return await self._client.search(_request(question, options))
+        return await self._client.search(_request(question, {**options, "stream": False}))
+
+    async def search_stream(self, question: str | SearchRequest, **options: Any) -> AsyncGenerator[SearchStreamEvent, None]:
+        """The same search, as it goes (`"stream": true`): `RetrievalEvent` (documents arrived),
+        `ActionEvent` (the policy searched, marked documents or stopped), `EndEvent`, and last the
+        `SearchResponse` that `search` returns. Options as for `search`. Leaving the loop early (or closing
+        the generator: `contextlib.aclosing`) closes the connection, which cancels the search."""
+        async for event in self._client.search_stream(_request(question, options)):
+            yield event
 
     async def search_batch(self, questions: Sequence[str | SearchRequest], *, mode: SearchMode | None = None,
                            **options: Any) -> list[SearchResponse]:
@@ -129,6 +146,23 @@ class SearchClient:
     def search_batch(self, questions: Sequence[str | SearchRequest], **options: Any) -> list[SearchResponse]:
         """See `AsyncSearchClient.search_batch`."""
         return self._run(self._async.search_batch(questions, **options))
+
+    def search_stream(self, question: str | SearchRequest, **options: Any) -> Iterator[SearchStreamEvent]:
+        """See `AsyncSearchClient.search_stream` (events as they arrive; leaving the loop early cancels)."""
+        events = self._async.search_stream(question, **options)
+
+        async def next_event() -> SearchStreamEvent:
+            return await anext(events)
+
+        try:
+            while True:
+                try:
+                    yield self._run(next_event())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._run(events.aclose())
 
     def ready(self) -> bool:
         return self._run(self._async.ready())

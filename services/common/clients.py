@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from services.common.http import ServiceClient
+from services.common import sse
+from services.common.http import ServiceClient, UpstreamError, decode_error_event
 from services.common.schemas.generator import MAX_BATCH as GENERATE_MAX_BATCH
 from services.common.schemas.generator import (
     GenerateBatchRequest,
@@ -18,10 +19,12 @@ from services.common.schemas.judge import MAX_BATCH as JUDGE_MAX_BATCH
 from services.common.schemas.judge import JudgeBatchRequest, JudgeBatchResponse, JudgeRequest, JudgeResult
 from services.common.schemas.retriever import Method, RetrieveRequest, RetrieveResponse
 from services.common.schemas.searcher import (
+    STREAM_EVENT_MODELS,
     SearchBatchRequest,
     SearchBatchResponse,
     SearchRequest,
     SearchResponse,
+    SearchStreamEvent,
 )
 
 T = TypeVar("T")
@@ -88,3 +91,23 @@ class SearcherClient(ServiceClient):
     async def search_batch(self, items: Sequence[SearchRequest]) -> list[SearchResponse]:
         response = await self.post_model("/search/batch", SearchBatchRequest(items=list(items)), SearchBatchResponse)
         return response.results
+
+    async def search_stream(self, request: SearchRequest) -> AsyncIterator[SearchStreamEvent]:
+        """`POST /search` with `stream: true`: each event as its model, the `SearchResponse` last; an
+        `error` event raises (as its type's `ServiceError`), and so does a stream that ends without result."""
+        body = request.model_copy(update={"stream": True}).model_dump(mode="json", exclude_none=True)
+        async with self.stream("POST", "/search", json=body) as response:
+            async for event, data in sse.parse(response.aiter_lines()):
+                if event == "error":
+                    raise decode_error_event(self.name, data)
+                model = STREAM_EVENT_MODELS.get(event)
+                if model is None:
+                    continue  # an event this client does not know (a newer server)
+                try:
+                    item = model.model_validate_json(data)
+                except ValueError as exc:
+                    raise UpstreamError(f"{self.name} streamed an unexpected {event} event") from exc
+                yield item  # type: ignore[misc]  # one of SearchStreamEvent's models, by the table
+                if isinstance(item, SearchResponse):
+                    return
+        raise UpstreamError(f"{self.name}: the stream ended before its result")

@@ -1,4 +1,5 @@
-"""The searcher's HTTP API: `POST /search`, `POST /search/batch` (thin: parse, call serving, return)."""
+"""The searcher's HTTP API: `POST /search` (JSON, or server-sent events with `"stream": true`),
+`POST /search/batch` (thin: parse, call serving, return)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from pydantic import BaseModel
 
-from services.common.app import build_app
+from services.common import sse
+from services.common.app import add_component_schemas, build_app
 from services.common.cache import ResultCache, make_cache
 from services.common.clients import RetrieverClient
 from services.common.errors import ErrorEnvelope
 from services.common.llm import LLMBackend, OpenAIChatClient
 from services.common.schemas.searcher import (
+    ActionEvent,
+    EndEvent,
+    RetrievalEvent,
     SearchBatchRequest,
     SearchBatchResponse,
     SearchRequest,
@@ -29,6 +35,24 @@ from services.searcher.serving import SearcherMetrics, SearchService
 from services.searcher.settings import SearcherSettings
 
 JSON = "application/json"
+
+STREAM_DESCRIPTION = (
+    "With `stream: true`: server-sent events as the search goes, each `event: <name>` + `data: <JSON>`: "
+    "`retrieval` (RetrievalEvent), `action` (ActionEvent), `end` (EndEvent), then `result` (this same "
+    "SearchResponse), or `error` (ErrorEnvelope) when the search fails after the stream began. A cache hit "
+    "sends `result` alone; closing the connection cancels the search.")
+STREAM_EVENTS: dict[str, type[BaseModel]] = {
+    "retrieval": RetrievalEvent, "action": ActionEvent, "end": EndEvent, "result": SearchResponse,
+    "error": ErrorEnvelope}
+
+
+def event_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event as OpenAPI 3.2 (and schemathesis) describe them: the event's fields, `data`
+    a JSON document of `model`."""
+    return {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"const": name},
+        "data": {"type": "string", "contentMediaType": JSON,
+                 "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope, "description": description}
@@ -90,14 +114,27 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                     description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.")
     if settings.chat is not None:
         add_chat_routes(app, settings.chat)
+    document = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:  # the event payloads, for the text/event-stream answer to refer to
+            add_component_schemas(document(), *STREAM_EVENTS.values())
+        return document()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     # The bodies are built as response models already: serialise them once (FastAPI's `response_model`
     # would validate every document again), and still document the model in OpenAPI.
-    @app.post("/search", response_class=Response, tags=["search"],
-              responses={200: {"model": SearchResponse, "content": {JSON: {}}}, **ERRORS})
+    events = {"schema": {"oneOf": [event_schema(name, model) for name, model in STREAM_EVENTS.items()]}}
+
+    @app.post("/search", response_class=Response, tags=["search"], responses={
+        200: {"model": SearchResponse, "description": STREAM_DESCRIPTION,
+              "content": {JSON: {}, sse.MEDIA_TYPE: events}}, **ERRORS})
     async def search(body: SearchRequest, request: Request) -> Response:
-        """Search for the documents an LLM needs to answer `question`."""
+        """Search for the documents an LLM needs to answer `question` (`stream: true`: as server-sent events)."""
         service: SearchService = request.app.state.service
+        if body.stream:
+            return sse.EventStreamResponse(await service.open_stream(body))
         return Response((await service.search(body)).model_dump_json(), media_type=JSON)
 
     @app.post("/search/batch", response_class=Response, tags=["search"],

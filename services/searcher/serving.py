@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
+from services.common import sse
 from services.common.cache import ResultCache, cache_key
-from services.common.errors import BadRequest
+from services.common.errors import BadRequest, ErrorDetail, ErrorEnvelope, ServiceError
 from services.common.llm import LLMBackend
+from services.common.logging import get_request_id
 from services.common.metrics import LATENCY_BUCKETS
 from services.common.schemas.searcher import (
+    ActionEvent,
+    EndEvent,
+    RetrievalEvent,
+    SearchedDocument,
     SearchParams,
     SearchRequest,
     SearchResponse,
@@ -26,7 +33,7 @@ from services.common.schemas.searcher import (
     TraceMessage,
 )
 from services.searcher import parsing
-from services.searcher.env import RetrieverBackend, SearchOutcome
+from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import run_search
 from services.searcher.prompts import PromptSet
@@ -122,8 +129,8 @@ class SearchService:
         }
         return cache_key(CACHE_NAMESPACE, payload)
 
-    async def search(self, request: SearchRequest) -> SearchResponse:
-        """One search. Raises (-> 503) only when the retriever cannot give even the naive top-k."""
+    async def _prepare(self, request: SearchRequest) -> _Prepared:
+        """Parameters, cache key and cache of one search; bad parameters raise here, before any work."""
         try:
             params = self.params_for(request)
         except ValidationError as exc:  # e.g. select_k over the service's default retrieve_k
@@ -134,15 +141,21 @@ class SearchService:
         if cache is not None and self.index_identity is not None:
             index_id = await self.index_identity.current()
             cache = cache if index_id is not None else None  # which index would answer is unknown: no cache
-        key = self.key(request.question, params, index_id)
-        if cache is not None:
-            hit = await cache.get_json(key)
-            if hit is not None:
-                response = SearchResponse.model_validate(hit)
-                return response.model_copy(update={"cached": True,
-                                                   "trace": response.trace if request.return_trace else None})
-        outcome = await run_search(request.question, params, policy=self.policy, retriever=self.retriever,
-                                   prompts=self.prompts)
+        return _Prepared(params, self.key(request.question, params, index_id), cache)
+
+    async def _cached(self, request: SearchRequest, prepared: _Prepared) -> SearchResponse | None:
+        if prepared.cache is None:
+            return None
+        hit = await prepared.cache.get_json(prepared.key)
+        if hit is None:
+            return None
+        response = SearchResponse.model_validate(hit)
+        return response.model_copy(update={"cached": True, "trace": response.trace if request.return_trace else None})
+
+    async def _run(self, request: SearchRequest, prepared: _Prepared, on_event: EventSink | None = None
+                   ) -> SearchResponse:
+        outcome = await run_search(request.question, prepared.params, policy=self.policy, retriever=self.retriever,
+                                   prompts=self.prompts, on_event=on_event)
         if self.metrics is not None:
             self.metrics.observe(outcome)
         if outcome.degraded:
@@ -151,12 +164,43 @@ class SearchService:
                     "policy_ms=%.0f retrieval_ms=%.0f", outcome.mode, outcome.turns, len(outcome.queries),
                     len(outcome.documents), outcome.stop_reason, outcome.valid_actions, outcome.invalid_actions,
                     outcome.timings.total_ms, outcome.timings.policy_ms, outcome.timings.retrieval_ms)
-        store = None if outcome.degraded else cache
+        store = None if outcome.degraded else prepared.cache
         # the cached entry keeps the trace (a later request may ask for it); build it only when needed
         full = to_response(outcome, return_trace=store is not None or request.return_trace)
         if store is not None:
-            await store.set_json(key, full.model_dump(mode="json"))
+            await store.set_json(prepared.key, full.model_dump(mode="json"))
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
+
+    async def search(self, request: SearchRequest) -> SearchResponse:
+        """One search. Raises (-> 503) only when the retriever cannot give even the naive top-k."""
+        prepared = await self._prepare(request)
+        hit = await self._cached(request, prepared)
+        return hit if hit is not None else await self._run(request, prepared)
+
+    async def open_stream(self, request: SearchRequest) -> AsyncGenerator[bytes, None]:
+        """One search as server-sent events (`services.common.schemas.searcher`: retrieval, action, end,
+        then result). Bad input, and failures before the first event (the retriever down), raise here, so
+        they answer with their status; a failure after it becomes an `error` event. A cache hit is the
+        `result` event alone. Closing the returned generator (the client went away) cancels the search."""
+        prepared = await self._prepare(request)
+        hit = await self._cached(request, prepared)
+        if hit is not None:
+            return _single(sse.encode(hit.model_dump_json().encode(), "result"))
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        events = _StreamEvents(queue)
+        task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            first = await queue.get()
+        except BaseException:
+            await _cancel(task)
+            raise
+        if first is None:  # done before any event: a failure answers with its status
+            failure = task.exception()
+            if failure is not None:
+                raise failure
+            return _single(_result_event(task))
+        return _stream(first, queue, task)
 
     async def search_batch(self, items: Sequence[SearchRequest]) -> list[SearchResponse]:
         """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down."""
@@ -171,3 +215,95 @@ class SearchService:
             if isinstance(result, BaseException):
                 raise result
         return [r for r in results if isinstance(r, SearchResponse)]
+
+
+# ------------------------------------------------------------------------------------------ streaming
+STREAM_KEEP_ALIVE_S = 15.0
+"""A comment line after this long without events: proxies keep the connection, and a client that went
+away is noticed even while the policy thinks."""
+
+
+class _Prepared(NamedTuple):
+    params: SearchParams
+    key: str
+    cache: ResultCache | None
+
+
+class _StreamEvents:
+    """Turns the search environment's events into the wire events of `"stream": true` (block positions,
+    ids of the marked documents, time since the start)."""
+
+    def __init__(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self.queue = queue
+        self.blocks: list[list[SearchedDocument]] = []
+        self.started = time.perf_counter()
+
+    def on_event(self, event: SearchEvent) -> None:
+        elapsed_ms = (time.perf_counter() - self.started) * 1000
+        data = event.data
+        payload: RetrievalEvent | ActionEvent | EndEvent
+        if event.type == "retrieval":
+            self.blocks.append(list(data["documents"]))
+            payload = RetrievalEvent.model_construct(
+                block=len(self.blocks) - 1, turn=data["block_turn"], queries=data["queries"],
+                documents=data["documents"], step=event.turn, elapsed_ms=elapsed_ms)
+        elif event.type == "action":
+            selected: list[int] | None = data.get("selected")
+            block, ids = None, None
+            if selected is not None and self.blocks:  # a selection applies to the newest block
+                block = len(self.blocks) - 1
+                ids = [self.blocks[block][i - 1].id for i in selected if 1 <= i <= len(self.blocks[block])]
+            query = data.get("query")
+            payload = ActionEvent(step=event.turn, kind=data["kind"],
+                                  queries=[query] if query is not None else list(data.get("queries", [])),
+                                  block=block, selected=selected, selected_ids=ids, elapsed_ms=elapsed_ms)
+        elif event.type == "end":
+            payload = EndEvent(step=event.turn, stop_reason=data["stop_reason"], degraded=data["degraded"],
+                               elapsed_ms=elapsed_ms)
+        else:
+            return
+        self.queue.put_nowait(sse.encode(payload.model_dump_json().encode(), event.type))
+
+
+def _result_event(task: asyncio.Task[SearchResponse]) -> bytes:
+    """The finished search's last event: `result`, or `error` with the envelope; raises when the search
+    failed and nothing was sent yet (the caller answers with the error's status)."""
+    exc = task.exception()
+    if exc is None:
+        return sse.encode(task.result().model_dump_json().encode(), "result")
+    if isinstance(exc, ServiceError):
+        logger.warning("streamed search failed: %s %s", exc.type, exc.message)
+        detail = ErrorDetail(type=exc.type, message=exc.message, param=exc.param, request_id=get_request_id())
+    else:  # a bug: the trace to the log, a generic message to the client
+        logger.error("streamed search failed", exc_info=exc)
+        detail = ErrorDetail(type="internal_error", message="internal server error", request_id=get_request_id())
+    return sse.encode(ErrorEnvelope(error=detail).model_dump_json().encode(), "error")
+
+
+async def _single(event: bytes) -> AsyncGenerator[bytes, None]:
+    yield event
+
+
+async def _stream(first: bytes, queue: asyncio.Queue[bytes | None], task: asyncio.Task[SearchResponse]
+                  ) -> AsyncGenerator[bytes, None]:
+    try:
+        yield first
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), STREAM_KEEP_ALIVE_S)
+            except TimeoutError:
+                yield sse.KEEP_ALIVE
+                continue
+            if item is None:
+                break
+            yield item
+        yield _result_event(task)
+    finally:
+        await _cancel(task)
+
+
+async def _cancel(task: asyncio.Task[SearchResponse]) -> None:
+    """Stop the search (no-op when it finished) and wait until it has."""
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

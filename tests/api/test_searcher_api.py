@@ -230,10 +230,23 @@ def test_openapi_contract() -> None:
     assert {p for p in doc["paths"] if not p.startswith(("/health", "/version"))} == {"/search", "/search/batch"}
     schemas = doc["components"]["schemas"]
     assert set(schemas["SearchRequest"]["properties"]) == {
-        "question", "mode", "max_turns", "retrieve_k", "select_k", "method", "constrained", "return_trace"}
+        "question", "mode", "max_turns", "retrieve_k", "select_k", "method", "constrained", "return_trace",
+        "stream"}
     assert set(schemas["SearchResponse"]["properties"]) == {
         "question", "mode", "documents", "context", "queries", "turns", "stop_reason", "degraded",
         "degraded_reason", "timings", "valid_actions", "invalid_actions", "cached", "policy_model",
         "prompt_version", "trace"}
     assert set(schemas["SearchedDocument"]["properties"]) == {"id", "title", "text", "score", "turn", "query"}
     assert {"422", "503"} <= set(doc["paths"]["/search"]["post"]["responses"])
+    # `stream: true`: server-sent events, each payload a documented model
+    content = doc["paths"]["/search"]["post"]["responses"]["200"]["content"]
+    assert set(content) == {"application/json", "text/event-stream"}
+    events = content["text/event-stream"]["schema"]["oneOf"]
+    assert [(e["properties"]["event"]["const"], e["properties"]["data"]["contentSchema"]["$ref"].rsplit("/", 1)[1])
+            for e in events] == [("retrieval", "RetrievalEvent"), ("action", "ActionEvent"), ("end", "EndEvent"),
+                                 ("result", "SearchResponse"), ("error", "ErrorEnvelope")]
+    assert set(schemas["RetrievalEvent"]["properties"]) == {"block", "turn", "queries", "documents", "step",
+                                                           "elapsed_ms"}
+    assert set(schemas["ActionEvent"]["properties"]) == {"step", "kind", "queries", "block", "selected",
+                                                        "selected_ids", "elapsed_ms"}
+    assert set(schemas["EndEvent"]["properties"]) == {"step", "stop_reason", "degraded", "elapsed_ms"}

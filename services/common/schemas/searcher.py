@@ -1,6 +1,10 @@
 """`POST /search` and `POST /search/batch`: the searcher's public contract, and `SearchParams`, the
 parameters of one search (declared once here: the request overrides some of them, the service's settings
-give the defaults, the search environment and the trainer take them as they are)."""
+give the defaults, the search environment and the trainer take them as they are).
+
+With `"stream": true`, `POST /search` answers with server-sent events as the search goes: `retrieval`
+(`RetrievalEvent`), `action` (`ActionEvent`), `end` (`EndEvent`), then `result` (the same `SearchResponse`
+as without streaming), or `error` (the error envelope) when the search fails after the stream began."""
 
 from __future__ import annotations
 
@@ -65,6 +69,9 @@ class SearchRequest(StrictModel):
     method: Method | None = Field(None, description="retrieval method; default: the retriever's")
     constrained: bool | None = Field(None, description="constrained decoding; default: the service's setting")
     return_trace: bool = Field(False, description="include the policy transcript and retrieved blocks")
+    stream: bool = Field(False, description=(
+        "answer with server-sent events as the search goes (retrieval, action, end), the last one `result` "
+        "with this same response body; not in a batch"))
 
     @model_validator(mode="after")
     def _check(self) -> SearchRequest:
@@ -127,6 +134,58 @@ class SearchResponse(BaseModel):
 class SearchBatchRequest(StrictModel):
     items: list[SearchRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
 
+    @model_validator(mode="after")
+    def _check(self) -> SearchBatchRequest:
+        if any(item.stream for item in self.items):
+            raise ValueError("stream is not supported in a batch: stream single searches")
+        return self
+
 
 class SearchBatchResponse(BaseModel):
     results: list[SearchResponse]
+
+
+# ------------------------------------------------------------------ server-sent events of `"stream": true`
+ActionKind = Literal["search", "complete", "select", "invalid", "duplicate"]
+StreamEventType = Literal["retrieval", "action", "end", "result", "error"]
+
+
+class RetrievalEvent(BaseModel):
+    """`event: retrieval`: a block of documents arrived (the policy sees it next)."""
+
+    block: int = Field(..., description="0-based position of this block in the search (= in `trace.blocks`)")
+    turn: int = Field(..., description="0 = the initial naive retrieval, t = the t-th search (as in documents)")
+    queries: list[str]
+    documents: list[SearchedDocument]
+    step: int = Field(..., description="policy outputs taken so far")
+    elapsed_ms: float = Field(..., description="since the search started")
+
+
+class ActionEvent(BaseModel):
+    """`event: action`: the policy acted. `search`: new `queries` (retrieved next); `complete`: it stopped;
+    `select`: its last output marked documents only; `invalid` / `duplicate`: re-prompted (or the end)."""
+
+    step: int = Field(..., description="1-based policy output this action came from")
+    kind: ActionKind
+    queries: list[str] = Field(default_factory=list, description="the queries it issued (search)")
+    block: int | None = Field(None, description="the block `selected` refers to (s3)")
+    selected: list[int] | None = Field(None, description="1-based positions marked in that block; null = none")
+    selected_ids: list[str] | None = Field(None, description="the ids of the marked documents")
+    elapsed_ms: float
+
+
+class EndEvent(BaseModel):
+    """`event: end`: the loop stopped (a `result` event follows)."""
+
+    step: int
+    stop_reason: StopReason
+    degraded: bool
+    elapsed_ms: float
+
+
+SearchStreamEvent = RetrievalEvent | ActionEvent | EndEvent | SearchResponse
+"""What a streamed search yields, in order; the last one is the `SearchResponse` (`event: result`)."""
+
+STREAM_EVENT_MODELS: dict[str, type[BaseModel]] = {
+    "retrieval": RetrievalEvent, "action": ActionEvent, "end": EndEvent, "result": SearchResponse}
+"""Event name -> payload model (`error` carries the error envelope instead)."""
