@@ -1,5 +1,5 @@
 """The searcher's HTTP API: `POST /search` (JSON, or server-sent events with `"stream": true`),
-`POST /search/batch` (thin: parse, call serving, return)."""
+`POST /search/batch`, and the opt-in playground page at `/ui` (thin: parse, call serving, return)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
 from services.searcher.settings import SearcherSettings
+from services.searcher.ui import OPEN_PATHS as UI_PATHS
+from services.searcher.ui import add_ui_routes
 
 JSON = "application/json"
 
@@ -111,9 +113,12 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                              "select_k": settings.select_k, "constrained": settings.constrained}}
 
     app = build_app(settings, service="searcher", lifespan=lifespan, version_details=details,
-                    description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.")
+                    description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.",
+                    open_paths=UI_PATHS if settings.ui else ())
     if settings.chat is not None:
         add_chat_routes(app, settings.chat)
+    if settings.ui:
+        add_ui_routes(app)
     document = app.openapi
 
     def openapi() -> dict[str, Any]:

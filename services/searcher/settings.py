@@ -82,6 +82,8 @@ class SearcherSettings(ServiceSettings):
         "re-index, cached searches of the old index stop being served within this time"))
     chat: ChatProxySettings | None = Field(None, description=(
         "the OpenAI-compatible answering proxy (POST /v1/chat/completions); off unless configured"))
+    ui: bool = Field(False, description=(
+        "serve the search playground (a static page) at GET /ui; the local stack turns it on"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))

@@ -92,6 +92,17 @@ def retriever_process(corpus: Path, index_dir: Path, log: Path) -> Iterator[str]
 
 
 @contextmanager
+def scripted_policy_process(log: Path, model: str = "scripted-policy") -> Iterator[str]:
+    """`services.testing.fake_llm` answering as the scripted policy (`services.searcher.fake_policy`: valid
+    s3 / QAgent actions, instantly, deterministic); yields its OpenAI base URL (`.../v1`)."""
+    port = free_port()
+    args = ["-m", "services.testing.fake_llm", "--port", str(port), "--model", model,
+            "--responder", "services.searcher.fake_policy:respond"]
+    with python_process(args, f"http://127.0.0.1:{port}/v1/models", log):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextmanager
 def searcher_process(retriever_url: str, policy_base_url: str, log: Path, *, policy_model: str | None = None,
                      extra: Mapping[str, Any] | None = None) -> Iterator[str]:
     """The searcher service against a retriever and an OpenAI-compatible policy; yields its base URL."""

@@ -250,3 +250,5 @@ def test_openapi_contract() -> None:
     assert set(schemas["ActionEvent"]["properties"]) == {"step", "kind", "queries", "block", "selected",
                                                         "selected_ids", "elapsed_ms"}
     assert set(schemas["EndEvent"]["properties"]) == {"step", "stop_reason", "degraded", "elapsed_ms"}
+    # the playground page is not part of the API
+    assert create_app(SearcherSettings(ui=True)).openapi()["paths"].keys() == doc["paths"].keys()

@@ -26,6 +26,7 @@ from services.searcher.testing import (
     ensure_bm25_index,
     python_process,
     retriever_process,
+    scripted_policy_process,
     searcher_process,
 )
 
@@ -39,15 +40,12 @@ QUESTION = "who wrote the novel the call of the wild"
 def searcher_url(data_dir: Path, var_dir: Path, llama_url: str) -> Iterator[str]:
     corpus = data_dir / "corpus" / "combined.jsonl"
     logs = var_dir / "logs"
-    policy_port = free_port()
-    policy = ["-m", "services.testing.fake_llm", "--port", str(policy_port), "--model", "scripted-policy",
-              "--responder", "services.searcher.fake_policy:respond"]
     extra = {"api_keys": KEY, "chat__answer__base_url": llama_url, "chat__answer__model": DEFAULT_MODEL_ALIAS,
              "chat__answer__timeout_s": "120", "chat__mode": "naive"}
     with retriever_process(corpus, ensure_bm25_index(corpus, var_dir), logs / "integrations_retriever.log") as r, \
-            python_process(policy, f"http://127.0.0.1:{policy_port}/v1/models", logs / "integrations_policy.log"), \
-            searcher_process(r, f"http://127.0.0.1:{policy_port}/v1", logs / "integrations_searcher.log",
-                             policy_model="scripted-policy", extra=extra) as url:
+            scripted_policy_process(logs / "integrations_policy.log") as policy, \
+            searcher_process(r, policy, logs / "integrations_searcher.log", policy_model="scripted-policy",
+                             extra=extra) as url:
         yield url
 
 

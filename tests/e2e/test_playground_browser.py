@@ -1,0 +1,171 @@
+"""The search playground in a real browser (Debian's headless Chromium, driven by Playwright) against real
+processes: the retriever (bm25s over the shared corpus), the scripted policy (`fake_llm` +
+`services.searcher.fake_policy`: valid s3 actions, instantly, deterministic) and the searcher with
+`SEARCHER_UI=true` and an API key.
+
+Keyboard only, as a person would: the question is typed and sent with Enter; without a key the page says
+so in words (401) and moves the focus to the key field; with the key the search streams in. The turns, the
+documents the policy selected, the documents returned and naive top-k shown on the page are then checked
+against the API's own answers (the trace of the same search, and naive top-k for the same budget); the
+context is copied to the clipboard with the keyboard; long documents are collapsed; no request left the
+searcher's origin. A screenshot goes to var/test-output/playground.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from services.searcher.testing import (
+    ensure_bm25_index,
+    retriever_process,
+    scripted_policy_process,
+    searcher_process,
+)
+
+pytestmark = pytest.mark.e2e
+
+KEY = "e2e-playground-key"
+QUESTION = "who wrote the novel the call of the wild"
+BUDGET = 5
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+BROWSER_ENV = "PLUGSEARCH_CHROMIUM"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's chromium (scripts/install.sh installs it); `PLUGSEARCH_CHROMIUM` names another binary."""
+    found = os.environ.get(BROWSER_ENV) or next(filter(None, map(shutil.which, BROWSERS)), None)
+    if found is None:
+        pytest.skip(f"no Chromium found ({', '.join(BROWSERS)} on PATH, or {BROWSER_ENV}): "
+                    "scripts/install.sh installs Debian's chromium")
+    return found
+
+
+@pytest.fixture(scope="module")
+def searcher_url(data_dir: Path, var_dir: Path) -> Iterator[str]:
+    corpus = data_dir / "corpus" / "combined.jsonl"
+    logs = var_dir / "logs"
+    with retriever_process(corpus, ensure_bm25_index(corpus, var_dir), logs / "playground_retriever.log") as r, \
+            scripted_policy_process(logs / "playground_policy.log") as policy, \
+            searcher_process(r, policy, logs / "playground_searcher.log", policy_model="scripted-policy",
+                             extra={"api_keys": KEY, "ui": "true"}) as url:
+        yield url
+
+
+SHOWN = "const shown = (el) => el !== null && getComputedStyle(el).display !== 'none';"
+"""What a person sees: an element that is displayed (a badge hidden by the page is not)."""
+
+SHOWN_TURNS = "() => { " + SHOWN + """
+  return [...document.querySelectorAll('#turns > li.turn')].map(card => {
+    const docs = [...card.querySelectorAll('li.doc')];
+    return {block: Number(card.dataset.block), turn: Number(card.dataset.turn),
+            queries: [...card.querySelectorAll('.queries q')].map(q => q.textContent),
+            document_ids: docs.map(d => d.dataset.docId),
+            selected: docs.flatMap((d, i) => shown(d.querySelector('.badge.selected')) ? [i + 1] : [])};
+  });
+}"""
+
+SHOWN_DOCS = "(list) => { " + SHOWN + """
+  return [...document.querySelectorAll(`#${list} li.doc`)].map(d => ({
+    id: d.dataset.docId, both: shown(d.querySelector('.badge.both')), open: d.querySelector('details').open}));
+}"""
+
+
+def tab_to(page: Any, element_id: str, presses: int = 150) -> None:
+    """Press Tab until the element has the focus (keyboard-only navigation)."""
+    for _ in range(presses):
+        if page.evaluate("() => document.activeElement && document.activeElement.id") == element_id:
+            return
+        page.keyboard.press("Tab")
+    raise AssertionError(f"#{element_id} cannot be reached with the Tab key")
+
+
+def test_playground_shows_the_search_as_the_api_traces_it(searcher_url: str, chromium: str,
+                                                          var_dir: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    requests: list[str] = []
+    problems: list[str] = []
+    screenshot = var_dir / "test-output" / "playground.png"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=searcher_url)
+            page = context.new_page()
+            page.on("request", lambda request: requests.append(request.url))
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.on("console", lambda message: message.type == "error" and "401" not in message.text
+                    and problems.append(f"console: {message.text}"))
+            page.goto(f"{searcher_url}/ui")
+
+            # keyboard only: the question box has the focus; Tab to the budget; Enter sends the form
+            expect(page.locator("#question")).to_be_focused()
+            page.keyboard.type(QUESTION)
+            tab_to(page, "budget")
+            page.keyboard.type(str(BUDGET))
+            page.keyboard.press("Enter")
+            # no key yet: 401 in words, and the focus goes where the key is typed
+            expect(page.locator("#error")).to_contain_text("requires an API key")
+            expect(page.locator("#results")).to_have_attribute("data-state", "error")
+            expect(page.locator("#api-key")).to_be_focused()
+            page.keyboard.type(KEY)
+            page.keyboard.press("Enter")
+            expect(page.locator("#results")).to_have_attribute("data-state", "done", timeout=30_000)
+            expect(page.locator("#error")).to_be_hidden()
+
+            shown_turns = page.evaluate(SHOWN_TURNS)
+            shown_final = page.evaluate(SHOWN_DOCS, "final-docs")
+            shown_naive = page.evaluate(SHOWN_DOCS, "naive-docs")
+            summary = page.locator("#summary").inner_text()
+
+            # copy the context with the keyboard
+            tab_to(page, "copy-button")
+            page.keyboard.press("Enter")
+            expect(page.locator("#copy-status")).to_contain_text("Context copied")
+            copied = page.evaluate("() => navigator.clipboard.readText()")
+
+            # long documents are collapsed; Enter on one's summary opens it
+            first = page.locator("#turns li.doc details").first
+            first.locator("summary").focus()
+            page.keyboard.press("Enter")
+            expect(first).to_have_attribute("open", "")
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+
+    # the API's own answer for the same search (the page's run filled the cache: the same run's trace)
+    api = httpx.post(f"{searcher_url}/search", headers=auth, timeout=30,
+                     json={"question": QUESTION, "mode": "s3", "return_trace": True}).json()
+    assert api["cached"] and api["trace"] is not None
+    blocks = api["trace"]["blocks"]
+    assert len(blocks) == 4 and all(b["selected"] == [1, 2] for b in blocks)  # the scripted policy's run
+    assert shown_turns == [{"block": i, "turn": b["turn"], "queries": b["queries"],
+                            "document_ids": b["document_ids"], "selected": b["selected"] or []}
+                           for i, b in enumerate(blocks)]
+    assert [d["id"] for d in shown_final] == [d["id"] for d in api["documents"]]
+    assert copied == api["context"]
+    assert "the policy said the search was complete" in summary and f"{len(api['queries'])} queries" in summary
+    # naive top-k for the same budget, the documents both return marked on both sides
+    assert len(api["documents"]) <= BUDGET  # the searcher's whole answer fits the budget: all shown, all copied
+    naive = httpx.post(f"{searcher_url}/search", headers=auth, timeout=30, json={
+        "question": QUESTION, "mode": "naive", "retrieve_k": BUDGET}).json()
+    naive_ids = [d["id"] for d in naive["documents"]]
+    assert [d["id"] for d in shown_naive] == naive_ids
+    searcher_ids = {d["id"] for d in api["documents"]}
+    assert [d["both"] for d in shown_naive] == [i in searcher_ids for i in naive_ids]
+    assert [d["both"] for d in shown_final] == [d["id"] in set(naive_ids) for d in shown_final]
+    assert 0 < sum(d["both"] for d in shown_naive) < BUDGET  # some shared, some only naive top-k found
+    assert not any(d["open"] for d in shown_final + shown_naive)  # collapsed until opened
+    assert requests and all(url.startswith(f"{searcher_url}/") for url in requests), requests
+    assert not problems, problems
+    assert screenshot.stat().st_size > 10_000
