@@ -243,7 +243,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
                                        **{f"LLM__{k}": v for k, v in llm.items()}}))
     specs.append(service("judge", {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
-                                **{f"POLICY__{k}": v for k, v in llm.items()}}
+                                "UI": "true", **{f"POLICY__{k}": v for k, v in llm.items()}}
     if options.trained is not None and options.llm_url is None:
         # The trained searcher: the same GGUF with the adapter, in its own process (an adapter applies to
         # every request of a llama.cpp server; the generator and judge keep the plain model).
@@ -481,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say("")
             say(f"plugsearch is ready: POST {options.url('searcher')}/search   (Ctrl-C stops everything)")
             say(f"  {curl_example(options)}")
+            say(f"  playground: {options.url('searcher')}/ui   (watch a search in your browser)")
             say(f"  internal services: {', '.join(f'{k} {v}' for k, v in info['urls'].items())}")
             say("  internal services require the internal token (PLUGSEARCH_INTERNAL_TOKEN, or this "
                 "run's random one in --ready-file); secrets are never printed")

@@ -132,6 +132,7 @@ def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.Mo
         assert llm.base_url == f"http://127.0.0.1:{llm_port}/v1"
     assert searcher.policy.base_url == f"http://127.0.0.1:{llm_port}/v1"
     assert searcher.constrained is True  # the embedded SmolLM2 needs the grammar to emit valid actions
+    assert searcher.ui is True  # the playground at /ui: on in the local stack, off by default in the service
     external = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_url="http://gpu:8000/v1"),
                                                      redis_server=None)}
     assert load_settings("searcher", external["searcher"].env, monkeypatch).constrained is False
