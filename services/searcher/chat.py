@@ -12,7 +12,7 @@ the first streamed chunk: as that status; after it: an `error` event, then the s
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from string import Template
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import orjson
 from pydantic import ValidationError
 
+from services.common import sse
 from services.common.errors import BadRequest, ServiceError
 from services.common.schemas.chat import ChatCompletionRequest, ChatMessageIn, SearchSummary
 from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest, SearchResponse
@@ -40,7 +41,7 @@ class AnswerBackend(Protocol):
 
 
 def event(data: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(data) + b"\n\n"
+    return sse.encode(orjson.dumps(data))
 
 
 def last_user_index(messages: list[ChatMessageIn]) -> int:
@@ -98,7 +99,7 @@ class ChatProxy:
         completion["search"] = summary.model_dump(mode="json")
         return completion
 
-    async def open_stream(self, request: ChatCompletionRequest) -> AsyncIterator[bytes]:
+    async def open_stream(self, request: ChatCompletionRequest) -> AsyncGenerator[bytes, None]:
         """Search and wait for the first chunk (so that failures up to there answer with their status),
         then the server-sent events of the rest; the first chunk carries `search`."""
         body, summary = await self.prepare(request)
@@ -113,7 +114,7 @@ class ChatProxy:
         return self._events(first, chunks, summary)
 
     async def _events(self, first: dict[str, Any] | None, chunks: AsyncGenerator[dict[str, Any], None],
-                      summary: SearchSummary) -> AsyncIterator[bytes]:
+                      summary: SearchSummary) -> AsyncGenerator[bytes, None]:
         async with aclosing(chunks):
             if first is not None:
                 yield event({**first, "search": summary.model_dump(mode="json")})

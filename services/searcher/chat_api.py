@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
 
+from services.common import sse
 from services.common.errors import ErrorEnvelope
 from services.common.llm import OpenAIChatClient
 from services.common.metrics import ServiceMetrics
@@ -57,6 +57,5 @@ def add_chat_routes(app: FastAPI, settings: ChatProxySettings) -> None:
         the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
         proxy: ChatProxy = request.app.state.chat
         if body.stream:
-            return StreamingResponse(await proxy.open_stream(body), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return sse.EventStreamResponse(await proxy.open_stream(body))
         return Response(orjson.dumps(await proxy.complete(body)), media_type="application/json")
