@@ -9,10 +9,14 @@ documents the policy selected, the documents returned and naive top-k shown on t
 against the API's own answers (the trace of the same search, and naive top-k for the same budget); the
 context is copied to the clipboard with the keyboard; long documents are collapsed; no request left the
 searcher's origin. A screenshot goes to var/test-output/playground.png.
+
+The other failures a person may meet (429 with Retry-After, 503, a failure after the stream began, a
+degraded result) are answered in the browser exactly as the searcher sends them, and must be said in words.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -115,6 +119,7 @@ def test_playground_shows_the_search_as_the_api_traces_it(searcher_url: str, chr
             page.keyboard.type(str(BUDGET))
             page.keyboard.press("Enter")
             # no key yet: 401 in words, and the focus goes where the key is typed
+            expect(page.locator("#error")).to_be_visible()
             expect(page.locator("#error")).to_contain_text("requires an API key")
             expect(page.locator("#results")).to_have_attribute("data-state", "error")
             expect(page.locator("#api-key")).to_be_focused()
@@ -169,3 +174,70 @@ def test_playground_shows_the_search_as_the_api_traces_it(searcher_url: str, chr
     assert requests and all(url.startswith(f"{searcher_url}/") for url in requests), requests
     assert not problems, problems
     assert screenshot.stat().st_size > 10_000
+
+
+def sse_body(*events: tuple[str, Any]) -> str:
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+
+
+def test_playground_says_failures_in_words(searcher_url: str, chromium: str) -> None:
+    """429, 503, a failure after the stream began and a degraded result, each as the searcher sends it
+    (status, Retry-After, envelope, events), answered in the browser; the page's own searcher serves it."""
+    from playwright.sync_api import expect, sync_playwright
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    real = httpx.post(f"{searcher_url}/search", headers=auth, timeout=30,
+                      json={"question": QUESTION, "mode": "naive", "retrieve_k": 2}).json()
+    degraded = {**real, "mode": "s3", "stop_reason": "policy_error", "degraded": True,
+                "degraded_reason": "policy failed: upstream timed out"}
+    envelope = {"error": {"type": "upstream_unavailable", "message": "retriever unreachable: ConnectError",
+                          "param": None, "request_id": "r1"}}
+    answers: list[dict[str, Any]] = [
+        {"status": 429, "headers": {"Retry-After": "7"}, "json": {"error": {
+            "type": "overloaded", "message": "too many requests in flight; retry later"}}},
+        {"status": 503, "headers": {"Retry-After": "2"}, "json": envelope},
+        {"status": 200, "content_type": "text/event-stream", "body": sse_body(
+            ("retrieval", {"block": 0, "turn": 0, "queries": [QUESTION], "documents": real["documents"], "step": 0,
+                           "elapsed_ms": 5.0}), ("error", envelope))},
+        {"status": 200, "content_type": "text/event-stream", "body": sse_body(
+            ("end", {"step": 1, "stop_reason": "policy_error", "degraded": True, "elapsed_ms": 9.0}),
+            ("result", degraded))},
+    ]
+    expected = ["busy (too many requests at once). Try again in 7 s.",
+                "cannot search right now (not ready, or its retriever is unavailable): retriever unreachable",
+                "The search failed after it started: retriever unreachable", None]
+
+    def answer(route: Any) -> None:
+        body = route.request.post_data_json
+        if body.get("mode") == "naive":
+            route.continue_()  # naive top-k from the real searcher
+        else:
+            route.fulfill(**answers.pop(0))
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        try:
+            page = browser.new_page()
+            page.route("**/search", answer)
+            page.goto(f"{searcher_url}/ui")
+            page.fill("#api-key", KEY)
+            page.fill("#budget", "2")
+            for words in expected:
+                page.fill("#question", QUESTION)
+                page.press("#question", "Enter")
+                if words is None:
+                    expect(page.locator("#results")).to_have_attribute("data-state", "done")
+                    expect(page.locator("#error")).to_be_hidden()
+                    expect(page.locator("#degraded")).to_be_visible()
+                    expect(page.locator("#degraded")).to_contain_text(
+                        "Degraded result: policy failed: upstream timed out. The documents shown are what the "
+                        "search gathered before that.")
+                    expect(page.locator("#summary")).to_contain_text("the policy LLM failed")
+                else:
+                    expect(page.locator("#results")).to_have_attribute("data-state", "error")
+                    expect(page.locator("#error")).to_be_visible()
+                    expect(page.locator("#error")).to_contain_text(words)
+                    expect(page.locator("#error")).to_be_focused()
+        finally:
+            browser.close()
+    assert not answers
