@@ -154,7 +154,31 @@ def _training_items(settings: TrainerSettings, args: argparse.Namespace, reward:
     if reward in ("gbr", "gbr_genacc"):
         return filtered_training_set(settings, args)
     items = [it for it in _candidates(settings, args) if not is_yes_no(it.golden_answers)]
+    if getattr(args, "contested", False):
+        items = asyncio.run(_contested(settings, items, args))
     return items[:args.questions] if args.questions else items
+
+
+async def _contested(settings: TrainerSettings, items: list[QAItem], args: argparse.Namespace) -> list[QAItem]:
+    """recall, `--contested`: the questions where the first block's selection decides the reward, i.e. the
+    naive top-k holds the answer. Those whose top-1 misses it (only a selection that reads the documents can
+    gain) alternate with as many whose top-1 has it (picking another document loses); the rest are left
+    out. Uses only the naive ranking, which the reward compares with anyway."""
+    from trainer.rewards import documents_hit
+
+    k = args.retrieve_k or 5
+    async with ServiceStack(settings) as stack:
+        ranked = await stack.retrieve([it.question for it in items], k, settings.method)
+    first, later = [], []
+    for item, docs in zip(items, ranked, strict=True):
+        if documents_hit(docs[:1], item.golden_answers):
+            first.append(item)
+        elif documents_hit(docs, item.golden_answers):
+            later.append(item)
+    mixed = [it for pair in zip(later, first, strict=False) for it in pair]
+    logger.info("contested questions: %s whose top-1 misses, %s whose top-1 holds the answer; %s kept",
+                len(later), len(first), len(mixed))
+    return mixed
 
 
 def _local_services(settings: TrainerSettings, reward: str) -> Any:
@@ -438,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--questions-per-step", dest="questions_per_step", type=int, default=4)
     t.add_argument("--num-generations", dest="num_generations", type=int, default=2)
+    t.add_argument("--contested", action="store_true",
+                   help="recall: train on questions whose naive top-k holds the answer, half of them where its "
+                   "top-1 misses it (see _contested)")
     t.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     t.add_argument("--temperature", type=float, default=1.0)
     t.add_argument("--max-completion-tokens", dest="max_completion_tokens", type=int, default=1024)

@@ -30,7 +30,8 @@ class StackError(RuntimeError):
     pass
 
 
-SERVICE_DB = {"retriever": 0, "generator": 1, "judge": 2, "searcher": 3}
+SERVICE_DB = {"generator": 1, "judge": 2, "searcher": 3}
+"""Redis databases of the services that cache (the retriever keeps no result cache)."""
 
 
 class LocalServices:
@@ -141,7 +142,7 @@ class LocalServices:
                 prefix = name.upper()
                 env = {f"{prefix}_PORT": str(port), f"{prefix}_LOG_LEVEL": "WARNING",
                        f"{prefix}_REQUEST_TIMEOUT_S": "900", **envs.get(name, {})}
-                if self.redis_url:
+                if self.redis_url and name in SERVICE_DB:
                     env[f"{prefix}_REDIS_URL"] = f"{self.redis_url}/{SERVICE_DB[name]}"
                 procs[name] = self._spawn(name, [sys.executable, "-m", f"services.{name}"], env)
             retry = []
