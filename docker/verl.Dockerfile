@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # veRL trainer image (GPU): the plugsearch trainer code with veRL 0.9.1 and its rollout engine, vLLM 0.24.0.
 # Used by the RayJob in k8s/overlays/train (Ray head and GPU workers) and for single-node runs:
 #
@@ -25,10 +24,14 @@ COPY pyproject.toml README.md ./
 COPY services ./services
 COPY trainer ./trainer
 COPY plugsearch ./plugsearch
-RUN python3 -m pip list --format=freeze | grep -iE '^(torch|vllm)==' > /tmp/keep.txt \
+# optional build-time inputs as in docker/Dockerfile: secrets extra_ca_certs (PEM) and pip_conf, docker/wheels/
+COPY docker/pip-install.sh /usr/local/bin/pip-install
+RUN --mount=type=secret,id=extra_ca_certs --mount=type=secret,id=pip_conf \
+    --mount=type=bind,source=docker/wheels,target=/wheels \
+    python3 -m pip list --format=freeze | grep -iE '^(torch|vllm)==' > /tmp/keep.txt \
  && grep -qE "^vllm==${VLLM_VERSION}$" /tmp/keep.txt \
  && grep -qE "^torch==${TORCH_VERSION}([+].*)?$" /tmp/keep.txt \
- && python3 -m pip install -c /tmp/keep.txt ".[verl]" \
+ && pip-install python3 -m pip install -c /tmp/keep.txt ".[verl]" \
  && python3 -c "import verl, vllm, torch; assert verl.__version__ == '${VERL_VERSION}', verl.__version__" \
  && rm /tmp/keep.txt
 RUN groupadd --system --gid 10001 app \

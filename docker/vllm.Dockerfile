@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # GPU LLM server: vLLM's OpenAI-compatible server (the same API the services call on llama.cpp).
 # Used for the searcher policy and for the generator/judge model (docker-compose profile `gpu`,
 # k8s overlay `gpu`). The upstream image already is the runtime; this adds a non-root user, a

@@ -166,7 +166,7 @@ def dockerfile() -> tuple[dict[str, str], dict[str, Stage]]:
 
 # ----------------------------------------------------------------------------------- compose side
 def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """Compose variable interpolation: ${VAR}, ${VAR:-default}, ${VAR:?error} (required)."""
+    """Compose variable interpolation: ${VAR}, ${VAR:-default}, ${VAR-default} (unset only), ${VAR:?error}."""
     if isinstance(value, dict):
         return {k: interpolate(v, env) for k, v in value.items()}
     if isinstance(value, list):
@@ -176,13 +176,13 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
 
     def sub(match: re.Match[str]) -> str:
         name, op, arg = match.group(1), match.group(2), match.group(3)
-        if name in env and env[name] != "":
+        if name in env and (env[name] != "" or op == "-"):
             return env[name]
         if op == ":?":
             raise KeyError(f"required variable {name} is unset: {arg}")
         return arg or ""
 
-    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?|-)([^}]*))?\}", sub, value)
 
 
 @pytest.fixture(scope="module")
@@ -291,6 +291,34 @@ def test_compose_index_job_runs_the_index_cli(compose: dict[str, Any], capsys: p
     assert "--corpus" in capsys.readouterr().out
 
 
+def test_compose_builds_with_the_dockerfile_inputs(compose_raw: dict[str, Any], compose: dict[str, Any],
+                                                  dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
+    """Every image built from docker/Dockerfile gets the same build args (defaults = the Dockerfile's own)
+    and the pip secrets; a secret that is not given is an empty file (/dev/null), which the build ignores."""
+    args, stages = dockerfile
+    built = {name: svc["build"] for name, svc in compose["services"].items()
+             if svc.get("build", {}).get("dockerfile") == "docker/Dockerfile"}
+    assert set(built) >= {*SERVICES, "llm", "index"}
+    for name, build in built.items():
+        assert build["context"] == "." and build["target"] in stages, name
+        assert set(build["args"]) <= set(args), name
+        for key, value in build["args"].items():
+            assert value == args[key], (name, key)  # nothing set: the Dockerfile's defaults
+        assert set(build["secrets"]) == PIP_SECRETS, name
+    assert {k: v["file"] for k, v in compose["secrets"].items()} == {s: "/dev/null" for s in PIP_SECRETS}
+    given = interpolate(compose_raw, {"PLUGSEARCH_API_KEYS": SECRET_PLACEHOLDER,
+                                      "PLUGSEARCH_INTERNAL_TOKEN": SECRET_PLACEHOLDER,
+                                      "PLUGSEARCH_TORCH_INDEX_URL": "", "PLUGSEARCH_EXTRA_CA_CERTS": "ca.pem",
+                                      "PLUGSEARCH_PYTHON_IMAGE": "local/python:3.11"})
+    build = given["services"]["searcher"]["build"]
+    assert build["args"] == {"PYTHON_IMAGE": "local/python:3.11", "TORCH_INDEX_URL": ""}  # empty stays empty
+    assert given["secrets"]["extra_ca_certs"]["file"] == "ca.pem"
+    # Redis: any image with redis-server (no registry: the smoke script builds one from Debian's package)
+    redis = compose["services"]["redis"]
+    assert redis["image"] == "redis:7.2.5-alpine"
+    assert redis["command"][redis["command"].index("--protected-mode") + 1] == "no"
+
+
 def llama_command(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What `python -m services.common.llama_server ARGS` would exec (captured, not run)."""
     from services.common import llama_server
@@ -312,8 +340,13 @@ def test_llm_image_and_compose_command(compose: dict[str, Any], monkeypatch: pyt
     port = int(cmd[cmd.index("--port") + 1])
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
     assert cmd[cmd.index("--model") + 1].endswith(".gguf")
-    assert healthcheck_target([str(x) for x in llm["healthcheck"]["test"]], {}) == ("/v1/models", port)
-    assert healthcheck_target(healthcheck_cmd(stage), {}) == ("/v1/models", port)
+    # /openapi.json answers while a completion holds llama-cpp-python's model lock; /v1/models waits for it
+    assert healthcheck_target([str(x) for x in llm["healthcheck"]["test"]], {}) == ("/openapi.json", port)
+    assert healthcheck_target(healthcheck_cmd(stage), {}) == ("/openapi.json", port)
+    from llama_cpp.server.app import create_app
+
+    paths = {getattr(route, "path", "") for route in create_app.__globals__["router"].routes}
+    assert "/v1/models" in paths  # the routes that take the lock; FastAPI adds /openapi.json itself
 
 
 def test_gpu_profile_services(compose: dict[str, Any]) -> None:
@@ -337,6 +370,29 @@ def test_gpu_profile_services(compose: dict[str, Any]) -> None:
     assert env["searcher"]["environment"]["SEARCHER_POLICY__BASE_URL"] == "http://vllm-policy:8000/v1"
     assert env["generator"]["environment"]["GENERATOR_LLM__BASE_URL"] == "http://vllm-generator:8000/v1"
     assert env["judge"]["environment"]["JUDGE_LLM__BASE_URL"] == "http://vllm-generator:8000/v1"
+
+
+def test_gpu_profile_constrains_through_vllm_and_runs_no_llama_cpp(compose: dict[str, Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With gpu.env the policy's constrained decoding uses vLLM's structured outputs (llama.cpp's `grammar`
+    field would be ignored by vLLM: constraints silently off) and the llama.cpp service runs no container
+    (compose skips waiting on a service scaled to 0); without it, llama.cpp and its grammar."""
+    gpu_env = dict(line.split("=", 1) for line in (REPO / "deploy" / "compose" / "gpu.env").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    gpu = interpolate(yaml.safe_load(COMPOSE.read_text()),
+                      {**gpu_env, "PLUGSEARCH_API_KEYS": SECRET_PLACEHOLDER,
+                       "PLUGSEARCH_INTERNAL_TOKEN": SECRET_PLACEHOLDER})["services"]
+    for services, style, replicas in ((gpu, "vllm", "0"), (compose["services"], "llama", "1")):
+        searcher = load_settings("searcher", {k: str(v) for k, v in services["searcher"]["environment"].items()},
+                                 monkeypatch)
+        assert searcher.constraint_style == style
+        assert str(services["llm"]["deploy"]["replicas"]) == replicas
+        if style == "vllm":
+            assert searcher.policy.base_url.startswith("http://vllm-policy:")
+            for name in ("generator", "judge"):
+                settings = load_settings(name, {k: str(v) for k, v in services[name]["environment"].items()},
+                                         monkeypatch)
+                assert settings.llm.base_url.startswith("http://vllm-generator:"), name
 
 
 def test_prometheus_scrapes_every_service(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -396,7 +452,11 @@ def test_each_image_installs_its_service_extra(dockerfile: tuple[dict[str, str],
         if wanted in extras:
             assert re.search(rf"\.\[[\w,]*\b{wanted}\b", installs), (service, installs)
         else:
-            assert re.search(r"install --no-cache-dir \.(\s|$)", installs), (service, installs)
+            assert re.search(r"pip install \.(\s|$)", installs), (service, installs)
+        # then the project's own code, last (a code change rebuilds only that step)
+        last = [c for c in builder.commands if c.cmd.upper() == "RUN"][-1]
+        assert "--mount=type=bind,from=source,source=/src,target=/src,rw" in last.flags, (service, last.flags)
+        assert " ".join(last.value).endswith("pip install --no-deps --force-reinstall /src"), service
 
 
 def test_vllm_dockerfile_is_pinned_non_root_with_healthcheck() -> None:
@@ -668,7 +728,8 @@ def test_k8s_llm_command(monkeypatch: pytest.MonkeyPatch,
     cmd = llama_command([*entry[3:], *container["args"]], monkeypatch)
     port = int(cmd[cmd.index("--port") + 1])
     assert container["ports"] == [{"name": "http", "containerPort": port}]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/openapi.json", probe
 
 
 # ---------------------------------------------------------------------------------- the image package
@@ -676,12 +737,113 @@ PACKAGES = ("services", "trainer", "plugsearch")
 """The top-level packages pyproject installs (and the Dockerfile copies)."""
 
 
-def test_the_dockerfile_copies_every_package() -> None:
-    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+def test_the_dockerfile_copies_every_package(dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
     assert tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
         "include"] == [f"{p}*" for p in PACKAGES]
+    copied = [a for k, a in dockerfile[1]["source"].instructions if k == "COPY"]
     for package in PACKAGES:
-        assert f"COPY {package} ./{package}" in dockerfile, package
+        assert f"{package} /src/{package}" in copied, package
+
+
+def dockerignore_includes(patterns: list[str], path: str) -> bool:
+    """Whether a context path survives a .dockerignore (last matching pattern wins, `!` re-includes)."""
+    included = True
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        glob = pattern[1:] if negate else pattern
+        regex = re.escape(glob.strip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
+        regex = regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        if re.fullmatch(regex, path) or re.match(regex + "/", path):
+            included = negate
+    return included
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "vllm.Dockerfile", "verl.Dockerfile"])
+def test_every_file_a_dockerfile_reads_is_in_its_build_context(name: str) -> None:
+    """COPY sources and bind-mounted context folders are not dropped by the Dockerfile's own .dockerignore
+    (plugsearch/ once was), and no Dockerfile asks for a frontend from a registry (`# syntax=`)."""
+    path = REPO / "docker" / name
+    assert not path.read_text().startswith("# syntax="), "BuildKit would fetch the frontend from a registry"
+    ignore = REPO / "docker" / f"{name}.dockerignore"
+    patterns = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    sources: list[str] = []
+    for stage in parse_dockerfile(path)[1]:
+        for command in stage.commands:
+            flags = " ".join(command.flags)
+            if command.cmd.upper() == "COPY" and "--from=" not in flags:
+                sources += list(command.value[:-1])
+            for mount in re.findall(r"--mount=(\S+)", flags):
+                options = dict(part.split("=", 1) for part in mount.split(",") if "=" in part)
+                if options.get("type") == "bind" and "from" not in options:
+                    sources.append(options["source"])
+    assert sources
+    for source in sources:
+        target = REPO / source
+        files = [target] if target.is_file() else [p for p in target.rglob("*") if p.is_file()
+                                                    and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        assert files, source
+        for file in files:
+            assert dockerignore_includes(patterns, file.relative_to(REPO).as_posix()), (name, file)
+
+
+# ------------------------------------------------------------------------------------ build inputs
+PIP_SECRETS = {"extra_ca_certs", "pip_conf"}
+
+
+def test_every_pip_install_takes_the_build_time_inputs_and_keeps_none(
+        dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
+    """A proxy CA and a package index reach every pip call as BuildKit secrets (files under /run/secrets
+    during that step only), through docker/pip-install.sh; nothing puts them in a layer or an ENV."""
+    pip_runs = 0
+    for stage in dockerfile[1].values():
+        for command in stage.commands:
+            text = " ".join(command.value)
+            if command.cmd.upper() == "ENV":
+                assert not re.search(r"PIP_(CERT|INDEX_URL|EXTRA_INDEX_URL|CONFIG_FILE)|SSL_CERT|CA_BUNDLE", text)
+            if command.cmd.upper() != "RUN" or not re.search(r"\bpip (install|wheel)\b", text):
+                continue
+            pip_runs += 1
+            secrets = {m for m in re.findall(r"--mount=type=secret,id=(\w+)", " ".join(command.flags))}
+            assert secrets == PIP_SECRETS, (stage.name, command.flags)
+            # every pip call of the step goes through the helper
+            for call in re.split(r"&&", text):
+                if re.search(r"\bpip (install|wheel)\b", call) and "uninstall" not in call:
+                    assert re.search(r"\bpip-install\b", call), (stage.name, call)
+    assert pip_runs >= 12
+    helper = (REPO / "docker" / "pip-install.sh").read_text()
+    for secret in PIP_SECRETS:
+        assert f"/run/secrets/{secret}" in helper
+    assert 'rm -f "$bundle"' in helper  # the combined CA bundle never outlives the step
+
+
+def test_the_cpu_retriever_gets_cpu_torch_and_fails_on_cuda(dockerfile: tuple[dict[str, str], dict[str, Stage]]
+                                                            ) -> None:
+    args, stages = dockerfile
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    (first, *_) = [" ".join(c.value) for c in stages["build-retriever"].commands if c.cmd.upper() == "RUN"]
+    torch_at = first.index('pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url')
+    assert torch_at < first.index('".[retriever]"')
+    assert "torch.version.cuda" in first and "grep -i '^nvidia-'" in first
+
+
+def test_llama_cpp_compiles_in_a_stage_of_its_own(dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
+    """The compiled wheel depends on its version only: no project file reaches that stage, and the llm
+    builder installs exactly that version (a newer release on the index would compile again)."""
+    args, stages = dockerfile
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["LLAMA_CPP_VERSION"])
+    chain, stage = ["build-llama-cpp"], stages["build-llama-cpp"]
+    while stage.base in stages:
+        chain.append(stage.base)
+        stage = stages[stage.base]
+    for name in chain:
+        for keyword, arg in stages[name].instructions:
+            assert keyword != "COPY" or arg.startswith("docker/"), (name, arg)
+            assert "pyproject" not in arg and "/src" not in arg, (name, arg)
+    assert 'pip wheel --no-deps --wheel-dir /opt/llama-wheels "llama-cpp-python==${LLAMA_CPP_VERSION}"' in \
+        " ".join(" ".join(c.value) for c in stages["build-llama-cpp"].commands)
+    llm = " ".join(" ".join(c.value) for c in stages["build-llm"].commands)
+    assert "--from=build-llama-cpp" in " ".join(a for _, a in stages["build-llm"].instructions)
+    assert '"llama-cpp-python[server]==${LLAMA_CPP_VERSION}"' in llm
 
 
 def test_the_installed_package_has_every_entrypoint_and_data_file(tmp_path: Path,
