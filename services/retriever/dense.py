@@ -5,7 +5,7 @@ is done (`embeddings-<key>.partial/chunk-NNNNNN.npy`), so the full matrix is nev
 interrupted build resumes from the last finished chunk. The FAISS index is then built by reading the
 chunks back one at a time into an atomic folder (`dense-<type>/`, manifest written last). Flat indexes
 are stored in shards; with faiss-gpu they load shard by shard onto the GPUs as fp16 (the whole fp32
-index is never staged in host RAM).
+index is never staged in host RAM), contiguous runs of shards per GPU, one GPU resources object per GPU.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +272,43 @@ def dense_folder(index_dir: Path, index_type: str) -> Path:
     return index_dir / f"dense-{index_type}"
 
 
+def device_groups(n_shards: int, n_devices: int) -> list[range]:
+    """Shard numbers per device: contiguous runs, as even as possible, one run per device in use.
+
+    Contiguous, so that ids stay in shard order when the groups are combined with successive ids."""
+    used = max(1, min(n_shards, n_devices))
+    return [range(d * n_shards // used, (d + 1) * n_shards // used) for d in range(used)]
+
+
+def combine_shards(dims: int, groups: list[range], load: Callable[[int, int], Any], keep: list[Any]) -> Any:
+    """One index over every shard: `load(shard, device)` for each shard of each device's group.
+
+    Devices are searched in parallel (a threaded IndexShards, one thread per device); the shards of one
+    device one after another (an unthreaded IndexShards), so that each device's resources are only ever
+    used by one thread. Ids are successive, in shard order. Sub-indexes are appended to `keep` (faiss
+    holds no Python reference to them)."""
+    import faiss
+
+    def group_index(device: int, shards: range) -> Any:
+        if len(shards) == 1:
+            return load(shards[0], device)
+        index = faiss.IndexShards(dims, False, True)  # type: ignore[call-arg]
+        for number in shards:
+            shard = load(number, device)
+            index.add_shard(shard)
+            keep.append(shard)
+        return index
+
+    if len(groups) == 1:
+        return group_index(0, groups[0])
+    combined = faiss.IndexShards(dims, True, True)  # type: ignore[call-arg]
+    for device, shards in enumerate(groups):
+        index = group_index(device, shards)
+        combined.add_shard(index)
+        keep.append(index)
+    return combined
+
+
 class FaissIndex:
     """A loaded FAISS index: one shard, or shards combined (CPU IndexShards or fp16 GPU shards)."""
 
@@ -306,22 +343,29 @@ class FaissIndex:
     def _load_gpu(self, settings: FaissSettings) -> Any:
         import faiss
 
+        if self.manifest.index_type != "flat":  # settings refuse it too; an index built elsewhere may differ
+            raise IndexMissing(f"dense index {self.folder} is {self.manifest.index_type}: on GPUs only flat "
+                               "indexes are served (fp16)")
         ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
         if ngpu < 1:
             raise RuntimeError("RETRIEVER_FAISS__GPU=true but faiss has no visible GPU (install faiss-gpu)")
-        resources = [faiss.StandardGpuResources() for _ in range(ngpu)]
+        groups = device_groups(len(self.manifest.files), ngpu)
+        # One StandardGpuResources per GPU in use, used by one thread only (faiss's resources objects are
+        # not thread-safe): see combine_shards.
+        resources = [faiss.StandardGpuResources() for _ in groups]
+        self._keep.extend(resources)
         options = faiss.GpuClonerOptions()
         options.useFloat16 = True
-        shards = faiss.IndexShards(self.dims, True, True)  # type: ignore[call-arg]
-        for i, name in enumerate(self.manifest.files):
+
+        def to_gpu(number: int, device: int) -> Any:
+            name = self.manifest.files[number]
             cpu = faiss.read_index(str(self.folder / name))  # one shard in host RAM at a time
-            gpu = faiss.index_cpu_to_gpu(resources[i % ngpu], i % ngpu, cpu, options)
+            gpu = faiss.index_cpu_to_gpu(resources[device], device, cpu, options)
             del cpu
-            shards.add_shard(gpu)
-            self._keep.append(gpu)
-            logger.info("loaded shard %s onto GPU %s (fp16)", name, i % ngpu)
-        self._keep.extend(resources)
-        return shards
+            logger.info("loaded shard %s onto GPU %s (fp16)", name, device)
+            return gpu
+
+        return combine_shards(self.dims, groups, to_gpu, self._keep)
 
     def search(self, vectors: npt.NDArray[np.float32], k: int) -> Hits:
         scores, ids = self.index.search(vectors, k)

@@ -11,8 +11,8 @@ import pytest
 
 from services.retriever.bm25 import Bm25sRetriever, build_bm25s
 from services.retriever.corpus import Corpus
-from services.retriever.dense import FaissIndex, build_faiss, embed_corpus, embeddings_key
-from services.retriever.manifest import Manifest
+from services.retriever.dense import FaissIndex, build_faiss, device_groups, embed_corpus, embeddings_key
+from services.retriever.manifest import IndexMissing, Manifest
 from services.retriever.settings import EncoderSettings, FaissSettings
 from services.retriever.testing import write_tiny_corpus
 
@@ -111,6 +111,111 @@ def test_flat_index_split_into_shards(corpus: Corpus, tmp_path: Path) -> None:
     hits = index.search(queries, 1)
     scores = (queries * np.load(emb / "chunk-000002.npy")[:50]).sum(axis=1)
     np.testing.assert_allclose(hits.scores[:, 0], scores, rtol=1e-5)  # best match = itself (or a tie)
+
+
+@pytest.fixture(scope="module")
+def three_shards(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, npt.NDArray[np.float32]]:
+    """A flat index of 2,400 vectors in three shards (1,000 + 1,000 + 400), and the vectors."""
+    tmp = tmp_path_factory.mktemp("three")
+    big = Corpus(path=corpus.path, checksum=corpus.checksum)
+    for rep in range(8):
+        big.ids += [f"{rep}-{i}" for i in corpus.ids]
+        big.titles += corpus.titles
+        big.texts += [f"{t} copy{rep}" for t in corpus.texts]
+    emb = embed_corpus(big, tmp, EncoderSettings(), encoder=HashEncoder(), chunk_size=700,  # type: ignore[arg-type]
+                       show_progress=False)
+    build_faiss(emb, tmp / "flat", FaissSettings(shard_size=1000), show_progress=False)
+    return tmp / "flat", np.concatenate([np.load(p) for p in sorted(emb.glob("chunk-*.npy"))])
+
+
+def test_device_groups_are_contiguous_even_runs() -> None:
+    assert device_groups(3, 2) == [range(0, 1), range(1, 3)]
+    assert device_groups(11, 4) == [range(0, 2), range(2, 5), range(5, 8), range(8, 11)]
+    assert device_groups(2, 8) == [range(0, 1), range(1, 2)]  # never a device without a shard
+    assert device_groups(5, 1) == [range(0, 5)]
+    for n_shards, n_devices in [(1, 1), (7, 3), (21, 8), (3, 3)]:
+        groups = device_groups(n_shards, n_devices)
+        assert [i for g in groups for i in g] == list(range(n_shards))
+        assert max(map(len, groups)) - min(map(len, groups)) <= 1
+
+
+class FakeGpus:
+    """faiss-gpu's API on faiss-cpu: a 'GPU index' is the CPU shard, and every clone is recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+        import faiss
+
+        self.resources: list[object] = []
+        self.clones: list[tuple[int, int, bool]] = []  # (resources number, device, fp16)
+        fake = self
+
+        class Resources:
+            def __init__(self) -> None:
+                fake.resources.append(self)
+
+        class Options:
+            useFloat16 = False
+
+        def to_gpu(resources: object, device: int, index: object, options: Options) -> object:
+            fake.clones.append((fake.resources.index(resources), device, options.useFloat16))
+            return index
+
+        self.shard_groups: list[tuple[bool, object]] = []  # (threaded, the IndexShards)
+        self.successive: list[bool] = []
+        real_shards = faiss.IndexShards
+
+        def shards(dims: int, threaded: bool, successive_ids: bool) -> object:
+            made = real_shards(dims, threaded, successive_ids)
+            fake.shard_groups.append((threaded, made))
+            fake.successive.append(successive_ids)
+            return made
+
+        monkeypatch.setattr(faiss, "IndexShards", shards)
+        monkeypatch.setattr(faiss, "get_num_gpus", lambda: n, raising=False)
+        monkeypatch.setattr(faiss, "StandardGpuResources", Resources, raising=False)
+        monkeypatch.setattr(faiss, "GpuClonerOptions", Options, raising=False)
+        monkeypatch.setattr(faiss, "index_cpu_to_gpu", to_gpu, raising=False)
+
+
+@pytest.mark.parametrize("n_gpus", [1, 2, 3, 8])
+def test_gpu_shards_one_resources_per_gpu_and_one_thread_per_gpu(
+        three_shards: tuple[Path, npt.NDArray[np.float32]], monkeypatch: pytest.MonkeyPatch, n_gpus: int) -> None:
+    import faiss
+
+    folder, vectors = three_shards
+    gpus = FakeGpus(monkeypatch, n_gpus)
+    index = FaissIndex(folder, FaissSettings(gpu=True))
+    groups = device_groups(3, n_gpus)
+    # one resources object per GPU in use; every shard cloned as fp16 with its own GPU's resources
+    assert len(gpus.resources) == len(groups)
+    assert gpus.clones == [(device, device, True) for device, shards in enumerate(groups) for _ in shards]
+    # a GPU with several shards searches them in one thread; only the GPUs are searched in parallel
+    threaded = {id(shards): flag for flag, shards in gpus.shard_groups}
+    assert all(successive for successive in gpus.successive)
+    top = index.index
+    if len(groups) == 1:
+        assert threaded[id(top)] is False and top.count() == 3
+    else:
+        assert threaded[id(top)] is True and top.count() == len(groups)
+        subs = [s for s in index._keep if id(s) in threaded and s is not top]
+        assert [s.count() for s in subs] == [len(g) for g in groups if len(g) > 1]
+        assert all(threaded[id(s)] is False for s in subs)
+    # the same answers as exact search over every vector, ids in corpus order
+    queries = vectors[[5, 1200, 2300, 999, 1000]]
+    hits = index.search(queries, 5)
+    exact = faiss.IndexFlatIP(vectors.shape[1])
+    exact.add(vectors)
+    scores, _ = exact.search(queries, 5)
+    np.testing.assert_allclose(hits.scores, scores, rtol=1e-5)
+    np.testing.assert_allclose((vectors[hits.ids[:, 0]] * queries).sum(axis=1), scores[:, 0], rtol=1e-5)
+
+
+def test_gpu_refuses_an_index_that_is_not_flat(embeddings: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    build_faiss(embeddings, tmp_path / "sq8", FaissSettings(index_type="sq8", train_size=1000), show_progress=False)
+    FakeGpus(monkeypatch, 1)
+    with pytest.raises(IndexMissing, match="only flat"):
+        FaissIndex(tmp_path / "sq8", FaissSettings(gpu=True))
 
 
 def test_bm25s_build_manifest_and_search(corpus: Corpus, tmp_path: Path) -> None:
