@@ -54,7 +54,8 @@ BASE_OFFSETS = {"searcher": 0, "retriever": 1, "generator": 2, "judge": 3, "llm"
 """With `--base-port B`: searcher B, retriever B+1, generator B+2, judge B+3, LLM B+4, Redis B+5, the trained
 searcher's policy LLM B+6."""
 
-REDIS_DB = {"retriever": 0, "generator": 1, "judge": 2, "searcher": 3}
+# the retriever keeps no result cache: no Redis database for it
+REDIS_DB = {"generator": 1, "judge": 2, "searcher": 3}
 
 SAMPLE_URL = ("https://raw.githubusercontent.com/RUC-NLPIR/FlashRAG/adb2a8bc285042abf7c0c56ff004283f62318c5a/"
               "examples/quick_start/indexes/sample_data.jsonl")

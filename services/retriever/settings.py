@@ -55,7 +55,7 @@ class FaissSettings(BaseModel):
     shard_size: int = Field(2_000_000, ge=1_000, description="vectors per stored shard (flat); shards load "
                             "one at a time")
     threads: int = Field(0, ge=0, description="OpenMP threads for FAISS; 0 = library default")
-    gpu: bool = Field(False, description="fp16 GPU shards across all visible GPUs (needs faiss-gpu)")
+    gpu: bool = Field(False, description="flat index only: fp16 shards across all visible GPUs (needs faiss-gpu)")
 
 
 class RetrieverSettings(ServiceSettings):
@@ -99,8 +99,14 @@ class RetrieverSettings(ServiceSettings):
                              f"{'both indexes' if self.default_method == 'hybrid' else 'its index'} enabled")
         if self.fusion_depth > self.max_k:
             raise ValueError("RETRIEVER_FUSION_DEPTH cannot exceed RETRIEVER_MAX_K")
-        if self.faiss.gpu and self.faiss.index_type not in ("flat", "sq8"):
-            raise ValueError("RETRIEVER_FAISS__GPU supports index types flat and sq8 only")
+        if self.faiss.gpu and self.faiss.index_type != "flat":
+            raise ValueError(f"RETRIEVER_FAISS__GPU serves flat indexes only (loaded as fp16), not "
+                             f"{self.faiss.index_type}: faiss cannot clone an 8-bit scalar quantizer (sq8) or an "
+                             "HNSW index to a GPU. Build a flat index for GPUs (fp16 halves its memory), or "
+                             "serve this one on the CPU (RETRIEVER_FAISS__GPU=false)")
+        if self.redis_url is not None:
+            raise ValueError("RETRIEVER_REDIS_URL is not used: the retriever keeps no result cache (the "
+                             "searcher, generator and judge cache in Redis); unset it")
         return self
 
     def methods(self) -> list[str]:

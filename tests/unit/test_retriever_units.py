@@ -243,6 +243,14 @@ def test_settings_env_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     for overrides in bad:
         with pytest.raises(ValidationError):
             RetrieverSettings(**overrides)  # type: ignore[arg-type]
+    # faiss clones no 8-bit scalar quantizer to a GPU: refused at start-up, saying what to do instead
+    with pytest.raises(ValidationError, match=r"flat indexes only .* sq8.*RETRIEVER_FAISS__GPU=false"):
+        RetrieverSettings(dense=True, faiss={"index_type": "sq8", "gpu": True})  # type: ignore[arg-type]
+    assert RetrieverSettings(dense=True, faiss={"index_type": "flat", "gpu": True}).faiss.gpu  # type: ignore[arg-type]
+    # the retriever caches nothing: a Redis URL for it would silently do nothing, so it is refused
+    monkeypatch.setenv("RETRIEVER_REDIS_URL", "redis://redis:6379/0")
+    with pytest.raises(ValidationError, match="RETRIEVER_REDIS_URL is not used"):
+        RetrieverSettings()  # type: ignore[call-arg]
 
 
 # --------------------------------------------------------------------------- micro-batching
