@@ -228,6 +228,12 @@ class ServiceClient:
     def _transport_failure(self, exc: httpx.RequestError, seconds: float) -> ServiceError:
         """A request that got no response (timeout, refused, reset): counted, and what to raise."""
         self.breaker.record_failure()
+        if isinstance(exc, httpx.ConnectTimeout):
+            # nothing accepted the connection (e.g. a stopped container whose address is still cached): the
+            # upstream is unreachable, not slow, so 503 + Retry-After rather than 504
+            self._observe(seconds, "connect")
+            return UpstreamUnavailable(f"{self.name} unreachable: no connection within "
+                                       f"{self.settings.connect_timeout_s:g} s", retry_after=2.0)
         if isinstance(exc, httpx.TimeoutException):
             self._observe(seconds, "timeout")
             return UpstreamTimeout(f"{self.name} timed out")

@@ -191,8 +191,9 @@ class AiohttpWire:
 
         if self._session is None or self._session.closed:
             # idle connections are dropped after 4 s, before uvicorn's default 5 s keep-alive (vLLM, llama.cpp's
-            # server) closes them under us
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=60,
+            # server) closes them under us; names are resolved again after 10 s, since a container recreated by
+            # compose may come back on another address
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=10,
                                              keepalive_timeout=4.0)
             self._session = aiohttp.ClientSession(connector=connector, headers=self.headers,
                                                   cookie_jar=aiohttp.DummyCookieJar(), timeout=self._timeout(None),

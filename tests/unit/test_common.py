@@ -264,6 +264,26 @@ def test_answer_normalisation_and_scores() -> None:
     assert is_yes_no(["Yes"]) and not is_yes_no(["Yes", "Paris"])
 
 
+async def test_service_client_connect_timeout_is_unavailable_read_timeout_is_504() -> None:
+    """No connection at all (a stopped container's cached address) is 503 + Retry-After, like refused;
+    a connection that never answers is 504."""
+    def no_connection(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("no route")
+
+    def silent(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow")
+
+    for handler, error in ((no_connection, UpstreamUnavailable), (silent, UpstreamTimeout)):
+        client = ServiceClient(ClientSettings(url="http://retriever:8001", max_retries=1, backoff_s=0.001),
+                               transport=httpx.MockTransport(handler))
+        with pytest.raises(error) as caught:
+            await client.request("GET", "/x")
+        await client.aclose()
+        assert caught.value.status == (503 if error is UpstreamUnavailable else 504)
+        if error is UpstreamUnavailable:
+            assert caught.value.retry_after
+
+
 async def test_default_transport_maps_refused_and_timeouts_apart() -> None:
     """The aiohttp wire (default) keeps httpx's error kinds: refused is unreachable, silence is a timeout."""
     from tests.conftest import free_port
