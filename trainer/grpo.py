@@ -224,8 +224,11 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
                   retriever: Any, baselines: BaselineStore | None, reward_kind: str = "gbr",
                   extra_reward_funcs: Sequence[Any] = (), extra_reward_weights: Sequence[float] = ()) -> Any:
     """A ready `GRPOTrainer`: the model from `config.model_path` on `config.device` in `config.precision`
-    (a LoRA when asked), rollouts through the search environment (vLLM ones when `config.vllm` is on)."""
-    from trl import GRPOConfig, GRPOTrainer
+    (a LoRA when asked), rollouts through the search environment (vLLM ones when `config.vllm` is on), the
+    log-probability pass reading each group's shared prompt once (`trainer.shared_prefix`)."""
+    from trl import GRPOConfig
+
+    from trainer.shared_prefix import trainer_class
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -281,8 +284,8 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
         disable_tqdm=True,
         **vllm,
     )
-    return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=to_dataset(items),
-                       processing_class=tokenizer, rollout_func=rollout)
+    return trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=to_dataset(items),
+                           processing_class=tokenizer, rollout_func=rollout)
 
 
 def train(trainer: Any, output_dir: Path, *, resume: bool = True) -> dict[str, Any]:

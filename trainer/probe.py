@@ -2,7 +2,8 @@
 the policy sampled. Used by `bench/train_gpu_check.py` and the trainer's e2e test.
 
 `GradientProbe(trainer)` wraps the trainer's loss to keep the step's inputs, and keeps the gradient of the
-final hidden states (the input of the LM head: position t predicts token t+1). After a step:
+final hidden states of the step's last forward pass (the input of the LM head: position t predicts token
+t+1; over prompt + completion, or over the completions alone after the shared-prefix pass). After a step:
 `masked_grad_max()` is the largest gradient on any completion position the loss must not see (an inserted
 environment token or padding: exactly 0 when the mask works) and `unmasked_grad_max()` the largest on the
 policy's own tokens (> 0 when the step learned anything); `trained_vs_sampled(episodes)` compares, row by
@@ -79,8 +80,13 @@ class GradientProbe:
             loss_mask = loss_mask * inputs["tool_mask"]
         prompt_len = inputs["prompt_ids"].size(1)
         completion_len = inputs["completion_ids"].size(1)
-        grads = self.hidden.grad[:, prompt_len - 1: prompt_len - 1 + completion_len, :].float().abs().amax(-1)
-        return grads, loss_mask.bool()
+        grad = self.hidden.grad.float().abs().amax(-1)
+        if grad.size(1) == prompt_len + completion_len:  # one pass over prompt + completion
+            return grad[:, prompt_len - 1: prompt_len - 1 + completion_len], loss_mask.bool()
+        # the shared-prefix pass read the completions on their own (the prompts once, before): position t of
+        # that pass predicts completion token t + 1; the first completion token (always one the policy
+        # sampled, from the shared prompt's last position) is left out of both figures
+        return grad[:, :completion_len - 1], loss_mask[:, 1:].bool()
 
     def masked_grad_max(self) -> float:
         grads, mask = self._position_grads()
