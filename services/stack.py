@@ -348,7 +348,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--policy", choices=["auto", "trained", "base"], default="auto",
                         help="trained: the searcher trained here (services/searcher/trained), served by a second "
                         "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): trained "
-                        "when it is shipped, else base")
+                        "when it is shipped and its recorded evaluation beat the untrained policy, else base")
     parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
                         help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
@@ -391,6 +391,10 @@ def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder
         trained.check_base(smollm2_gguf_path())
     except TrainedSearcherError as exc:
         raise StackError(f"{exc} (pass --policy base to serve the untrained model)") from exc
+    if args.policy == "auto" and not trained.serve_by_default:
+        say("policy: the untrained SmolLM2 (the shipped trained searcher did not beat it in its recorded "
+            "evaluation; --policy trained serves it anyway)")
+        return None
     say(f"policy: the trained searcher ({trained.folder.name}: {trained.manifest.get('summary', 'see its manifest')})")
     return trained
 

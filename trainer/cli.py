@@ -292,15 +292,29 @@ def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(out / "prompts", ignore_errors=True)
         shutil.copytree(prompts, out / "prompts")
     base = smollm2_gguf_path()
+    evaluation = json.loads(Path(args.evaluation).read_text()) if args.evaluation else None
+    if evaluation is not None:
+        evaluation["beats_base"] = beats_base(evaluation)
     manifest = {"model_alias": args.alias, "base_model": base.name, "base_gguf_sha256": sha256(base),
                 "adapter_sha256": sha256(gguf), "search": last["search"], "summary": args.summary or "",
-                "runs": records, "evaluation": json.loads(Path(args.evaluation).read_text())
-                if args.evaluation else None}
+                "runs": records, "evaluation": evaluation}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return {"folder": str(out), "adapter_bytes": gguf.stat().st_size, "runs": len(records)}
 
 
 RUN_RECORD = "run.json"
+
+
+def beats_base(evaluation: dict[str, Any]) -> bool:
+    """From `bench/search_quality.py`'s result over every set: the trained searcher gains more over naive
+    top-n at its own budget than the untrained one does over naive top-n at its budget, and it is not worse
+    than the untrained one at a budget of 3 documents. `plugsearch-stack --policy auto` serves it only then."""
+    overall = evaluation.get("all") or {}
+    matched, fixed = overall.get("matched") or {}, overall.get("budget3") or {}
+    try:
+        return bool(matched["gain_s3_trained"] > matched["gain_s3_base"] and fixed["s3_trained"] >= fixed["s3_base"])
+    except KeyError:
+        return False
 
 
 def _record_run(out: Path, argv: Sequence[str], result: dict[str, Any], **details: Any) -> None:
@@ -493,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "services/searcher/trained/smollm2-s3")
     x.add_argument("--runs", nargs="+", default=None,
                    help="run folders whose run.json go into the manifest, in order (default: the adapter's parent)")
-    x.add_argument("--evaluation", default=None, help="JSON file of the evaluation to record in the manifest")
+    x.add_argument("--evaluation", default=None, help="bench/search_quality.py's final JSON line (a file) to record in "
+                   "the manifest; it decides whether plugsearch-stack serves the searcher by default (beats_base)")
     x.add_argument("--summary", default=None, help="one line on what the searcher is")
     x.add_argument("--alias", default="smollm2-135m-searcher", help="model name the policy server answers to")
     x.add_argument("--fp32", action="store_true", help="float32 tensors (default float16)")

@@ -299,7 +299,7 @@ def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: 
 
 
 # --------------------------------------------------------------------------------- trained searcher
-def fake_trained(folder: Path, *, base_sha: str | None = None) -> Any:
+def fake_trained(folder: Path, *, base_sha: str | None = None, beats_base: bool = True) -> Any:
     from services.searcher.trained import ADAPTER, MANIFEST, TrainedSearcher, sha256
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -309,7 +309,7 @@ def fake_trained(folder: Path, *, base_sha: str | None = None) -> Any:
     (prompts / "s3.system.txt").write_text("Mark at most $select_k ids.")
     manifest = {"adapter_sha256": sha256(folder / ADAPTER), "model_alias": "smollm2-135m-searcher",
                 "search": {"mode": "s3", "max_turns": 1, "retrieve_k": 5, "select_k": 3, "doc_chars": 200,
-                           "max_new_tokens": 64}}
+                           "max_new_tokens": 64}, "evaluation": {"beats_base": beats_base}}
     if base_sha:
         manifest["base_gguf_sha256"] = base_sha
     (folder / MANIFEST).write_text(json.dumps(manifest))
@@ -357,3 +357,13 @@ def test_policy_choice(tmp_path: Path) -> None:
     assert stack._trained_policy(stack._parse_args([]), said.append, none) is None  # auto, nothing shipped: base
     with pytest.raises(stack.StackError, match="--policy base"):
         stack._trained_policy(stack._parse_args(["--policy", "trained"]), said.append, none)
+    from services.common.llama_server import smollm2_gguf_path
+    from services.searcher.trained import sha256
+
+    base = sha256(smollm2_gguf_path())
+    better = fake_trained(tmp_path / "better", base_sha=base).folder
+    worse = fake_trained(tmp_path / "worse", base_sha=base, beats_base=False).folder
+    assert stack._trained_policy(stack._parse_args([]), said.append, better) is not None
+    assert stack._trained_policy(stack._parse_args([]), said.append, worse) is None  # auto: only a winner
+    assert "did not beat" in said[-1]
+    assert stack._trained_policy(stack._parse_args(["--policy", "trained"]), said.append, worse) is not None

@@ -51,6 +51,13 @@ class TrainedSearcher:
         return SearchParams(**self.manifest["search"])
 
     @property
+    def serve_by_default(self) -> bool:
+        """Whether its recorded evaluation showed it beating the untrained policy (what `--policy auto`
+        needs to serve it)."""
+        evaluation = self.manifest.get("evaluation") or {}
+        return bool(evaluation.get("beats_base"))
+
+    @property
     def model_alias(self) -> str:
         return str(self.manifest.get("model_alias", "smollm2-135m-searcher"))
 
