@@ -21,8 +21,16 @@ def plot_reward_curve(entries: Sequence[Mapping[str, Any]], path: Path, *, title
     plt = _pyplot()
     steps = [int(e["step"]) for e in entries]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [e["mean_reward"] for e in entries], marker="o", label=f"mean {entries[0]['kind'] if entries else ''}")
-    ax.plot(steps, [e["mean_genacc"] for e in entries], marker=".", linestyle="--", label="mean GenAcc")
+    kind = entries[0]["kind"] if entries else ""
+    rewards = [e["mean_reward"] for e in entries]
+    ax.plot(steps, rewards, marker="o", label=f"mean {kind}")
+    if len(rewards) >= 10:
+        window = 10
+        smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
+                  for i in range(len(rewards))]
+        ax.plot(steps, smooth, linewidth=2.5, label=f"mean {kind}, last {window} steps")
+    second = "share of searches whose documents hold the answer" if kind == "recall" else "mean GenAcc"
+    ax.plot(steps, [e["mean_genacc"] for e in entries], marker=".", linestyle="--", label=second)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
