@@ -1,7 +1,8 @@
 """Result caches: Redis when a URL is configured, an in-process LRU otherwise.
 
 A Redis failure never fails a request: the cache is bypassed, the error logged and counted, and the
-caller recomputes. Keys are namespaced SHA-256 digests of a canonical JSON payload.
+caller recomputes. An entry that does not decode (or, with `get_model`, does not validate) is a miss,
+counted as `corrupt`: whoever wrote it, it is never served and is replaced by the next result. Keys are namespaced SHA-256 digests of a canonical JSON payload.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from services.common.metrics import ServiceMetrics
+
+M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +115,7 @@ class ResultCache:
         if self.metrics is not None:
             self.metrics.cache_events.labels(self.name, event).inc()
 
-    async def get_json(self, key: str) -> Any | None:
+    async def _read(self, key: str) -> bytes | None:
         try:
             raw = await self.backend.get(key)
         except Exception as exc:  # Redis down or slow: bypass, never fail the request
@@ -119,9 +124,36 @@ class ResultCache:
             return None
         if raw is None:
             self._count("miss")
+        return raw
+
+    async def get_json(self, key: str) -> Any | None:
+        raw = await self._read(key)
+        if raw is None:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too)
+            self._corrupt(key)
             return None
         self._count("hit")
-        return json.loads(raw)
+        return value
+
+    async def get_model(self, key: str, model: type[M]) -> M | None:
+        """The entry as `model`, or None when absent, unreadable or not a valid `model`."""
+        raw = await self._read(key)
+        if raw is None:
+            return None
+        try:
+            value = model.model_validate_json(raw)
+        except ValidationError:  # not JSON, or not this model
+            self._corrupt(key)
+            return None
+        self._count("hit")
+        return value
+
+    def _corrupt(self, key: str) -> None:
+        self._count("corrupt")
+        logger.warning("cache %s: ignoring a corrupt entry under %s", self.name, key)
 
     async def set_json(self, key: str, value: Any, ttl_s: int | None = None) -> None:
         try:

@@ -6,7 +6,10 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 from services.common import sse
+from services.common.errors import BadRequest
 from services.common.http import ServiceClient, UpstreamError, decode_error_event
 from services.common.schemas.generator import MAX_BATCH as GENERATE_MAX_BATCH
 from services.common.schemas.generator import (
@@ -35,8 +38,14 @@ class RetrieverClient(ServiceClient):
     name = "retriever"
 
     async def retrieve(self, queries: Sequence[str], k: int = 10, method: Method | None = None) -> RetrieveResponse:
-        return await self.post_model("/retrieve", RetrieveRequest(queries=list(queries), k=k, method=method),
-                                     RetrieveResponse)
+        """Raises `BadRequest` (never pydantic's error) when the arguments break the request's limits."""
+        try:
+            request = RetrieveRequest(queries=list(queries), k=k, method=method)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise BadRequest(f"{self.name}: request refused before sending: {first['msg']}",
+                             param=".".join(str(p) for p in first["loc"])) from exc
+        return await self.post_model("/retrieve", request, RetrieveResponse)
 
 
 class GeneratorClient(ServiceClient):

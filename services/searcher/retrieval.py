@@ -8,6 +8,7 @@ import asyncio
 from services.common.clients import RetrieverClient
 from services.common.errors import BadRequest, ServiceError, UpstreamError
 from services.common.schemas.base import Document
+from services.common.schemas.retriever import fit_query
 
 _Waiter = tuple[list[str], "asyncio.Future[list[list[Document]]]"]
 
@@ -24,7 +25,9 @@ class ServiceRetriever:
     search's retrievals otherwise cost the searcher, and the retriever, one HTTP exchange apiece. Nothing
     waits for company: a lone call is sent on the next loop turn. If the retriever refuses a merged
     request as a whole (a 4xx), each caller's queries are sent again on their own, so one caller's bad
-    query never fails another caller's search.
+    query never fails another caller's search. Before anything is merged, every query is fitted to what the
+    retriever accepts (`fit_query`: a question longer than its query limit is cut, control characters go);
+    one left blank finds nothing and is not sent.
     """
 
     def __init__(self, client: RetrieverClient, *, max_batch: int = 64) -> None:
@@ -34,6 +37,14 @@ class ServiceRetriever:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        fitted = [fit_query(q) for q in queries]
+        sendable = [q for q in fitted if q]
+        if len(sendable) == len(fitted):
+            return await self._merged(fitted, k, method)
+        found = iter(await self._merged(sendable, k, method) if sendable else [])
+        return [next(found) if q else [] for q in fitted]
+
+    async def _merged(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
         if self.max_batch <= 1 or len(queries) >= self.max_batch:
             return await self._retrieve(queries, k, method)
         key = (k, method)

@@ -146,10 +146,9 @@ class SearchService:
     async def _cached(self, request: SearchRequest, prepared: _Prepared) -> SearchResponse | None:
         if prepared.cache is None:
             return None
-        hit = await prepared.cache.get_json(prepared.key)
-        if hit is None:
+        response = await prepared.cache.get_model(prepared.key, SearchResponse)
+        if response is None:
             return None
-        response = SearchResponse.model_validate(hit)
         return response.model_copy(update={"cached": True, "trace": response.trace if request.return_trace else None})
 
     async def _run(self, request: SearchRequest, prepared: _Prepared, on_event: EventSink | None = None

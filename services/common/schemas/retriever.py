@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints
@@ -13,6 +14,22 @@ MAX_BATCH = 4096
 MAX_K = 1000
 
 Query = bounded_text(MAX_QUERY_CHARS)
+
+_UNSENDABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def fit_query(text: str) -> str:
+    """`text` as a query `RetrieveRequest` accepts, or "" when nothing searchable is left: control
+    characters (NUL included) and lone surrogates become spaces, and the text is cut to `MAX_QUERY_CHARS`
+    (at a space near the end when there is one). What a caller builds from free text (a question up to the
+    searcher's longer limit, a policy's output) goes through this before it reaches a merged batch, so it
+    can never fail the batch's other queries."""
+    text = _UNSENDABLE.sub(" ", text).strip()
+    if len(text) > MAX_QUERY_CHARS:
+        cut = text[:MAX_QUERY_CHARS]
+        space = cut.rfind(" ", MAX_QUERY_CHARS - 64)
+        text = (cut[:space] if space > 0 else cut).rstrip()
+    return text
 
 
 class RetrieveRequest(StrictModel):
