@@ -22,13 +22,20 @@ async def app_client(app: FastAPI, base_url: str = "http://testserver") -> Async
 
 @contextmanager
 def served_in_thread(app: FastAPI, timeout_s: float = 30.0) -> Iterator[str]:
-    """`app` (lifespan included) served by uvicorn on 127.0.0.1:<free port> in a thread; yields its URL."""
+    """`app` (lifespan included) served by uvicorn on 127.0.0.1:<free port> in a thread, as `serve` runs a
+    service (its uvicorn options, the guarded HTTP protocol) when the app has plugsearch settings; yields
+    its URL."""
     import uvicorn
 
+    from services.common.app import uvicorn_options
+    from services.common.settings import ServiceSettings
     from services.common.workers import free_port
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    settings = getattr(app.state, "settings", None)
+    options = uvicorn_options(settings) if isinstance(settings, ServiceSettings) else {}
+    options.update(host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

@@ -1,9 +1,12 @@
 """App factory pieces every service uses: guard middleware, health, version and metrics endpoints.
 
 The guard is one pure-ASGI middleware (cheap on the hot path) that, in this order: mints or accepts
-`X-Request-ID`; leaves open paths alone (health, metrics, docs); checks auth; refuses bodies over the
-limit (413); refuses work past `max_in_flight` (429 + Retry-After); enforces the per-request deadline
-(504); records request metrics.
+`X-Request-ID`; leaves open paths alone (health, metrics, docs); refuses a header given twice (400);
+checks auth and records who the caller is (`services.common.admission.Caller` in the scope's state);
+refuses bodies over the limit (413) and reads the body within `body_timeout_s` (408) before the request
+counts as in flight; refuses absurd JSON (422) and non-JSON bodies (415); refuses work past the adaptive
+admission limit (429 + Retry-After); enforces the per-request deadline (504); cancels the work when the
+client hangs up before the answer; records request metrics and feeds latency back to the limit.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services
+from services.common.admission import CALLER_STATE, COST_STATE, AdaptiveLimit, Caller, address_id, key_id
 from services.common.errors import ErrorDetail, ErrorEnvelope, install_error_handlers
 from services.common.logging import (
     REQUEST_ID_HEADER,
@@ -71,18 +75,59 @@ def _error_body(status: int, type_: str, message: str, request_id: str) -> bytes
     return json.dumps(env.model_dump()).encode()
 
 
+SINGLE_HEADERS = frozenset({b"content-type", b"content-length", b"transfer-encoding", b"authorization",
+                            b"x-api-key", b"x-request-id"})
+"""Headers a request may carry once: two Content-Type headers were read one way here and another by the
+framework; two keys, or two lengths, are as ambiguous."""
+
+JSON_CHECK_BYTES = 16 * 1024
+"""Bodies above this size have their JSON structure checked before the framework validates it."""
+MAX_JSON_MEMBERS = 1024
+"""No request model has an object with more members: 150k unknown fields took the validator 1.3 s to list."""
+MAX_JSON_ITEMS = 8192
+"""Above every list limit of every request model (the retriever's 4,096 queries), so that limit still answers."""
+
+
+def absurd_json(body: bytes) -> str | None:
+    """Why `body` is too absurd to hand to the validator (an object with more than `MAX_JSON_MEMBERS`
+    members, an array longer than `MAX_JSON_ITEMS`), or None. Invalid JSON is None too: the framework
+    answers it with the usual 400."""
+    import orjson
+
+    try:
+        stack: list[Any] = [orjson.loads(body)]
+    except orjson.JSONDecodeError:
+        return None
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if len(value) > MAX_JSON_MEMBERS:
+                return f"a JSON object with {len(value)} members (at most {MAX_JSON_MEMBERS})"
+            stack.extend(v for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            if len(value) > MAX_JSON_ITEMS:
+                return f"a JSON array with {len(value)} items (at most {MAX_JSON_ITEMS})"
+            stack.extend(v for v in value if isinstance(v, dict | list))
+    return None
+
+
 class GuardMiddleware:
     def __init__(self, app: ASGIApp, *, settings: ServiceSettings, metrics: ServiceMetrics,
                  open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.open_paths = open_paths
         self.metrics = metrics
-        self.token_digests = [hashlib.sha256(t).digest() for t in settings.accepted_tokens()]
+        self.key_digests = [hashlib.sha256(k.get_secret_value().encode()).digest() for k in settings.api_keys]
+        self.internal_digest = (None if settings.internal_token is None
+                                else hashlib.sha256(settings.internal_token.get_secret_value().encode()).digest())
         self.max_body = settings.max_body_bytes
-        self.max_in_flight = settings.max_in_flight
+        self.limit = AdaptiveLimit(settings.max_in_flight, min_limit=settings.min_in_flight,
+                                   tolerance=settings.latency_tolerance, adaptive=settings.adaptive_concurrency)
         self.deadline = settings.request_timeout_s
+        self.body_timeout = settings.body_timeout_s
         self.retry_after = str(settings.retry_after_s).encode()
         self.in_flight = 0
+        metrics.admission_limit.set(self.limit.current)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,24 +171,26 @@ class GuardMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
         await send({"type": "http.response.body", "body": body})
 
-    def _authorised(self, scope: Scope) -> bool:
-        if not self.token_digests:
-            return True
-        presented = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                presented = value[7:].strip()
-            elif name == b"x-api-key":
-                presented = value.strip()
+    def _caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller | None:
+        """Who this is, or None when keys are configured and none of them was presented."""
+        if not self.key_digests and self.internal_digest is None:
+            return Caller("anonymous", address_id(scope))
+        presented = headers.get(b"x-api-key", b"").strip()
+        authorization = headers.get(b"authorization", b"")
+        if authorization[:7].lower() == b"bearer ":
+            presented = authorization[7:].strip()
         if not presented:
-            return False
+            return None
         # Compare fixed-size digests against every key: the time depends neither on which key matched
         # nor on how long the presented or the accepted keys are.
         digest = hashlib.sha256(presented).digest()
-        ok = False
-        for key_digest in self.token_digests:
-            ok |= hmac.compare_digest(digest, key_digest)
-        return ok
+        public = False
+        for key_digest in self.key_digests:
+            public |= hmac.compare_digest(digest, key_digest)
+        internal = self.internal_digest is not None and hmac.compare_digest(digest, self.internal_digest)
+        if internal:
+            return Caller("internal", "internal")
+        return Caller("key", key_id(digest)) if public else None
 
     async def _read_body(self, receive: Receive, send: Send, request_id: str) -> bytes | None:
         """The whole request body (at most `max_body` bytes), or None once a rejection was sent.
@@ -171,30 +218,62 @@ class GuardMiddleware:
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, request_id: str,
                        rid_header: tuple[bytes, bytes]) -> None:
-        if not self._authorised(scope):
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope.get("headers", ()):
+            if name in SINGLE_HEADERS:
+                if name in headers:
+                    await self._reject(send, 400, "duplicate_header", f"more than one {name.decode()} header",
+                                       request_id)
+                    return
+                headers[name] = value
+        caller = self._caller(scope, headers)
+        if caller is None:
             await self._reject(send, 401, "unauthorized", "missing or invalid API key", request_id,
                                [(b"www-authenticate", b"Bearer")])
             return
-        content_type = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > self.max_body
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await self._reject(send, 413, "payload_too_large",
-                                       f"request body over {self.max_body} bytes", request_id)
-                    return
-            elif name == b"content-type":
-                content_type = value
-        if self.in_flight >= self.max_in_flight:
+        try:
+            too_big = int(headers.get(b"content-length", b"0")) > self.max_body
+        except ValueError:
+            too_big = False
+        if too_big:
+            await self._reject(send, 413, "payload_too_large", f"request body over {self.max_body} bytes",
+                               request_id)
+            return
+        scope.setdefault("state", {})[CALLER_STATE] = caller
+        # The body first: a client that trickles it holds no in-flight slot, and gets 408 past the timeout.
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                body = await self._read_body(receive, send, request_id)
+        except TimeoutError:
+            await self._reject(send, 408, "request_timeout",
+                               f"request body not received within {self.body_timeout:g} s", request_id,
+                               [(b"connection", b"close")])
+            return
+        if body is None:
+            return  # refused (413) or the client left
+        content_type = headers.get(b"content-type", b"")
+        if body and content_type and not is_json_media_type(content_type):
+            await self._reject(send, 415, "unsupported_media_type",
+                               "request body must be JSON (Content-Type: application/json)", request_id)
+            return
+        if len(body) > JSON_CHECK_BYTES:
+            problem = absurd_json(body)
+            if problem is not None:
+                await self._reject(send, 422, "validation_error", f"request body refused: {problem}", request_id)
+                return
+        if not self.limit.admits(self.in_flight):
             await self._reject(send, 429, "overloaded", "too many requests in flight; retry later",
                                request_id, [(b"retry-after", self.retry_after)])
             return
+        await self._admitted(scope, receive, send, request_id, rid_header, body)
 
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send, request_id: str,
+                        rid_header: tuple[bytes, bytes], body: bytes) -> None:
         started = False
         status = 500
+        client_left = False
+        task = asyncio.current_task()
+        gone = asyncio.Event()
 
         async def tracking_send(message: Message) -> None:
             nonlocal started, status
@@ -204,35 +283,44 @@ class GuardMiddleware:
                 message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
+        async def watch() -> None:
+            """The client hanging up before any answer cancels the work done for it."""
+            nonlocal client_left
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+            if not started and task is not None:
+                client_left = True
+                task.cancel()
+
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()  # streaming responses listen for the client leaving
+            return {"type": "http.disconnect"}
+
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        watcher = asyncio.create_task(watch())
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(self.deadline):
-                body = await self._read_body(receive, send, request_id)
-                if body is None:
-                    status = 413
-                    return
-                if body and content_type and not is_json_media_type(content_type):
-                    status = 415
-                    await self._reject(send, 415, "unsupported_media_type",
-                                       "request body must be JSON (Content-Type: application/json)", request_id)
-                    return
-                replayed = False
-
-                async def replay() -> Message:
-                    nonlocal replayed
-                    if not replayed:
-                        replayed = True
-                        return {"type": "http.request", "body": body, "more_body": False}
-                    return await receive()  # only http.disconnect is left
-
                 await self.app(scope, replay, tracking_send)
         except TimeoutError:
             if not started:
                 status = 504
                 await self._reject(send, 504, "deadline_exceeded",
                                    f"request took longer than {self.deadline:g} s", request_id)
+        except asyncio.CancelledError:
+            if not client_left or task is None:
+                raise
+            task.uncancel()
+            status = 499  # nginx's "client closed request": nothing is sent to nobody
+            logger.info("client went away: %s %s cancelled", scope.get("method"), scope.get("path"))
         except Exception:
             # A bug: the trace goes to the log, the caller gets a generic 500 (never the exception text).
             logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
@@ -240,12 +328,17 @@ class GuardMiddleware:
                 status = 500
                 await self._reject(send, 500, "internal_error", "internal server error", request_id)
         finally:
+            watcher.cancel()
+            elapsed = time.perf_counter() - t0
             self.in_flight -= 1
             self.metrics.in_flight.dec()
+            if 200 <= status < 300:
+                self.limit.observe(elapsed, float(scope.get("state", {}).get(COST_STATE, 1.0)))
+                self.metrics.admission_limit.set(self.limit.current)
             route = scope.get("route")
             route_name = getattr(route, "path", "unmatched")
             self.metrics.requests.labels(route_name, scope.get("method", ""), str(status)).inc()
-            self.metrics.latency.labels(route_name).observe(time.perf_counter() - t0)
+            self.metrics.latency.labels(route_name).observe(elapsed)
 
 
 def is_json_media_type(value: bytes) -> bool:
@@ -255,8 +348,9 @@ def is_json_media_type(value: bytes) -> bool:
 
 
 GUARD_RESPONSES: dict[str, str] = {
-    "400": "invalid JSON body",
+    "400": "invalid JSON body, or a header given twice",
     "401": "missing or invalid API key (when keys are configured)",
+    "408": "request body not received in time",
     "413": "request body over the size limit",
     "415": "request body is not JSON",
     "422": "request failed validation",
@@ -379,6 +473,17 @@ def build_app(
     return app
 
 
+def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
+    """How every service runs under uvicorn: its address, quiet logs, the keep-alive timeout, and the
+    guarded HTTP protocol (`services.common.protocol`: header timeouts and size limit, enveloped parse
+    errors)."""
+    from services.common.protocol import GuardedHttpToolsProtocol
+
+    return dict(host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False,
+                timeout_graceful_shutdown=10, log_config=None, timeout_keep_alive=int(settings.keep_alive_s),
+                http=GuardedHttpToolsProtocol)
+
+
 def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> None:
     """Run one service with uvicorn (used by every `python -m services.X` entrypoint).
 
@@ -392,9 +497,7 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
     """
     import uvicorn
 
-    options: dict[str, Any] = dict(host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                                   access_log=False, timeout_graceful_shutdown=10, log_config=None,
-                                   timeout_keep_alive=int(settings.keep_alive_s))
+    options = uvicorn_options(settings)
     if settings.workers == 1:
         uvicorn.run(app, **options)
         return

@@ -81,6 +81,19 @@ class Overloaded(ServiceError):
     type = "overloaded"
 
 
+class CostLimitExceeded(ServiceError):
+    """The request asks for more work than one request may (mode, k, turns, batch size)."""
+
+    status = 422
+    type = "cost_limit_exceeded"
+
+
+class RateLimited(Overloaded):
+    """The caller spent its budget of cost units; it may retry after Retry-After."""
+
+    type = "rate_limited"
+
+
 class UpstreamError(ServiceError):
     """An upstream service or LLM answered with an error, or could not be reached."""
 

@@ -29,6 +29,9 @@ class ServiceMetrics:
                                  ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.in_flight = Gauge(f"{service}_http_in_flight", "requests being served", registry=self.registry,
                                multiprocess_mode="livesum")
+        self.admission_limit = Gauge(f"{service}_admission_limit", "requests admitted in flight at most now "
+                                     "(adaptive; summed over workers)", registry=self.registry,
+                                     multiprocess_mode="livesum")
         self.rejected = Counter(f"{service}_http_rejected_total", "requests refused before the handler",
                                 ["reason"], registry=self.registry)
         self.upstream_seconds = Histogram(f"{service}_upstream_seconds", "calls to other services",

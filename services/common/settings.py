@@ -36,14 +36,28 @@ class ServiceSettings(BaseSettings):
 
     # Limits (also enforced per field by the request schemas).
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
-    max_in_flight: int = Field(256, ge=1, description="concurrent requests before 429 + Retry-After")
+    max_in_flight: int = Field(256, ge=1, description="ceiling of concurrent requests before 429 + Retry-After")
+    adaptive_concurrency: bool = Field(True, description=(
+        "admit against a limit that follows latency (services.common.admission), at most max_in_flight; "
+        "false: max_in_flight alone"))
+    min_in_flight: int = Field(4, ge=1, description="the adaptive limit never goes below this")
+    latency_tolerance: float = Field(2.0, ge=1.0, le=10.0, description=(
+        "the adaptive limit shrinks while the mean latency per cost unit is over this many times its baseline"))
+    body_timeout_s: float = Field(10.0, gt=0, description=(
+        "the whole request body must arrive within this (else 408); a slow body holds no in-flight slot"))
+    header_timeout_s: float = Field(10.0, gt=0, description=(
+        "a connection must send a request's complete headers within this, from its first byte or from "
+        "connecting (else it is closed: slow or silent clients)"))
+    max_header_bytes: int = Field(32 * 1024, ge=1024, le=1024 * 1024, description=(
+        "request line + headers larger than this are refused with 431"))
     request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline; 504 when exceeded")
     keep_alive_s: float = Field(75.0, gt=0, description="idle keep-alive of client connections; above the "
                                 "idle timeout of clients and load balancers, so the server is never the one "
                                 "closing a connection a client is about to reuse")
     retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After (seconds) sent with an overload 429")
 
-    redis_url: str | None = Field(None, description="redis://host:port/db; unset = in-process cache")
+    redis_url: SecretStr | None = Field(None, description=(
+        "redis://[:password@]host:port/db (a secret: it may carry the password); unset = in-process cache"))
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=0)
     cache_max_items: int = Field(100_000, ge=0)
 
@@ -52,7 +66,7 @@ class ServiceSettings(BaseSettings):
     def _split_keys(cls, value: Any) -> Any:
         return split_csv(value)
 
-    @field_validator("internal_token", mode="before")
+    @field_validator("internal_token", "redis_url", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -63,6 +77,9 @@ class ServiceSettings(BaseSettings):
             if len(key.get_secret_value()) < 8:
                 raise ValueError("every API key must be at least 8 characters")
         return self
+
+    def redis_dsn(self) -> str | None:
+        return None if self.redis_url is None else self.redis_url.get_secret_value()
 
     def accepted_tokens(self) -> list[bytes]:
         tokens = [k.get_secret_value().encode() for k in self.api_keys]

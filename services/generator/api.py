@@ -65,7 +65,7 @@ def create_app(settings: GeneratorSettings | None = None, *, llm: LLMBackend | N
         metrics = app.state.metrics
         backend: LLMBackend = llm or OpenAIChatClient(settings.llm, name="generator_llm", metrics=metrics,
                                                       transport=llm_transport)
-        cache = make_cache(settings.redis_url, name="generator", ttl_s=settings.cache_ttl_s,
+        cache = make_cache(settings.redis_dsn(), name="generator", ttl_s=settings.cache_ttl_s,
                            max_items=settings.cache_max_items, metrics=metrics)
         try:
             counter = tokens

@@ -57,7 +57,7 @@ def create_app(settings: JudgeSettings | None = None, *, llm: LLMBackend | None 
         metrics = app.state.metrics
         backend: LLMBackend = llm or OpenAIChatClient(settings.llm, name="judge_llm", metrics=metrics,
                                                       transport=llm_transport)
-        cache = make_cache(settings.redis_url, name="judge", ttl_s=settings.cache_ttl_s,
+        cache = make_cache(settings.redis_dsn(), name="judge", ttl_s=settings.cache_ttl_s,
                            max_items=settings.cache_max_items, metrics=metrics)
         try:
             app.state.judge = Judge(backend, cache, prompt, verdict_max_tokens=settings.verdict_max_tokens,

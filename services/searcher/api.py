@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel
 
 from services.common import sse
+from services.common.admission import CALLER_STATE, COST_STATE, Caller, RateLimiter
 from services.common.app import add_component_schemas, build_app
 from services.common.cache import ResultCache, make_cache
 from services.common.clients import RetrieverClient
@@ -59,10 +60,19 @@ def event_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope, "description": description}
     for status, description in (
-        (400, "bad input"), (401, "missing or invalid API key"), (422, "invalid request"),
-        (429, "overloaded; retry after Retry-After"),
+        (400, "bad input"), (401, "missing or invalid API key"),
+        (422, "invalid request, or one costing more than a request may (cost_limit_exceeded)"),
+        (429, "overloaded, or the key's rate limit spent (rate_limited); retry after Retry-After"),
         (503, "the retriever is unavailable; retry after Retry-After"), (504, "request deadline exceeded"))
 }
+
+
+def accounted(request: Request, service: SearchService, items: list[SearchRequest]) -> Caller | None:
+    """Who asks (as the guard authenticated it), after telling the guard what the request costs (its
+    latency is judged per cost unit by the adaptive admission limit)."""
+    setattr(request.state, COST_STATE, service.cost(items))
+    caller = getattr(request.state, CALLER_STATE, None)
+    return caller if isinstance(caller, Caller) else None
 
 
 def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend | None = None,
@@ -88,14 +98,19 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                 the_retriever = ServiceRetriever(retriever_client, max_batch=settings.retriever_max_batch)
             the_cache = cache
             if the_cache is None:
-                the_cache = make_cache(settings.redis_url, name="search", ttl_s=settings.cache_ttl_s,
+                the_cache = make_cache(settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s,
                                        max_items=settings.cache_max_items, metrics=metrics)
                 stack.push_async_callback(the_cache.aclose)
             identity = None if retriever_client is None else IndexIdentity(retriever_client,
                                                                            ttl_s=settings.index_id_ttl_s)
+            limiter = None
+            if settings.rate_limit_per_s > 0:
+                limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst,
+                                      redis_url=settings.redis_dsn())
+                stack.push_async_callback(limiter.aclose)
             app.state.service = SearchService(settings, policy=the_policy, retriever=the_retriever,
                                               cache=the_cache, metrics=SearcherMetrics(metrics.registry),
-                                              index_identity=identity)
+                                              index_identity=identity, rate_limiter=limiter)
             if settings.chat is not None:
                 app.state.chat = await stack.enter_async_context(
                     chat_proxy(settings.chat, app.state.service, answer=answer, metrics=metrics))
@@ -138,16 +153,18 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
     async def search(body: SearchRequest, request: Request) -> Response:
         """Search for the documents an LLM needs to answer `question` (`stream: true`: as server-sent events)."""
         service: SearchService = request.app.state.service
+        caller = accounted(request, service, [body])
         if body.stream:
-            return sse.EventStreamResponse(await service.open_stream(body))
-        return Response((await service.search(body)).model_dump_json(), media_type=JSON)
+            return sse.EventStreamResponse(await service.open_stream(body, caller))
+        return Response((await service.search(body, caller)).model_dump_json(), media_type=JSON)
 
     @app.post("/search/batch", response_class=Response, tags=["search"],
               responses={200: {"model": SearchBatchResponse, "content": {JSON: {}}}, **ERRORS})
     async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
         """Many searches in one call, run concurrently; results in request order."""
         service: SearchService = request.app.state.service
-        results = SearchBatchResponse(results=await service.search_batch(body.items))
+        caller = accounted(request, service, body.items)
+        results = SearchBatchResponse(results=await service.search_batch(body.items, caller))
         return Response(results.model_dump_json(), media_type=JSON)
 
     return app

@@ -21,6 +21,7 @@ import orjson
 from pydantic import ValidationError
 
 from services.common import sse
+from services.common.admission import Caller
 from services.common.errors import BadRequest, ServiceError
 from services.common.schemas.chat import ChatCompletionRequest, ChatMessageIn, SearchSummary
 from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest, SearchResponse
@@ -70,7 +71,8 @@ class ChatProxy:
         self.settings = settings
         self.template = Template(settings.template)
 
-    async def prepare(self, request: ChatCompletionRequest) -> tuple[dict[str, Any], SearchSummary]:
+    async def prepare(self, request: ChatCompletionRequest, caller: Caller | None = None
+                      ) -> tuple[dict[str, Any], SearchSummary]:
         """Search, and the request body for the answer LLM."""
         index = last_user_index(request.messages)
         question = request.messages[index].text()
@@ -84,7 +86,7 @@ class ChatProxy:
             errors = exc.errors()
             raise BadRequest(f"search options: {errors[0].get('msg', 'invalid') if errors else 'invalid'}",
                              param="search") from exc
-        found = await self.search.search(search_request)
+        found = await self.search.search(search_request, caller)
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         if found.documents:
             messages = augment(request.messages, index, self.template.substitute(
@@ -93,16 +95,17 @@ class ChatProxy:
         body.update(messages=messages, model=self.settings.answer.model)
         return body, summarize(found)
 
-    async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
-        body, summary = await self.prepare(request)
+    async def complete(self, request: ChatCompletionRequest, caller: Caller | None = None) -> dict[str, Any]:
+        body, summary = await self.prepare(request, caller)
         completion = await self.answer.complete(body)
         completion["search"] = summary.model_dump(mode="json")
         return completion
 
-    async def open_stream(self, request: ChatCompletionRequest) -> AsyncGenerator[bytes, None]:
+    async def open_stream(self, request: ChatCompletionRequest, caller: Caller | None = None
+                          ) -> AsyncGenerator[bytes, None]:
         """Search and wait for the first chunk (so that failures up to there answer with their status),
         then the server-sent events of the rest; the first chunk carries `search`."""
-        body, summary = await self.prepare(request)
+        body, summary = await self.prepare(request, caller)
         chunks = self.answer.stream(body)
         try:
             first: dict[str, Any] | None = await anext(chunks)

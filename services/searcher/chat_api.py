@@ -11,6 +11,7 @@ import orjson
 from fastapi import FastAPI, Request, Response
 
 from services.common import sse
+from services.common.admission import CALLER_STATE
 from services.common.errors import ErrorEnvelope
 from services.common.llm import OpenAIChatClient
 from services.common.metrics import ServiceMetrics
@@ -56,6 +57,7 @@ def add_chat_routes(app: FastAPI, settings: ChatProxySettings) -> None:
         """OpenAI chat completions, search-augmented: the last user message is searched and answered from
         the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
         proxy: ChatProxy = request.app.state.chat
+        caller = getattr(request.state, CALLER_STATE, None)
         if body.stream:
-            return sse.EventStreamResponse(await proxy.open_stream(body))
-        return Response(orjson.dumps(await proxy.complete(body)), media_type="application/json")
+            return sse.EventStreamResponse(await proxy.open_stream(body, caller))
+        return Response(orjson.dumps(await proxy.complete(body, caller)), media_type="application/json")

@@ -15,8 +15,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from services.common import sse
+from services.common.admission import Caller, RateLimiter
 from services.common.cache import ResultCache, cache_key
-from services.common.errors import BadRequest, ErrorDetail, ErrorEnvelope, ServiceError
+from services.common.errors import (
+    BadRequest,
+    CostLimitExceeded,
+    ErrorDetail,
+    ErrorEnvelope,
+    RateLimited,
+    ServiceError,
+)
 from services.common.llm import LLMBackend
 from services.common.logging import get_request_id
 from services.common.metrics import LATENCY_BUCKETS
@@ -31,6 +39,7 @@ from services.common.schemas.searcher import (
     SearchTrace,
     TraceBlock,
     TraceMessage,
+    search_cost,
 )
 from services.searcher import parsing
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
@@ -98,8 +107,9 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
 class SearchService:
     def __init__(self, settings: SearcherSettings, *, policy: LLMBackend, retriever: RetrieverBackend,
                  cache: ResultCache | None = None, metrics: SearcherMetrics | None = None,
-                 index_identity: IndexIdentity | None = None) -> None:
+                 index_identity: IndexIdentity | None = None, rate_limiter: RateLimiter | None = None) -> None:
         self.settings = settings
+        self.rate_limiter = rate_limiter
         self.index_identity = index_identity
         self.policy = policy
         self.retriever = retriever
@@ -129,19 +139,48 @@ class SearchService:
         }
         return cache_key(CACHE_NAMESPACE, payload)
 
-    async def _prepare(self, request: SearchRequest) -> _Prepared:
-        """Parameters, cache key and cache of one search; bad parameters raise here, before any work."""
+    def _params(self, request: SearchRequest) -> SearchParams:
         try:
-            params = self.params_for(request)
+            return self.params_for(request)
         except ValidationError as exc:  # e.g. select_k over the service's default retrieve_k
             errors = exc.errors()
             raise BadRequest(str(errors[0].get("msg", "invalid parameters")) if errors else "invalid parameters",
                              param="select_k") from exc
+
+    def cost(self, requests: Sequence[SearchRequest]) -> float:
+        """Cost units of these searches (`search_cost`); bad parameters raise `BadRequest`."""
+        return sum(search_cost(self._params(r)) for r in requests)
+
+    def _limited(self, caller: Caller | None) -> bool:
+        return caller is not None and (caller.kind == "key" or (caller.kind == "anonymous"
+                                                                and self.settings.limit_anonymous))
+
+    def check_cost(self, caller: Caller | None, cost: float) -> None:
+        """The per-request bound: raises `CostLimitExceeded` for a limited caller's too costly request."""
+        limit = self.settings.max_request_cost
+        if self._limited(caller) and cost > limit:
+            raise CostLimitExceeded(f"the request costs {cost:g} units, over the limit of {limit:g} per request "
+                                    "(fewer turns, documents or batch items)", param="items")
+
+    async def charge(self, caller: Caller | None, cost: float) -> None:
+        """Spend `cost` of the caller's budget, or raise `RateLimited` with the seconds until it could."""
+        if self.rate_limiter is None or caller is None or not self._limited(caller):
+            return
+        wait = await self.rate_limiter.take(caller.id, cost)
+        if wait > 0:
+            raise RateLimited(f"rate limit: {self.settings.rate_limit_per_s:g} cost units per second per key "
+                              f"(this request: {cost:g})", retry_after=max(1.0, wait))
+
+    async def _prepare(self, request: SearchRequest, caller: Caller | None = None) -> _Prepared:
+        """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
+        here, before any work."""
+        params = self._params(request)
+        self.check_cost(caller, search_cost(params))
         cache, index_id = self.cache, None
         if cache is not None and self.index_identity is not None:
             index_id = await self.index_identity.current()
             cache = cache if index_id is not None else None  # which index would answer is unknown: no cache
-        return _Prepared(params, self.key(request.question, params, index_id), cache)
+        return _Prepared(params, self.key(request.question, params, index_id), cache, search_cost(params))
 
     async def _cached(self, request: SearchRequest, prepared: _Prepared) -> SearchResponse | None:
         if prepared.cache is None:
@@ -170,21 +209,26 @@ class SearchService:
             await store.set_json(prepared.key, full.model_dump(mode="json"))
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
 
-    async def search(self, request: SearchRequest) -> SearchResponse:
-        """One search. Raises (-> 503) only when the retriever cannot give even the naive top-k."""
-        prepared = await self._prepare(request)
+    async def search(self, request: SearchRequest, caller: Caller | None = None) -> SearchResponse:
+        """One search. Raises (-> 503) only when the retriever cannot give even the naive top-k. A cache
+        hit is free; a miss spends the caller's budget first (`caller` None: no bound, no budget)."""
+        prepared = await self._prepare(request, caller)
         hit = await self._cached(request, prepared)
-        return hit if hit is not None else await self._run(request, prepared)
+        if hit is not None:
+            return hit
+        await self.charge(caller, prepared.cost)
+        return await self._run(request, prepared)
 
-    async def open_stream(self, request: SearchRequest) -> AsyncGenerator[bytes, None]:
+    async def open_stream(self, request: SearchRequest, caller: Caller | None = None) -> AsyncGenerator[bytes, None]:
         """One search as server-sent events (`services.common.schemas.searcher`: retrieval, action, end,
         then result). Bad input, and failures before the first event (the retriever down), raise here, so
         they answer with their status; a failure after it becomes an `error` event. A cache hit is the
         `result` event alone. Closing the returned generator (the client went away) cancels the search."""
-        prepared = await self._prepare(request)
+        prepared = await self._prepare(request, caller)
         hit = await self._cached(request, prepared)
         if hit is not None:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
+        await self.charge(caller, prepared.cost)
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
         task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
@@ -201,13 +245,18 @@ class SearchService:
             return _single(_result_event(task))
         return _stream(first, queue, task)
 
-    async def search_batch(self, items: Sequence[SearchRequest]) -> list[SearchResponse]:
-        """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down."""
+    async def search_batch(self, items: Sequence[SearchRequest], caller: Caller | None = None
+                           ) -> list[SearchResponse]:
+        """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down.
+        The bound and the budget apply to the batch's total cost, spent up front."""
+        cost = self.cost(items)
+        self.check_cost(caller, cost)
+        await self.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 
         async def one(item: SearchRequest) -> SearchResponse:
             async with sem:
-                return await self.search(item)
+                return await self.search(item)  # bound and budget: the whole batch's, above
 
         results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
         for result in results:
@@ -226,6 +275,7 @@ class _Prepared(NamedTuple):
     params: SearchParams
     key: str
     cache: ResultCache | None
+    cost: float
 
 
 class _StreamEvents:

@@ -76,6 +76,17 @@ class SearcherSettings(ServiceSettings):
     retriever_max_batch: int = Field(64, ge=1, le=4096, description=(
         "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
         "queries; 1 = one request per retrieval"))
+    max_request_cost: float = Field(128.0, gt=0, description=(
+        "most cost units one request may ask for (`search_cost`: default s3 search 12; a batch: the sum of "
+        "its items); more is 422 cost_limit_exceeded. Applies to API-key callers (and anonymous ones with "
+        "limit_anonymous), never to the internal token"))
+    rate_limit_per_s: float = Field(20.0, ge=0, description=(
+        "cost units per second each API key may spend (token bucket, shared through Redis when redis_url is "
+        "set); past it 429 rate_limited + Retry-After; 0 = no rate limit"))
+    rate_limit_burst: float = Field(256.0, gt=0, description="cost units a key may spend at once (the bucket)")
+    limit_anonymous: bool = Field(False, description=(
+        "apply the cost bound and the rate limit to callers without a key too (one bucket per client "
+        "address), when no API keys are configured"))
     cache_enabled: bool = True
     index_id_ttl_s: float = Field(10.0, ge=0, description=(
         "how often the retriever's index identity (part of every cache key) is read again: after a "
@@ -93,6 +104,9 @@ class SearcherSettings(ServiceSettings):
         check_select_k(None, self.select_k, self.retrieve_k)
         if self.prompts_dir is not None:
             PromptSet.load(self.prompts_dir)  # refuse a bad folder at start-up, with the file and variable
+        if self.rate_limit_per_s and self.rate_limit_burst < self.max_request_cost:
+            raise ValueError("rate_limit_burst must be at least max_request_cost, or the largest request "
+                             "allowed could never be afforded")
         if self.search_timeout_s >= self.request_timeout_s:
             raise ValueError("search_timeout_s must be below request_timeout_s so a slow search degrades, not 504s")
         return self

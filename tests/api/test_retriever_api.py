@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from pydantic import ValidationError
 
 from services.common.clients import RetrieverClient
+from services.common.errors import BadRequest
 from services.common.http import ClientSettings
 from services.retriever.api import create_app
 from services.retriever.corpus import Corpus
@@ -218,7 +218,7 @@ async def test_typed_client_against_the_app(tiny: RetrieverSettings) -> None:
             response = await client.retrieve(["Nobel prize in physics", "film director"], k=3, method="hybrid")
             assert response.method == "hybrid" and [len(r) for r in response.results] == [3, 3]
             assert response.results[0][0].id and response.results[0][0].score is not None
-            with pytest.raises(ValidationError):  # limits live in the shared schema: refused before sending
+            with pytest.raises(BadRequest):  # limits live in the shared schema: refused before sending
                 await client.retrieve(["q"], k=0)
         finally:
             await client.aclose()

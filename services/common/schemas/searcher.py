@@ -60,6 +60,17 @@ class SearchParams(BaseModel):
         return self
 
 
+def search_cost(params: SearchParams) -> float:
+    """Work units of one search, for the per-request bound, per-key budgets and admission: 1 for naive
+    top-k; for the loops, one unit per policy call (turns + 1) times what its prompt adds: 1 + a quarter
+    unit per document retrieved for it (`retrieve_k`, times the queries of a QAgent round). The default
+    s3 search (3 turns, 8 documents) is 12; s3 with `retrieve_k` 50 and 10 turns is 148.5."""
+    if params.mode == "naive":
+        return 1.0
+    documents = params.retrieve_k * (params.max_queries_per_round if params.mode == "qagent" else 1)
+    return (params.max_turns + 1) * (1 + documents / 4)
+
+
 class SearchRequest(StrictModel):
     question: bounded_text(MAX_QUESTION_CHARS)  # type: ignore[valid-type]
     mode: SearchMode = "s3"

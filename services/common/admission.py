@@ -1,0 +1,213 @@
+"""Admission control: a concurrency limit that follows latency, and per-caller cost budgets.
+
+`AdaptiveLimit` is what the guard middleware (`services.common.app`) admits requests against: a gradient
+limiter in the manner of Netflix's concurrency-limits (Gradient2) and Envoy's adaptive concurrency. Each
+successful request reports its latency divided by its cost (the units its handler declared, 1 by default),
+so a cheap request and an expensive one say the same thing about how loaded the service is. Every window
+(at least `MIN_SAMPLES` requests and `WINDOW_S`) the mean of those samples is compared with a baseline:
+
+    gradient = clamp(tolerance * baseline / mean, 0.5, 1)
+    target   = limit * gradient + sqrt(limit)        (sqrt(limit): headroom to probe upwards)
+    limit   += SMOOTHING * (target - limit)          within [min_limit, max_limit]
+
+The limit grows only while requests press against it (one was refused in the window), and the baseline
+follows lower means quickly but rises only in windows where nothing was refused: under a sustained
+overload it cannot drift up with the latency it is meant to hold (Gradient2's long-term average does), and
+once the load is normal again it learns the new normal. `max_limit` (`MAX_IN_FLIGHT`) stays the ceiling.
+
+`TokenBucket` / `RateLimiter`: a cost budget per caller (API key), refilled at `rate` units per second up
+to `burst`, kept in Redis when there is one (a Lua script, so every replica and worker spends from the
+same bucket) and in process memory otherwise or while Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 0.5
+MIN_SAMPLES = 8
+SMOOTHING = 0.2
+BASELINE_DOWN = 0.5
+"""share of the way to a lower window mean the baseline moves at once"""
+BASELINE_UP = 0.1
+"""share of the way to a higher window mean it moves, and only in a window without refusals"""
+
+
+class AdaptiveLimit:
+    """How many requests may be in flight now. Not thread-safe: one per event loop (per worker)."""
+
+    def __init__(self, max_limit: int, *, min_limit: int = 4, tolerance: float = 2.0, adaptive: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_limit = max_limit
+        self.min_limit = min(min_limit, max_limit)
+        self.tolerance = tolerance
+        self.adaptive = adaptive
+        self.clock = clock
+        self.limit = float(max_limit)
+        self.baseline: float | None = None
+        self._reset_window(clock())
+
+    def _reset_window(self, now: float) -> None:
+        self._started = now
+        self._sum = 0.0
+        self._count = 0
+        self._refused = False
+
+    @property
+    def current(self) -> int:
+        return max(1, int(self.limit))
+
+    def admits(self, in_flight: int) -> bool:
+        """Whether one more request may start with `in_flight` already running; a refusal is remembered
+        (it is what tells the limiter that requests press against the limit)."""
+        if in_flight < self.current:
+            return True
+        self._refused = True
+        return False
+
+    def observe(self, seconds: float, cost: float = 1.0) -> None:
+        """A successful request took `seconds` for `cost` units of work."""
+        if not self.adaptive or seconds <= 0 or not math.isfinite(seconds):
+            return
+        self._sum += seconds / max(cost, 1e-6)
+        self._count += 1
+        now = self.clock()
+        if self._count >= MIN_SAMPLES and now - self._started >= WINDOW_S:
+            self._update(self._sum / self._count)
+            self._reset_window(now)
+
+    def _update(self, mean: float) -> None:
+        pressed = self._refused
+        if self.baseline is None:
+            self.baseline = mean
+        elif mean < self.baseline:
+            self.baseline += BASELINE_DOWN * (mean - self.baseline)
+        elif not pressed:
+            self.baseline += BASELINE_UP * (mean - self.baseline)
+        gradient = min(1.0, max(0.5, self.tolerance * self.baseline / mean))
+        if gradient >= 1.0 and not pressed:
+            return  # latency is fine and nobody was refused: the limit is not what bounds the load
+        target = self.limit * gradient + math.sqrt(self.limit)
+        self.limit = min(self.max_limit, max(self.min_limit, self.limit + SMOOTHING * (target - self.limit)))
+
+
+# ------------------------------------------------------------------------------------------- callers
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as the guard authenticated it: `kind` "key" (a public API key), "internal" (the
+    internal token) or "anonymous" (no keys configured); `id` a digest prefix of the key (never the key) or
+    the client's address."""
+
+    kind: str
+    id: str
+
+
+CALLER_STATE = "plugsearch_caller"
+"""Key of the `Caller` in the ASGI scope's `state` (`request.state.plugsearch_caller`)."""
+COST_STATE = "plugsearch_cost"
+"""Key a handler sets in the scope's `state` to say how many cost units its request was (default 1)."""
+
+
+def key_id(digest: bytes) -> str:
+    return digest.hex()[:16]
+
+
+def address_id(scope: Mapping[str, Any]) -> str:
+    client = scope.get("client")
+    return hashlib.sha256(str(client[0] if client else "").encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------- rate limits
+class TokenBucket:
+    """In-process token buckets, one per caller id (least recently used forgotten past `max_callers`)."""
+
+    def __init__(self, rate: float, burst: float, *, max_callers: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_callers = max_callers
+        self.clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def take(self, caller: str, cost: float) -> float:
+        """Spend `cost` units: 0.0 when granted, else the seconds until they would be."""
+        now = self.clock()
+        tokens, at = self._buckets.get(caller, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        wait = 0.0
+        if tokens >= cost:
+            tokens -= cost
+        else:
+            wait = (cost - tokens) / self.rate
+        self._buckets[caller] = (tokens, now)
+        self._buckets.move_to_end(caller)
+        while len(self._buckets) > self.max_callers:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+# KEYS[1] bucket; ARGV rate, burst, cost. Redis's own clock, so replicas with skewed clocks agree.
+_TAKE_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+return tostring(wait)
+"""
+
+
+class RateLimiter:
+    """Cost units per caller per second. `take` answers the seconds to wait (0.0 = granted). With a Redis
+    URL the buckets live there (shared by every replica); a Redis failure falls back to this process's
+    buckets for that request (logged), so an outage never refuses or fails requests by itself."""
+
+    def __init__(self, rate: float, burst: float, *, redis_url: str | None = None, namespace: str = "searcher",
+                 timeout_s: float = 0.5) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.namespace = namespace
+        self.local = TokenBucket(rate, burst)
+        self._redis: Any = None
+        self._script: Any = None
+        if redis_url:
+            import redis.asyncio as aioredis
+
+            self._redis = aioredis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                            retry_on_timeout=False)
+            self._script = self._redis.register_script(_TAKE_SCRIPT)
+
+    @property
+    def shared(self) -> bool:
+        return self._redis is not None
+
+    async def take(self, caller: str, cost: float) -> float:
+        if cost > self.burst:
+            return math.inf  # never affordable: the request's own bound should have refused it
+        if self._script is not None:
+            try:
+                wait = await self._script(keys=[f"plugsearch:ratelimit:{self.namespace}:{caller}"],
+                                          args=[self.rate, self.burst, cost])
+                return float(wait)
+            except Exception as exc:  # Redis down or slow: this process's buckets stand in
+                logger.warning("rate limit store unreachable, using local buckets: %s", type(exc).__name__)
+        return self.local.take(caller, cost)
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
