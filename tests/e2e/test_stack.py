@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +110,14 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
             titles = [doc["title"] for doc in naive.json()["documents"]]
             assert any("call of the wild" in title.lower() for title in titles), titles
             assert client.get(f"{info['urls']['retriever']}/health/ready").status_code == 200
+            # issue 21: any other local process is refused by the LLM and by Redis (per-run key and password)
+            assert client.get(f"{info['urls']['llm']}/v1/models").status_code == 401
+            assert client.post(f"{info['urls']['llm']}/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).status_code == 401
+        if shutil.which("redis-server"):
+            with socket.create_connection(("127.0.0.1", info["ports"]["redis"]), timeout=5) as sock:
+                sock.sendall(b"KEYS *\r\n")
+                assert sock.recv(64).startswith(b"-NOAUTH")
     finally:
         if proc.poll() is None:
             if not started:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,8 +112,9 @@ def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Pa
     assert (settings.host, settings.port) == ("127.0.0.1", options.ports[service])
     if service == "retriever":  # keeps no result cache (its settings refuse a Redis URL)
         assert settings.redis_url is None and service not in stack.REDIS_DB
-    else:
-        assert settings.redis_url == f"redis://127.0.0.1:{options.ports['redis']}/{stack.REDIS_DB[service]}"
+    else:  # with the run's Redis password (the URL is a SecretStr)
+        assert settings.redis_url is not None and settings.redis_url.get_secret_value() == (
+            f"redis://:{options.redis_password}@127.0.0.1:{options.ports['redis']}/{stack.REDIS_DB[service]}")
     assert spec.ready_url == f"http://127.0.0.1:{options.ports[service]}/health/ready"
     # `python -m services.<svc>` is what the console script plugsearch-<svc> runs
     assert spec.argv == [sys.executable, "-m", f"services.{service}"]
@@ -142,6 +147,66 @@ def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.Mo
     redis = specs["redis"].argv
     assert redis[redis.index("--port") + 1] == str(options.ports["redis"])
     assert "-H 'Authorization" not in stack.curl_example(options)
+
+
+def test_redis_and_the_llm_get_per_run_secrets_never_on_a_command_line(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.common import llama_server
+
+    options, other = make_options(tmp_path), make_options(tmp_path)
+    assert options.redis_password != other.redis_password and options.llm_api_key != other.llm_api_key
+    assert options.redis_password not in repr(options) and options.llm_api_key not in repr(options)
+    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    for spec in specs.values():  # every local user can list arguments; only the same user reads the env
+        assert options.redis_password not in " ".join(spec.argv) and options.llm_api_key not in " ".join(spec.argv)
+    assert specs["redis"].env == {"PLUGSEARCH_REDIS_PASSWORD": options.redis_password}
+    assert specs["redis"].ready_secret == options.redis_password
+    assert specs["llm"].env == {llama_server.API_KEY_ENV: options.llm_api_key}
+    assert specs["llm"].ready_secret == options.llm_api_key
+    for name in ("generator", "judge"):
+        assert load_settings(name, specs[name].env, monkeypatch).llm.api_key.get_secret_value() == options.llm_api_key
+    searcher = load_settings("searcher", specs["searcher"].env, monkeypatch)
+    assert searcher.policy.api_key is not None and searcher.policy.api_key.get_secret_value() == options.llm_api_key
+    # the llama.cpp process hands the key to llama-cpp-python as its API_KEY setting, not as an argument
+    captured: list[tuple[list[str], str | None]] = []
+    monkeypatch.setattr(llama_server.os, "execv", lambda _exe, cmd: captured.append(
+        (list(cmd), llama_server.os.environ.get("API_KEY"))))
+    monkeypatch.setattr(llama_server, "smollm2_gguf_path", lambda: Path("/m.gguf"))
+    monkeypatch.setenv("API_KEY", "something-else")
+    monkeypatch.setenv(llama_server.API_KEY_ENV, options.llm_api_key)
+    llama_server.main(specs["llm"].argv[3:])
+    cmd, key = captured[0]
+    assert key == options.llm_api_key and options.llm_api_key not in " ".join(cmd)
+    assert llama_server.API_KEY_ENV not in llama_server.os.environ
+    # an external endpoint gets no key of ours
+    external = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_url="http://gpu:8000/v1"))}
+    assert load_settings("searcher", external["searcher"].env, monkeypatch).policy.api_key is None
+
+
+def test_redis_requires_the_password_and_the_probe_presents_it(tmp_path: Path) -> None:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (scripts/install.sh installs it)")
+    options = make_options(tmp_path)
+    spec = {s.name: s for s in stack.build_specs(options, redis_server=exe)}["redis"]
+    proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not stack.probe(spec):
+            assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
+        with socket.create_connection(("127.0.0.1", spec.port), timeout=5) as sock:
+            sock.sendall(b"GET plugsearch:search:x\r\n")
+            assert sock.recv(64).startswith(b"-NOAUTH")  # any other local process is refused
+        assert not stack.probe(stack.ProcessSpec("redis", [], port=spec.port))  # without the password
+        assert not stack.probe(stack.ProcessSpec("redis", [], port=spec.port, ready_secret="wrong"))
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert options.redis_password.encode() not in cmdline and b"redis-server" in cmdline  # it is Redis itself
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert options.redis_password.encode() not in environ  # read once, then dropped
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_api_key_external_llm_and_no_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
