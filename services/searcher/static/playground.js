@@ -340,6 +340,8 @@
     say("Searching…");
     // With a budget both sides run at once; without one, naive top-k gets as many documents as the searcher returns.
     const naive = form.budget !== null ? runNaive(form, form.budget, signal) : null;
+    // naive may fail first (e.g. the same 401): handled here at once, reported once below through the await
+    if (naive) naive.catch(() => {});
     try {
       await runSearcher(form, signal);
       await (naive || runNaive(form, Math.min(50, Math.max(1, view.result.documents.length)), signal));
@@ -347,7 +349,6 @@
       results.dataset.state = "done";
       say(`Done: ${STOP_REASONS[view.result.stop_reason] || view.result.stop_reason}; ${$("final-docs").querySelectorAll("li.doc").length} documents for your LLM.`);
     } catch (error) {
-      if (naive) naive.catch(() => {}); // reported once, below
       if (error.name === "AbortError") {
         results.dataset.state = "stopped";
         say("Stopped: the searcher cancels the search.");
