@@ -10,15 +10,19 @@ search = 4 policy calls + 4 retrievals. Generator and judge are not on the /sear
 
 Phase 1 (baseline): `--clients` (50) closed-loop clients, each sends the next NQ question as soon as
 its previous answer arrives. Every non-200 answer or client-side failure is an error.
-Phase 2 (overload): 4x the clients against the same searcher, whose admission limit
-(`SEARCHER_MAX_IN_FLIGHT`, `--max-in-flight`) sits between the two loads. Clients honour Retry-After
-after a 429. `lost` = requests that got no HTTP answer at all (timeouts, resets) within `--timeout`.
-`overload.rps_ratio` = admitted searches/s under overload over the baseline's (the same-run baseline).
+Phase 2 (overload): 4x the clients against the same searcher, which admits against its adaptive
+concurrency limit (`services.common.admission`: it follows latency) under the ceiling
+`SEARCHER_MAX_IN_FLIGHT` (`--max-in-flight`, default the service's 256; `--fixed` turns the adaptive limit
+off, so the ceiling alone decides, as before issue 21). Clients honour Retry-After after a 429. `lost` =
+requests that got no HTTP answer at all (timeouts, resets) within `--timeout`.
+`overload.p99_ratio` = p99 of the admitted (200) searches under overload over the p99 of the baseline in the
+same run (`unloaded_p99_ms`); `overload.rps_ratio` the same for searches/s. `admission_limit` = the searcher's
+limit (`searcher_admission_limit`) after each phase.
 
-    python bench/load.py [--quick] [--clients 50] [--seconds 60]
+    python bench/load.py [--quick] [--clients 50] [--seconds 60] [--fixed] [--max-in-flight N]
 
 Final line: {"clients", "seconds", "requests", "errors", "rps", "p50_ms", "p99_ms",
-             "overload": {"clients", "status_429", "lost", ...}, ...}
+             "overload": {"admitted_p99_ms", "unloaded_p99_ms", "p99_ratio", "status_429", "lost", ...}, ...}
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -183,6 +188,12 @@ class PhaseResult:
     latencies_ms: list[float]
     ok_in_window: int
     """200 answers completed inside the window: the throughput numerator (the drain is not counted)"""
+    events: list[tuple[float, float, int | str]] = field(default_factory=list)
+    """(sent, answered, status or failure kind) of every request, monotonic seconds (for timelines)"""
+    bodies: Counter[str] = field(default_factory=Counter)
+    """200 answers by kind: "ok", "degraded"; non-200 by error type"""
+    client_cpu_s: float = 0.0
+    """CPU the load generator itself used (its own process): a busy client inflates what it measures"""
 
     @property
     def answered(self) -> int:
@@ -200,40 +211,99 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+Body = Callable[[int], dict[str, Any]]
+"""The request body of the i-th request."""
+
+
+def search_body(questions: list[str]) -> Body:
+    return lambda i: {"question": questions[i % len(questions)], "mode": "s3"}
+
+
 async def run_phase(url: str, questions: list[str], *, clients: int, seconds: float, timeout_s: float,
-                    offset: int = 0) -> PhaseResult:
-    """`clients` closed-loop clients for `seconds`; latencies of 200 answers only."""
+                    offset: int = 0, body: Body | None = None, extra: Sequence[tuple[int, Body]] = ()
+                    ) -> PhaseResult:
+    """`clients` closed-loop clients for `seconds` (plus `extra` ones: (count, body) each); latencies of 200
+    answers only. The clients use aiohttp's pool directly (httpx's pool cost the load generator more CPU
+    than the searcher under 200 clients, and its queue showed up as latency)."""
+    import aiohttp
+
     statuses: Counter[int] = Counter()
     failures: Counter[str] = Counter()
+    bodies: Counter[str] = Counter()
     latencies: list[float] = []
+    events: list[tuple[float, float, int | str]] = []
     ok_in_window = 0
     counter = offset
+    cpu0 = time.process_time()
     # Idle connections expire on the client before the server's keep-alive timeout closes them, so a
     # request is never written into a connection the server is closing (which would read as "lost").
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(base_url=url, connector=connector, timeout=timeout) as http:
         stop_at = time.monotonic() + seconds
 
-        async def client() -> None:
+        async def client(make: Body, counted: bool) -> None:
             nonlocal counter, ok_in_window
             while time.monotonic() < stop_at:
-                question = questions[counter % len(questions)]
+                payload = make(counter)
                 counter += 1
-                t0 = time.perf_counter()
+                sent = time.monotonic()
                 try:
-                    response = await http.post("/search", json={"question": question, "mode": "s3"})
-                except httpx.HTTPError as exc:
+                    async with http.post("/search", json=payload) as response:
+                        status = response.status
+                        retry_after = response.headers.get("retry-after")
+                        data = await response.json(content_type=None)
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     failures[type(exc).__name__] += 1
+                    events.append((sent, time.monotonic(), type(exc).__name__))
                     continue
-                statuses[response.status_code] += 1
-                if response.status_code == 200:
-                    latencies.append((time.perf_counter() - t0) * 1000)
-                    ok_in_window += time.monotonic() <= stop_at
-                elif response.status_code == 429:
-                    await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+                answered = time.monotonic()
+                events.append((sent, answered, status))
+                statuses[status] += 1
+                if status == 200:
+                    bodies["degraded" if data.get("degraded") else "ok"] += 1
+                    if counted:
+                        latencies.append((answered - sent) * 1000)
+                        ok_in_window += answered <= stop_at
+                else:
+                    error = data.get("error", {}) if isinstance(data, dict) else {}
+                    bodies[str(error.get("type", status))] += 1
+                    if retry_after is not None:
+                        await asyncio.sleep(float(retry_after))
 
-        await asyncio.gather(*(client() for _ in range(clients)))
-    return PhaseResult(clients, seconds, statuses, failures, latencies, ok_in_window)
+        make = body or search_body(questions)
+        tasks = [client(make, True) for _ in range(clients)]
+        tasks += [client(other, False) for count, other in extra for _ in range(count)]
+        await asyncio.gather(*tasks)
+    return PhaseResult(clients, seconds, statuses, failures, latencies, ok_in_window, events, bodies,
+                       time.process_time() - cpu0)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The searcher's admission limit and its cumulative `/search` latency histogram (bucket -> count)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("searcher_admission_limit "):
+            found["limit"] = float(line.split()[1])
+        elif line.startswith('searcher_http_request_seconds_bucket{le="') and 'route="/search"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            found[le] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def server_quantiles(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """p50 / p99 (ms, bucket upper bounds) of the searcher's own `/search` latency between two scrapes:
+    the time inside the service, next to what clients measure (which adds queues outside it)."""
+    buckets = sorted((float(le), after[le] - before.get(le, 0.0)) for le in after if le != "limit")
+    total = buckets[-1][1] if buckets else 0.0
+    out: dict[str, float | None] = {}
+    for name, q in (("server_p50_ms", 0.5), ("server_p99_ms", 0.99)):
+        out[name] = next((le * 1000 for le, count in buckets if total and count >= q * total), None)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,19 +314,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--overload-factor", type=int, default=4)
     parser.add_argument("--max-in-flight", type=int, default=None,
-                        help="the searcher's admission limit; default: 1.25x the baseline clients, so the "
-                        "baseline is always admitted and the overload is not")
+                        help="the searcher's admission ceiling; default: the service's (256)")
+    parser.add_argument("--fixed", action="store_true",
+                        help="no adaptive limit: admit up to --max-in-flight (default then 1.25x the clients)")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="SEARCHER_LATENCY_TOLERANCE of the adaptive limit (default: the service's)")
     parser.add_argument("--llm-latency-ms", type=float, default=50.0)
     parser.add_argument("--timeout", type=float, default=30.0, help="client timeout per request (s)")
     parser.add_argument("--corpus", type=Path, default=None, help="default: the shared combined corpus")
     args = parser.parse_args(argv)
     seconds = 8.0 if args.quick else args.seconds
     overload_clients = args.clients * args.overload_factor
-    max_in_flight = args.max_in_flight or args.clients + max(1, args.clients // 4)
+    max_in_flight = args.max_in_flight or (args.clients + max(1, args.clients // 4) if args.fixed else 256)
     data_dir = default_data_dir(REPO)
     corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
     questions = load_questions(data_dir)
     searcher_env = {"SEARCHER_MAX_IN_FLIGHT": str(max_in_flight), "SEARCHER_CACHE_ENABLED": "false",
+                    "SEARCHER_ADAPTIVE_CONCURRENCY": "false" if args.fixed else "true",
+                    **({"SEARCHER_LATENCY_TOLERANCE": str(args.tolerance)} if args.tolerance else {}),
                     "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
     t_start = time.monotonic()
     with LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=searcher_env,
@@ -264,14 +339,23 @@ def main(argv: list[str] | None = None) -> None:
         url = stack.url("searcher")
         startup_s = time.monotonic() - t_start
         asyncio.run(run_phase(url, questions, clients=4, seconds=1.0, timeout_s=args.timeout))  # warm-up
+        scraped = scrape(url)
         base = asyncio.run(run_phase(url, questions, clients=args.clients, seconds=seconds,
                                      timeout_s=args.timeout, offset=100))
+        after_base = scrape(url)
+        base_server = server_quantiles(scraped, after_base)
+        base_limit = after_base.get("limit")
         print(f"baseline: {base.clients} clients {base.seconds:.1f} s window statuses {dict(base.statuses)} "
-              f"failures {dict(base.failures)}", file=sys.stderr)
+              f"failures {dict(base.failures)} limit {base_limit} server {base_server}", file=sys.stderr)
         over = asyncio.run(run_phase(url, questions, clients=overload_clients, seconds=seconds,
                                      timeout_s=args.timeout, offset=500))
+        after_over = scrape(url)
+        over_server = server_quantiles(after_base, after_over)
+        over_limit = after_over.get("limit")
         print(f"overload: {over.clients} clients {over.seconds:.1f} s window statuses {dict(over.statuses)} "
-              f"failures {dict(over.failures)}", file=sys.stderr)
+              f"failures {dict(over.failures)} limit {over_limit} server {over_server}", file=sys.stderr)
+    unloaded_p99 = percentile(base.latencies_ms, 0.99)
+    admitted_p99 = percentile(over.latencies_ms, 0.99)
     base_ok = base.statuses.get(200, 0)
     over_ok = over.statuses.get(200, 0)
     base_rps = base.ok_in_window / base.seconds
@@ -288,9 +372,12 @@ def main(argv: list[str] | None = None) -> None:
             "lost": over.lost, "lost_by_kind": dict(over.failures),
             "rps": round(over_rps, 1), "rps_ratio": round(over_rps / base_rps, 2) if base_rps else None,
             "p50_ms": round(percentile(over.latencies_ms, 0.5), 1),
-            "p99_ms": round(percentile(over.latencies_ms, 0.99), 1),
+            "admitted_p99_ms": round(admitted_p99, 1), "unloaded_p99_ms": round(unloaded_p99, 1),
+            "p99_ratio": round(admitted_p99 / unloaded_p99, 2) if unloaded_p99 else None,
+            "admission_limit": over_limit, **over_server, "client_cpu_s": round(over.client_cpu_s, 1),
         },
-        "max_in_flight": max_in_flight, "llm_latency_ms": args.llm_latency_ms, "client_timeout_s": args.timeout,
+        "client_cpu_s": round(base.client_cpu_s, 1),
+        **base_server, "admission_limit": base_limit, "adaptive": not args.fixed, "tolerance": args.tolerance, "max_in_flight": max_in_flight, "llm_latency_ms": args.llm_latency_ms, "client_timeout_s": args.timeout,
         "startup_s": round(startup_s, 1), "quick": args.quick, "cpus": os.cpu_count(),
     }
     print(json.dumps(result))

@@ -3,17 +3,24 @@
 `AdaptiveLimit` is what the guard middleware (`services.common.app`) admits requests against: a gradient
 limiter in the manner of Netflix's concurrency-limits (Gradient2) and Envoy's adaptive concurrency. Each
 successful request reports its latency divided by its cost (the units its handler declared, 1 by default),
-so a cheap request and an expensive one say the same thing about how loaded the service is. Every window
-(at least `MIN_SAMPLES` requests and `WINDOW_S`) the mean of those samples is compared with a baseline:
+so a cheap request and an expensive one say the same thing about how loaded the service is. The baseline is
+the latency per unit at low load: learned from requests admitted with fewer than `min_limit` others in
+flight (the first window's mean stands in until there are some). Every window (at least `MIN_SAMPLES`
+requests and `WINDOW_S`) the mean of all samples is compared with it:
 
     gradient = clamp(tolerance * baseline / mean, 0.5, 1)
-    target   = limit * gradient + sqrt(limit)        (sqrt(limit): headroom to probe upwards)
-    limit   += SMOOTHING * (target - limit)          within [min_limit, max_limit]
+    latency over tolerance (gradient < 1): limit = min(limit, peak in flight) * gradient + sqrt(that)
+    requests refused while latency is fine: limit += sqrt(limit)        (probe upwards)
+    nobody refused, latency fine:           limit <= max(floor, 1.5 * peak in flight + 2)   (headroom)
 
-The limit grows only while requests press against it (one was refused in the window), and the baseline
-follows lower means quickly but rises only in windows where nothing was refused: under a sustained
-overload it cannot drift up with the latency it is meant to hold (Gradient2's long-term average does), and
-once the load is normal again it learns the new normal. `max_limit` (`MAX_IN_FLIGHT`) stays the ceiling.
+within [min_limit, max_limit]; `floor` is an eighth of the ceiling, so bursts of that size are always
+admitted. After a decrease, only requests admitted under the new limit count (those admitted before still
+report the latency of the old one), so one overload does not shrink the limit again and again while its
+backlog drains. Because the baseline comes from low load only, a sustained overload cannot drag it up with
+the latency it is meant to hold (Gradient2's long-term average drifts so). Envoy re-measures its minimum by
+forcing concurrency down now and then; here the baseline moves whenever low-load requests happen, and a
+service that never sees low load keeps the baseline it started with (or the lower means it has seen).
+`max_limit` (`MAX_IN_FLIGHT`) stays the ceiling.
 
 `TokenBucket` / `RateLimiter`: a cost budget per caller (API key), refilled at `rate` units per second up
 to `burst`, kept in Redis when there is one (a Lua script, so every replica and worker spends from the
@@ -35,11 +42,8 @@ logger = logging.getLogger(__name__)
 
 WINDOW_S = 0.5
 MIN_SAMPLES = 8
-SMOOTHING = 0.2
-BASELINE_DOWN = 0.5
-"""share of the way to a lower window mean the baseline moves at once"""
-BASELINE_UP = 0.1
-"""share of the way to a higher window mean it moves, and only in a window without refusals"""
+BASELINE_STEP = 0.5
+"""share of the way the baseline moves to a window's low-load mean (or to a lower overall mean)"""
 
 
 class AdaptiveLimit:
@@ -49,18 +53,24 @@ class AdaptiveLimit:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_limit = max_limit
         self.min_limit = min(min_limit, max_limit)
+        self.floor = max(self.min_limit, max_limit // 8)
         self.tolerance = tolerance
         self.adaptive = adaptive
         self.clock = clock
         self.limit = float(max_limit)
         self.baseline: float | None = None
+        self.epoch = 0
+        """Changes at every decrease: requests admitted in an older epoch no longer report."""
         self._reset_window(clock())
 
     def _reset_window(self, now: float) -> None:
         self._started = now
         self._sum = 0.0
         self._count = 0
+        self._low_sum = 0.0
+        self._low_count = 0
         self._refused = False
+        self._peak = 0
 
     @property
     def current(self) -> int:
@@ -70,16 +80,24 @@ class AdaptiveLimit:
         """Whether one more request may start with `in_flight` already running; a refusal is remembered
         (it is what tells the limiter that requests press against the limit)."""
         if in_flight < self.current:
+            self._peak = max(self._peak, in_flight + 1)
             return True
         self._refused = True
         return False
 
-    def observe(self, seconds: float, cost: float = 1.0) -> None:
-        """A successful request took `seconds` for `cost` units of work."""
+    def observe(self, seconds: float, cost: float = 1.0, epoch: int | None = None, in_flight: int = 0) -> None:
+        """A successful request admitted in `epoch` (default: the current one) with `in_flight` others
+        running took `seconds` for `cost` units of work."""
         if not self.adaptive or seconds <= 0 or not math.isfinite(seconds):
             return
-        self._sum += seconds / max(cost, 1e-6)
+        if epoch is not None and epoch != self.epoch:
+            return
+        sample = seconds / max(cost, 1e-6)
+        self._sum += sample
         self._count += 1
+        if in_flight < self.min_limit:
+            self._low_sum += sample
+            self._low_count += 1
         now = self.clock()
         if self._count >= MIN_SAMPLES and now - self._started >= WINDOW_S:
             self._update(self._sum / self._count)
@@ -87,17 +105,24 @@ class AdaptiveLimit:
 
     def _update(self, mean: float) -> None:
         pressed = self._refused
-        if self.baseline is None:
-            self.baseline = mean
+        if self._low_count:
+            low = self._low_sum / self._low_count
+            self.baseline = low if self.baseline is None else self.baseline + BASELINE_STEP * (low - self.baseline)
+        elif self.baseline is None:
+            self.baseline = mean  # provisional: lenient until low-load requests say better
         elif mean < self.baseline:
-            self.baseline += BASELINE_DOWN * (mean - self.baseline)
-        elif not pressed:
-            self.baseline += BASELINE_UP * (mean - self.baseline)
+            self.baseline += BASELINE_STEP * (mean - self.baseline)
         gradient = min(1.0, max(0.5, self.tolerance * self.baseline / mean))
-        if gradient >= 1.0 and not pressed:
-            return  # latency is fine and nobody was refused: the limit is not what bounds the load
-        target = self.limit * gradient + math.sqrt(self.limit)
-        self.limit = min(self.max_limit, max(self.min_limit, self.limit + SMOOTHING * (target - self.limit)))
+        if gradient < 1.0:
+            used = min(self.limit, max(self._peak, self.min_limit))
+            limit = used * gradient + math.sqrt(used)
+            if limit < self.limit:
+                self.epoch += 1
+        elif pressed:
+            limit = self.limit + math.sqrt(self.limit)
+        else:
+            limit = min(self.limit, max(self.floor, 1.5 * self._peak + 2))
+        self.limit = min(self.max_limit, max(self.min_limit, limit))
 
 
 # ------------------------------------------------------------------------------------------- callers

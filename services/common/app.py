@@ -303,8 +303,10 @@ class GuardMiddleware:
             await gone.wait()  # streaming responses listen for the client leaving
             return {"type": "http.disconnect"}
 
+        others = self.in_flight
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        epoch = self.limit.epoch
         watcher = asyncio.create_task(watch())
         t0 = time.perf_counter()
         try:
@@ -333,7 +335,8 @@ class GuardMiddleware:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
             if 200 <= status < 300:
-                self.limit.observe(elapsed, float(scope.get("state", {}).get(COST_STATE, 1.0)))
+                self.limit.observe(elapsed, float(scope.get("state", {}).get(COST_STATE, 1.0)), epoch,
+                                   others)
                 self.metrics.admission_limit.set(self.limit.current)
             route = scope.get("route")
             route_name = getattr(route, "path", "unmatched")

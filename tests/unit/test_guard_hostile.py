@@ -9,7 +9,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -197,41 +197,74 @@ class Clock:
         return self.now
 
 
-def run_windows(limit: AdaptiveLimit, clock: Clock, latency: float, windows: int, *, pressed: bool,
-                cost: float = 1.0) -> None:
-    for _ in range(windows * 10):
-        if pressed:  # a client was refused: requests press against the limit
+def knee(at: int, service_s: float = 0.1) -> Callable[[int], float]:
+    """Latency of a service that runs `at` requests at once at full speed and queues the rest."""
+    return lambda running: service_s * max(1.0, running / at)
+
+
+def drive(limit: AdaptiveLimit, clock: Clock, latency: float | Callable[[int], float], samples: int, *,
+          in_flight: int, pressed: bool = False, cost: float = 1.0) -> None:
+    """`samples` requests completing 60 ms apart, each admitted with `in_flight` clients wanting in (at most
+    the limit run); more clients than the limit, or `pressed`: one finds the limit full each time."""
+    for _ in range(samples):
+        epoch = limit.epoch
+        running = min(in_flight, limit.current)
+        assert limit.admits(running - 1)
+        if pressed or in_flight > limit.current:
             assert not limit.admits(limit.current)
         clock.now += 0.06
-        limit.observe(latency, cost)
+        limit.observe(latency(running) if callable(latency) else latency, cost, epoch, running - 1)
 
 
-def test_the_limit_shrinks_when_latency_rises_and_grows_back_when_it_falls() -> None:
+def test_the_limit_follows_latency_and_holds_it_under_overload() -> None:
     clock = Clock()
     limit = AdaptiveLimit(100, min_limit=4, tolerance=2.0, clock=clock)
-    run_windows(limit, clock, 0.1, 5, pressed=False)
-    assert limit.current == 100 and limit.baseline == pytest.approx(0.1)
-    run_windows(limit, clock, 0.5, 40, pressed=True)  # 5x the baseline while clients press: shrink
-    assert limit.current < 30
+    service = knee(10)  # full speed up to 10 at once
+    drive(limit, clock, service, 30, in_flight=2)  # low load: the baseline
+    assert limit.baseline == pytest.approx(0.1)
+    drive(limit, clock, service, 100, in_flight=15)  # 1.5x the knee: latency within tolerance, all admitted
+    assert 15 <= limit.current <= 25  # with headroom over what is used (1.5 x 15 + 2), not the ceiling
+    drive(limit, clock, service, 300, in_flight=100)  # 10x the knee: the limit holds the latency
+    assert 10 <= limit.current <= 30  # latency within 2x the baseline means at most ~20-25 running
     assert limit.baseline == pytest.approx(0.1)  # no drift towards the overload's latency
-    run_windows(limit, clock, 1.0, 200, pressed=True)
-    assert limit.current >= 4  # never below the floor
-    squeezed = limit.current
-    run_windows(limit, clock, 0.1, 200, pressed=True)  # fast again and still pressed: grow
-    assert limit.current > squeezed and limit.current <= 100
-    run_windows(limit, clock, 0.1, 400, pressed=True)
+    drive(limit, clock, knee(40), 300, in_flight=100)  # the service got faster (say, a second worker): grow
+    assert limit.current >= 40
+    drive(limit, clock, knee(400), 400, in_flight=200)
     assert limit.current == 100  # the ceiling (MAX_IN_FLIGHT) holds
+    drive(limit, clock, service, 100, in_flight=2)  # quiet again: back to headroom over the floor
+    assert limit.current == 12  # a burst of an eighth of the ceiling is always admitted
+    drive(limit, clock, knee(10, 0.3), 100, in_flight=2)  # slower at low load too (a slower upstream): learnt
+    assert limit.baseline == pytest.approx(0.3, rel=0.01)
+    drive(limit, clock, 5.0, 400, in_flight=100, pressed=True)
+    assert limit.current >= 4  # never below the floor
+
+
+def test_requests_admitted_before_a_decrease_do_not_shrink_it_again() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(100, clock=clock)
+    drive(limit, clock, 0.1, 20, in_flight=2)
+    drive(limit, clock, 0.1, 20, in_flight=60)
+    backlog = limit.epoch
+    drive(limit, clock, 1.0, 10, in_flight=60, pressed=True)  # one decrease
+    after = limit.current
+    assert limit.epoch == backlog + 1 and after < 60
+    for _ in range(100):  # the backlog drains, slowly: its latency is the old limit's, not the new one's
+        clock.now += 0.06
+        limit.observe(1.0, 1.0, backlog, 50)
+    assert limit.current == after
 
 
 def test_cost_normalises_latency_and_a_fixed_limit_never_moves() -> None:
     clock = Clock()
     limit = AdaptiveLimit(50, clock=clock)
-    run_windows(limit, clock, 0.1, 5, pressed=False)
-    run_windows(limit, clock, 1.0, 20, pressed=True, cost=10)  # ten times the work, ten times the time
-    assert limit.current == 50
+    drive(limit, clock, 0.1, 20, in_flight=2)
+    drive(limit, clock, 0.1, 20, in_flight=40)
+    before = limit.current
+    drive(limit, clock, 1.0, 100, in_flight=40, pressed=True, cost=10)  # ten times the work, ten times the time
+    assert limit.current >= before
     fixed = AdaptiveLimit(50, adaptive=False, clock=clock)
-    run_windows(fixed, clock, 0.1, 5, pressed=False)
-    run_windows(fixed, clock, 5.0, 50, pressed=True)
+    drive(fixed, clock, 0.1, 20, in_flight=10)
+    drive(fixed, clock, 5.0, 200, in_flight=50, pressed=True)
     assert fixed.current == 50
 
 
