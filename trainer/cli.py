@@ -242,11 +242,12 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     from contextlib import nullcontext
 
+    from trainer.grpo import resolve_device
     from trainer.model import default_policy_path
     from trainer.warmstart import WarmStartConfig, collect_examples, train_warm_start
 
     settings = _settings(args)
-    recipe = _recipe(args, "cpu")
+    recipe = _recipe(args, resolve_device(args.device))
     out = Path(args.out)
     params = _search_params(args, recipe, settings.method)
     with _local_services(settings, "recall") if args.local else nullcontext() as local:
@@ -259,7 +260,7 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
                                            prompts_dir=_prompts_dir(args, recipe), progress=not args.quiet)
     config = WarmStartConfig(output_dir=out, model_path=model_path, epochs=args.epochs, learning_rate=args.lr,
                              batch_tokens=args.batch_tokens, save_steps=args.save_steps, seed=args.seed,
-                             threads=args.threads)
+                             threads=args.threads, device=args.device, precision=args.precision)
     lora = _lora(args, recipe)
     summary = train_warm_start(config, examples, lora, resume=not args.no_resume, progress=not args.quiet)
     result = {**summary, **stats, "recipe": recipe}
@@ -459,6 +460,9 @@ def _run_parser(sub: Any, name: str, help_text: str, *, out: str, questions: int
     p.add_argument("--local", action="store_true", help="start the services here (retriever + Redis; with an "
                    "LLM reward also llama.cpp, generator, judge)")
     p.add_argument("--no-resume", dest="no_resume", action="store_true")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on GPUs (fp16 where bf16 is missing), fp32 on the CPU")
     return p
 
 
@@ -485,9 +489,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--reward", choices=["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"], default=None,
                    help="auto (default): gbr (generator + judge) on GPUs, recall (LLM-free GBR) on the CPU")
     t.add_argument("--format-lambda", dest="format_lambda", type=float, default=None)
-    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    t.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on GPUs (fp16 where bf16 is missing), fp32 on the CPU")
     t.add_argument("--vllm", choices=["off", "colocate", "server"], default="off",
                    help="rollouts through TRL's vLLM (GPU only); off: HF sampling")
     t.add_argument("--vllm-server-url", dest="vllm_server_url", default=None)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -216,6 +216,10 @@ class WarmStartConfig(BaseModel):
     save_steps: int = Field(20, ge=1)
     seed: int = 0
     threads: int | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """auto: bf16 autocast on GPUs (fp16 with loss scaling where bf16 is missing), fp32 on the CPU; the
+    trained weights stay fp32 either way"""
 
 
 @dataclass
@@ -280,9 +284,14 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
     from peft import LoraConfig, PeftModel, get_peft_model
     from tqdm import tqdm
 
+    from trainer.grpo import TORCH_DTYPES, resolve_device, resolve_precision
     from trainer.model import load_policy
 
     torch.manual_seed(config.seed)
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.precision, device)
+    autocast_dtype = None if precision == "fp32" else getattr(torch, TORCH_DTYPES[precision])
+    scaler = torch.amp.GradScaler(device, enabled=precision == "fp16")
     out = config.output_dir
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
@@ -298,9 +307,10 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
         model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.modules),
                                                  lora_dropout=0.0, layers_to_transform=layers, task_type="CAUSAL_LM"))
         (out / LOSS_LOG).unlink(missing_ok=True)
+    model.to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     if resume and (checkpoint / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt"))
+        optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=device))
     plan: list[list[int]] = []
     total = max(1, round(len(batches(examples, config.batch_tokens, config.seed, 0)) * config.epochs))
     epoch = 0
@@ -314,15 +324,18 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
     t0 = time.perf_counter()
     try:
         for step in range(state["step"], len(plan)):
-            loss = masked_nll(model, [examples[i] for i in plan[step]], pad_id)
+            with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = masked_nll(model, [examples[i] for i in plan[step]], pad_id)
             optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            value = float(loss.detach())
             state["step"] = step + 1
             with (out / LOSS_LOG).open("a") as fh:
-                fh.write(json.dumps({"step": step + 1, "loss": float(loss), "examples": len(plan[step])}) + "\n")
+                fh.write(json.dumps({"step": step + 1, "loss": value, "examples": len(plan[step])}) + "\n")
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{value:.3f}")
             if state["step"] % config.save_steps == 0 or state["step"] == len(plan):
                 _save(model, optimizer, state, checkpoint)
     finally:
