@@ -289,7 +289,7 @@ def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     gguf = export_peft_dir(adapter, out / ADAPTER, half=not args.fp32)
     prompts = Path(last["prompts_dir"]) if last.get("prompts_dir") else None
-    if prompts is not None:
+    if prompts is not None and prompts.resolve() != (out / "prompts").resolve():  # else already in place
         shutil.rmtree(out / "prompts", ignore_errors=True)
         shutil.copytree(prompts, out / "prompts")
     base = smollm2_gguf_path()
@@ -299,7 +299,7 @@ def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     manifest = {"model_alias": args.alias, "base_model": base.name, "base_gguf_sha256": sha256(base),
                 "adapter_sha256": sha256(gguf), "search": last["search"], "summary": args.summary or "",
                 "runs": records, "evaluation": evaluation}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / MANIFEST).write_text(json.dumps(_portable(manifest), indent=2) + "\n")
     return {"folder": str(out), "adapter_bytes": gguf.stat().st_size, "runs": len(records)}
 
 
@@ -318,12 +318,29 @@ def beats_base(evaluation: dict[str, Any]) -> bool:
         return False
 
 
+def _portable(value: Any) -> Any:
+    """`value` with every path under the working directory written relative to it: records that travel
+    (run.json, a shipped manifest) name no folder of the machine they were made on."""
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_portable(v) for v in value]
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str) and value.startswith("/"):
+        here = str(Path.cwd())
+        if value == here:
+            return "."
+        if value.startswith(here + "/"):
+            return value[len(here) + 1:]
+    return value
+
+
 def _record_run(out: Path, argv: Sequence[str], result: dict[str, Any], **details: Any) -> None:
     """`<out>/run.json`: the command, its result and its setting (what `export` puts in the manifest)."""
     out.mkdir(parents=True, exist_ok=True)
-    record = {"command": "plugsearch-train " + " ".join(argv), "result": result,
-              **{k: (str(v) if isinstance(v, Path) else v) for k, v in details.items()}}
-    (out / RUN_RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    record = {"command": "plugsearch-train " + " ".join(argv), "result": result, **details}
+    (out / RUN_RECORD).write_text(json.dumps(_portable(record), indent=2, default=str) + "\n")
 
 
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:

@@ -67,3 +67,13 @@ def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_pat
     off, moved = np.abs(served - adapted).mean(), np.abs(adapted - base).mean()
     assert off < 0.25 * moved, (off, moved)
     assert np.corrcoef(served.ravel(), adapted.ravel())[0, 1] > 0.99
+
+
+def test_records_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.cli import _portable
+
+    monkeypatch.chdir(tmp_path)
+    record = {"prompts_dir": tmp_path / "services" / "p", "png": str(tmp_path / "var" / "c.png"),
+              "runs": [{"out": str(tmp_path)}], "other": "/elsewhere/x", "text": "a / b", "n": 3}
+    assert _portable(record) == {"prompts_dir": "services/p", "png": "var/c.png", "runs": [{"out": "."}],
+                                 "other": "/elsewhere/x", "text": "a / b", "n": 3}
