@@ -189,11 +189,14 @@ class PhaseResult:
     ok_in_window: int
     """200 answers completed inside the window: the throughput numerator (the drain is not counted)"""
     events: list[tuple[float, float, int | str]] = field(default_factory=list)
-    """(sent, answered, status or failure kind) of every request, monotonic seconds (for timelines)"""
+    """(sent, answered, status, "degraded" for a degraded 200, or the failure kind) of every request, monotonic
+    seconds (for timelines)"""
     bodies: Counter[str] = field(default_factory=Counter)
     """200 answers by kind: "ok", "degraded"; non-200 by error type"""
     client_cpu_s: float = 0.0
     """CPU the load generator itself used (its own process): a busy client inflates what it measures"""
+    no_retry_after: int = 0
+    """429 / 503 answers without Retry-After (a client cannot tell when to come back)"""
 
     @property
     def answered(self) -> int:
@@ -233,6 +236,7 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
     latencies: list[float] = []
     events: list[tuple[float, float, int | str]] = []
     ok_in_window = 0
+    no_retry_after = 0
     counter = offset
     cpu0 = time.process_time()
     # Idle connections expire on the client before the server's keep-alive timeout closes them, so a
@@ -243,7 +247,7 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
         stop_at = time.monotonic() + seconds
 
         async def client(make: Body, counted: bool) -> None:
-            nonlocal counter, ok_in_window
+            nonlocal counter, ok_in_window, no_retry_after
             while time.monotonic() < stop_at:
                 payload = make(counter)
                 counter += 1
@@ -258,10 +262,12 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
                     events.append((sent, time.monotonic(), type(exc).__name__))
                     continue
                 answered = time.monotonic()
-                events.append((sent, answered, status))
+                degraded = status == 200 and isinstance(data, dict) and bool(data.get("degraded"))
+                events.append((sent, answered, "degraded" if degraded else status))
                 statuses[status] += 1
+                no_retry_after += status in (429, 503) and retry_after is None
                 if status == 200:
-                    bodies["degraded" if data.get("degraded") else "ok"] += 1
+                    bodies["degraded" if degraded else "ok"] += 1
                     if counted:
                         latencies.append((answered - sent) * 1000)
                         ok_in_window += answered <= stop_at
@@ -276,7 +282,7 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
         tasks += [client(other, False) for count, other in extra for _ in range(count)]
         await asyncio.gather(*tasks)
     return PhaseResult(clients, seconds, statuses, failures, latencies, ok_in_window, events, bodies,
-                       time.process_time() - cpu0)
+                       time.process_time() - cpu0, no_retry_after)
 
 
 def scrape(url: str) -> dict[str, float]:
