@@ -92,7 +92,7 @@ class LocalStack:
         self.specs["llm"] = ProcessSpec(
             "llm", [sys.executable, "-m", "services.testing.fake_llm", "--port", str(ports["llm"]),
                     "--latency-ms", str(self.llm_latency_ms), "--model", "fake-policy",
-                    "--responder", "services.searcher.fake_policy:respond"],
+                    "--responder", "services.searcher.fake_policy:respond", "--no-record"],
             ready_url=f"http://127.0.0.1:{ports['llm']}/v1/models", port=ports["llm"])
 
     def url(self, name: str) -> str:

@@ -5,7 +5,9 @@
 arguments, which every local user can list), writes `requirepass` into a pipe, and replaces itself with
 `redis-server -` reading that configuration from its standard input. The process id stays the same, so a
 supervisor (or a fault test) that signals it signals Redis. Without the variable Redis starts without a
-password. The other options are the local stack's: no persistence, protected mode, loopback unless told.
+password. The other options are the local stack's: no persistence, protected mode, loopback unless told, and a
+memory cap (`--maxmemory`, default 512mb) past which the least recently used entries are evicted: every
+key here is a cache entry, and without a cap a long-running stack's Redis grows with every distinct search.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bind", default="127.0.0.1")
     parser.add_argument("--redis-server", default=None, help="the redis-server executable (default: on PATH)")
+    parser.add_argument("--maxmemory", default="512mb", help="memory cap; least recently used keys are evicted")
     args = parser.parse_args(argv)
     exe = args.redis_server or shutil.which("redis-server")
     if exe is None:
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(read_end, 0)
     os.close(read_end)
     redis_args = [exe, "--port", str(args.port), "--bind", args.bind, "--save", "", "--appendonly", "no",
-                  "--daemonize", "no", "--protected-mode", "yes", "-"]
+                  "--daemonize", "no", "--protected-mode", "yes", "--maxmemory", args.maxmemory,
+                  "--maxmemory-policy", "allkeys-lru", "-"]
     os.execv(exe, redis_args)  # noqa: S606 - the configured or found redis-server, fixed options
 
 

@@ -204,6 +204,13 @@ def test_redis_requires_the_password_and_the_probe_presents_it(tmp_path: Path) -
         assert options.redis_password.encode() not in cmdline and b"redis-server" in cmdline  # it is Redis itself
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
         assert options.redis_password.encode() not in environ  # read once, then dropped
+        with socket.create_connection(("127.0.0.1", spec.port), timeout=5) as sock:  # a capped cache
+            password = options.redis_password.encode()
+            sock.sendall(b"AUTH " + password + b"\r\nCONFIG GET maxmemory*\r\n")
+            reply = b""
+            while reply.count(b"\r\n") < 10:
+                reply += sock.recv(4096)
+            assert b"536870912" in reply and b"allkeys-lru" in reply, reply
     finally:
         proc.terminate()
         proc.wait(timeout=10)

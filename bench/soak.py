@@ -1,0 +1,157 @@
+"""Steady load for a long time: does any service's memory or open files grow?
+
+The local stack of `bench/load.py` (redis-server, the BM25 retriever with `--retriever-workers` workers, the
+searcher with its Redis cache, the fake policy LLM at `--llm-latency-ms`) under `--clients` (20)
+closed-loop clients sending distinct NQ questions for `--minutes` (30). Every `--every-s` (10) seconds the
+resident memory (VmRSS) and the number of open file descriptors of every process of every service (a
+supervisor and its workers summed) are read from /proc.
+
+Redis runs with a 32 MB cap (`--redis-maxmemory`): the cache fills it during the warm-up, then evicts as
+much as it stores. Growth is measured after the warm-up (`--warmup-min`, default 3 minutes: caches, allocator pools and
+connection pools fill first): the mean of the last 10% of samples over the mean of the first 10% after the
+warm-up. A leak grows without bound and shows as a steady slope; `rss_slope_mb_per_h` is the least-squares
+slope over the samples after the warm-up.
+
+    python bench/soak.py [--quick] [--minutes 30] [--clients 20]
+
+Final line: {"rss_growth_pct": {service: ..}, "fd_growth": {service: ..}, "rss_mb": {..}, "fds": {..},
+             "rss_slope_mb_per_h": {..}, "requests", "answers", "lost", ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.chaos import children, unique_questions  # noqa: E402
+from bench.load import LocalStack, load_questions, run_phase  # noqa: E402
+from services.stack import default_data_dir  # noqa: E402
+
+SEARCHER_ENV = {"SEARCHER_CACHE_ENABLED": "true", "SEARCHER_MAX_IN_FLIGHT": "256",
+                "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    out = [pid]
+    try:
+        for child in children(pid):
+            out += tree(child)
+    except OSError:
+        pass
+    return out
+
+
+def usage(pid: int) -> tuple[float, int]:
+    """(RSS in MB, open file descriptors) of a process and its descendants; a process gone counts 0."""
+    rss_kb = 0
+    fds = 0
+    for p in tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss_kb += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{p}/fd"))
+        except OSError:
+            continue
+    return rss_kb / 1024, fds
+
+
+class Sampler(threading.Thread):
+    def __init__(self, stack: LocalStack, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.stack = stack
+        self.every_s = every_s
+        self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            now = time.monotonic()
+            self.samples.append((now, {name: usage(proc.pid) for name, proc in self.stack.procs.items()}))
+            self.done.wait(self.every_s)
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    if len(points) < 3:
+        return None
+    xs = [t for t, _ in points]
+    ys = [v for _, v in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return round(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den * 3600, 2) if den else None
+
+
+def growth(samples: list[tuple[float, dict[str, tuple[float, int]]]], start: float, warmup_s: float
+           ) -> dict[str, dict[str, Any]]:
+    after = [(t, s) for t, s in samples if t - start >= warmup_s]
+    if len(after) < 4:
+        raise SystemExit(f"only {len(after)} samples after the warm-up: run longer or sample more often")
+    tenth = max(1, len(after) // 10)
+    out: dict[str, dict[str, Any]] = {"rss_growth_pct": {}, "fd_growth": {}, "rss_mb": {}, "fds": {},
+                                      "rss_slope_mb_per_h": {}}
+    for name in after[0][1]:
+        first = [s[name] for _, s in after[:tenth] if name in s]
+        last = [s[name] for _, s in after[-tenth:] if name in s]
+        rss0, rss1 = statistics.fmean(r for r, _ in first), statistics.fmean(r for r, _ in last)
+        fd0, fd1 = statistics.fmean(f for _, f in first), statistics.fmean(f for _, f in last)
+        out["rss_growth_pct"][name] = round((rss1 - rss0) / rss0 * 100, 2) if rss0 else None
+        out["fd_growth"][name] = round(fd1 - fd0, 1)
+        out["rss_mb"][name] = [round(rss0, 1), round(rss1, 1)]
+        out["fds"][name] = [round(fd0, 1), round(fd1, 1)]
+        out["rss_slope_mb_per_h"][name] = slope_per_hour([(t - start, s[name][0]) for t, s in after if name in s])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="1 minute, 20 s warm-up, a sample every 2 s")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--warmup-min", dest="warmup_min", type=float, default=3.0)
+    parser.add_argument("--every-s", dest="every_s", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--retriever-workers", dest="retriever_workers", type=int, default=2)
+    parser.add_argument("--llm-latency-ms", type=float, default=50.0)
+    parser.add_argument("--redis-maxmemory", dest="redis_maxmemory", default="32mb")
+    parser.add_argument("--corpus", type=Path, default=None, help="default: the shared combined corpus")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.minutes, args.warmup_min, args.every_s = 1.0, 1 / 3, 2.0
+    data_dir = default_data_dir(REPO)
+    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
+    questions = load_questions(data_dir)
+    stack = LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=SEARCHER_ENV,
+                       log_dir=REPO / "var" / "logs" / "soak")
+    stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(args.retriever_workers)
+    # a small cache cap, reached during the warm-up: after it Redis evicts as much as it stores, so what it
+    # holds no longer grows with the number of distinct searches (the stack's default cap is 512mb)
+    stack.specs["redis"].argv += ["--maxmemory", args.redis_maxmemory]
+    with stack:
+        sampler = Sampler(stack, args.every_s)
+        start = time.monotonic()
+        sampler.start()
+        result = asyncio.run(run_phase(stack.url("searcher"), questions, clients=args.clients,
+                                       seconds=args.minutes * 60, timeout_s=60, body=unique_questions(questions)))
+        sampler.done.set()
+        sampler.join()
+    figures = growth(sampler.samples, start, args.warmup_min * 60)
+    print(json.dumps({**figures, "requests": len(result.events),
+                      "answers": {str(k): v for k, v in result.statuses.items()}, "bodies": dict(result.bodies),
+                      "lost": result.lost, "samples": len(sampler.samples), "minutes": args.minutes,
+                      "warmup_min": args.warmup_min, "clients": args.clients,
+                      "retriever_workers": args.retriever_workers, "quick": args.quick, "cpus": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+    main()
