@@ -35,7 +35,7 @@ JSON = "application/json"
 _ERROR_TEXTS = {400: "bad input (for example k over RETRIEVER_MAX_K)",
                 404: "the requested method is not served by this retriever (param `method`)",
                 429: "too many queries queued; retry after Retry-After",
-                503: "indexes still loading; retry after Retry-After"}
+                503: "indexes still loading, or the dense index's Milvus not answering; retry after Retry-After"}
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -82,7 +82,7 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
 
         async def ready() -> dict[str, str]:
             if state.service is not None:
-                return {"indexes": "ok"}
+                return {"indexes": await state.service.health()}
             return {"indexes": state.error or "loading"}
 
         app.state.readiness = ready

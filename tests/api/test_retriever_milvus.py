@@ -1,0 +1,217 @@
+"""The retriever with its dense index on Milvus (milvus-lite in a local `.db` folder, in-process).
+
+- the FAISS API tests of test_retriever_api.py, run again here against a Milvus-backed app (same fixtures
+  names: `tiny`, `client`), so both backends answer the same API the same way;
+- a FLAT collection ranks exactly as FAISS flat does (same top-10 ids for real questions); HNSW is an option;
+- a build killed part-way resumes where it stopped, with the same checksum as an uninterrupted one;
+- start-up refuses a collection that differs from its manifest (rows, checksum, missing);
+- a Milvus that stops answering is a 503 with Retry-After in the error envelope, BM25 keeps serving.
+
+The collection is built once from the tiny corpus's cached embeddings (no re-encoding) and cached with them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from services.common.errors import NotReady
+from services.retriever import milvus
+from services.retriever.api import create_app
+from services.retriever.corpus import Corpus
+from services.retriever.dense import Encoder, FaissIndex, dense_folder, embed_corpus, iter_chunks
+from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
+from services.retriever.serving import check_indexes
+from services.retriever.settings import RetrieverSettings
+from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+from tests.api.test_retriever_api import (  # noqa: F401 - collected here again, against this module's fixtures
+    assert_envelope,
+    test_concurrent_requests_all_answered_correctly,
+    test_default_method_and_k_larger_than_corpus,
+    test_every_method_returns_ranked_documents,
+    test_ops_endpoints,
+    test_searchr1_compatible_shapes,
+    wait_ready,
+)
+from tests.asgi import app_client
+
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus_lite")
+
+
+def milvus_settings(corpus: Path, index_dir: Path, uri: Path, **milvus_overrides: object) -> RetrieverSettings:
+    return tiny_settings(corpus, index_dir, dense_backend="milvus",
+                         milvus={"uri": str(uri), "insert_batch": 100, "retries": 1, "retry_backoff_s": 0.05,
+                                 **milvus_overrides})
+
+
+@pytest.fixture(scope="module")
+def tiny(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RetrieverSettings:
+    corpus = write_tiny_corpus(data_dir, tmp_path_factory.mktemp("retriever-milvus") / "tiny.jsonl")
+    index_dir = cached_index_dir(var_dir, corpus)
+    faiss = tiny_settings(corpus, index_dir)
+    ensure_tiny_indexes(faiss, bm25=["bm25s"], dense=True)  # the FAISS flat index and the embeddings
+    settings = milvus_settings(corpus, index_dir, index_dir / "milvus.db")
+    ensure_tiny_indexes(settings, bm25=[], dense=True)  # loads the cached embeddings into the collection
+    return settings
+
+
+@pytest.fixture()
+async def client(tiny: RetrieverSettings) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_client(create_app(tiny)) as c:
+        await wait_ready(c)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def questions(data_dir: Path) -> list[str]:
+    out = []
+    for name in ("nq", "hotpotqa", "popqa"):
+        with (data_dir / "qa" / f"{name}.jsonl").open() as fh:
+            out.extend(json.loads(line)["question"] for _, line in zip(range(40), fh, strict=False))
+    return out
+
+
+@pytest.fixture()
+def scratch(tiny: RetrieverSettings, tmp_path: Path) -> Iterator[RetrieverSettings]:
+    """A copy of the built collection and its manifest, free to damage; its milvus-lite released after."""
+    index_dir = tmp_path / "indexes"
+    for name in ("bm25s", milvus.milvus_folder(Path(), tiny.milvus.collection).name):
+        shutil.copytree(tiny.index_dir / name, index_dir / name, symlinks=True)
+    shutil.copytree(Path(tiny.milvus.uri), tmp_path / "copy.db")
+    settings = milvus_settings(tiny.corpus, index_dir, tmp_path / "copy.db")
+    yield settings
+    milvus.release_local(settings.milvus)
+
+
+def test_flat_collection_ranks_as_exact_faiss(tiny: RetrieverSettings, questions: list[str]) -> None:
+    encoder = Encoder(tiny.encoder)
+    vectors = encoder.encode_queries(questions)
+    exact = FaissIndex(dense_folder(tiny.index_dir, "flat"), tiny.faiss).search(vectors, 10)
+    index = milvus.MilvusIndex(milvus.milvus_folder(tiny.index_dir, tiny.milvus.collection), tiny.milvus)
+    try:
+        assert index.ntotal == 300 and index.manifest.index_type == "flat"
+        got = index.search(vectors, 10)
+        over = index.search(vectors[:2], 500)  # k over the collection: every row once, padded with -1
+    finally:
+        index.close()
+    assert got.ids.tolist() == exact.ids.tolist()
+    np.testing.assert_allclose(got.scores, exact.scores, atol=1e-4)
+    assert (over.ids[:, :300] >= 0).all() and (over.ids[:, 300:] == -1).all()
+    assert len(set(over.ids[0, :300].tolist())) == 300
+
+
+def test_hnsw_collection_is_an_option(tiny: RetrieverSettings, tmp_path: Path) -> None:
+    settings = milvus_settings(tiny.corpus, tmp_path, tmp_path / "hnsw.db", index_type="hnsw",
+                               collection="plugsearch_hnsw", hnsw_ef_search=16)
+    embeddings = embed_corpus(Corpus.load(tiny.corpus), tiny.index_dir, tiny.encoder, chunk_size=128,
+                              show_progress=False)  # cached: nothing is encoded
+    manifest = milvus.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
+    assert manifest.index_type == "hnsw" and manifest.params["hnsw_m"] == 32
+    flat = milvus.MilvusIndex(milvus.milvus_folder(tiny.index_dir, tiny.milvus.collection), tiny.milvus)
+    passages = np.concatenate(list(iter_chunks(embeddings)))[::5]  # passages as queries, moved a little
+    noisy = passages + np.random.default_rng(0).normal(0, 0.02, passages.shape).astype(np.float32)
+    vectors = np.ascontiguousarray(noisy / np.linalg.norm(noisy, axis=1, keepdims=True), dtype=np.float32)
+    try:
+        exact = flat.search(vectors, 10)
+    finally:
+        flat.close()
+    hnsw = milvus.MilvusIndex(milvus.milvus_folder(tmp_path, "plugsearch_hnsw"), settings.milvus)
+    try:
+        approx = hnsw.search(vectors, 50)  # ef is raised to k
+    finally:
+        hnsw.close()
+    recall = np.mean([len(set(a[:10]) & set(e)) / 10 for a, e in zip(approx.ids.tolist(), exact.ids.tolist(),
+                                                                     strict=True)])
+    assert recall >= 0.95 and (approx.ids >= 0).all()
+
+
+def test_a_killed_build_resumes_with_the_same_checksum(tiny: RetrieverSettings, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = milvus_settings(tiny.corpus, tmp_path, tmp_path / "resume.db", insert_batch=50)
+    embeddings = embed_corpus(Corpus.load(tiny.corpus), tiny.index_dir, tiny.encoder, chunk_size=128, show_progress=False)
+    real_call = milvus.call
+    inserts = 0
+
+    def dying_call(settings: object, what: str, fn: object, *args: object, **kwargs: object) -> object:
+        nonlocal inserts
+        if what == "insert":
+            inserts += 1
+            if inserts == 4:
+                raise KeyboardInterrupt  # as a killed build: nothing after this batch runs
+        return real_call(settings, what, fn, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(milvus, "call", dying_call)
+    with pytest.raises(KeyboardInterrupt):
+        milvus.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
+    state = json.loads((tmp_path / ".milvus-plugsearch_dense.build.json").read_text())
+    assert state["loaded"] == 128 and not (tmp_path / "milvus-plugsearch_dense").exists()  # 50+50+28: chunk end
+    monkeypatch.setattr(milvus, "call", real_call)
+    created: list[str] = []
+    create = milvus._create_collection
+    monkeypatch.setattr(milvus, "_create_collection", lambda *a: created.append("again") or create(*a))
+    manifest = milvus.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
+    assert created == []  # resumed: the collection was not dropped and created again
+    expected = Manifest.read(milvus.milvus_folder(tiny.index_dir, tiny.milvus.collection))
+    assert manifest.params["checksum"] == expected.params["checksum"] and manifest.doc_count == 300
+    assert not (tmp_path / ".milvus-plugsearch_dense.build.json").exists()
+    client, rows = milvus.open_checked(settings.milvus, manifest)  # ids unique: no row twice after the resume
+    client.close()
+    milvus.release_local(settings.milvus)
+    assert rows == 300
+
+
+async def test_startup_refuses_a_collection_that_differs_from_its_manifest(scratch: RetrieverSettings) -> None:
+    check_indexes(scratch)  # the copy as built is accepted
+    client = milvus.connect(scratch.milvus)
+    client.delete(scratch.milvus.collection, ids=[7])
+    client.close()
+    with pytest.raises(IndexMismatch, match=r"row count 299 != manifest 300.*plugsearch-index build"):
+        async with app_client(create_app(scratch)):
+            pass
+    client = milvus.connect(scratch.milvus)
+    client.alter_collection_properties(scratch.milvus.collection, properties={milvus.CHECKSUM_PROPERTY: "other"})
+    client.close()
+    with pytest.raises(IndexMismatch, match="checksum other != manifest"):
+        check_indexes(scratch)
+    with pytest.raises(IndexMismatch, match="index type 'flat' != configured 'hnsw'"):
+        check_indexes(scratch.model_copy(update={"milvus": scratch.milvus.model_copy(update={"index_type": "hnsw"})}))
+    client = milvus.connect(scratch.milvus)
+    client.drop_collection(scratch.milvus.collection)
+    client.close()
+    with pytest.raises(IndexMissing, match="does not exist"):
+        check_indexes(scratch)
+
+
+async def test_milvus_down_is_a_503_with_retry_after(client: httpx.AsyncClient, tiny: RetrieverSettings) -> None:
+    assert (await client.post("/retrieve", json={"queries": ["film"], "method": "dense"})).status_code == 200
+    milvus.release_local(tiny.milvus)  # the engine stops answering (as a cluster that went down)
+    for method in ("dense", "hybrid"):
+        response = await client.post("/retrieve", json={"queries": ["film", "physics"], "method": method})
+        error = assert_envelope(response, 503)
+        assert error["type"] == "not_ready" and "Milvus" in error["message"]
+        assert response.headers["retry-after"] == str(tiny.milvus.retry_after_s)
+    assert (await client.post("/retrieve", json={"queries": ["film"], "method": "bm25"})).status_code == 200
+    ready = await client.get("/health/ready")
+    assert ready.status_code == 503 and "Milvus does not answer" in ready.json()["checks"]["indexes"]
+    assert (await client.get("/health/live")).status_code == 200
+
+
+def test_a_search_that_keeps_failing_raises_not_ready(tiny: RetrieverSettings) -> None:
+    calls = 0
+
+    def broken(*args: object, timeout: float) -> None:
+        nonlocal calls
+        calls += 1
+        assert timeout == tiny.milvus.timeout_s
+        raise ConnectionError("down")
+
+    with pytest.raises(NotReady) as caught:
+        milvus.call(tiny.milvus, "search", broken)
+    assert calls == tiny.milvus.retries + 1 and caught.value.retry_after == tiny.milvus.retry_after_s
