@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,9 @@ from services.retriever.base import Hits
 from services.retriever.corpus import Corpus
 from services.retriever.manifest import IndexMissing, Manifest, atomic_folder
 from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, FaissSettings
+
+if TYPE_CHECKING:
+    from services.retriever.onnx_encoder import OnnxModel
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +55,26 @@ def encoder_identity(settings: EncoderSettings) -> dict[str, Any]:
 
 
 class Encoder:
-    """sentence-transformers model with E5-style prefixes, pooling and normalisation by configuration."""
+    """sentence-transformers model with E5-style prefixes, pooling and normalisation by configuration.
+
+    `settings.backend` onnx / onnx-int8: the same model exported once and run by onnxruntime
+    (services.retriever.onnx_encoder); torch and sentence-transformers are then not loaded."""
 
     def __init__(self, settings: EncoderSettings) -> None:
+        self.settings = settings
+        self.onnx: OnnxModel | None = None
+        path = resolve_encoder_path(settings.name)
+        if settings.backend != "torch":
+            from services.retriever.onnx_encoder import OnnxModel
+
+            self.onnx = OnnxModel(path, settings)
+            self.dims = self.onnx.dims
+            return
         import torch
         from sentence_transformers import SentenceTransformer
 
         if settings.threads:
             torch.set_num_threads(settings.threads)
-        self.settings = settings
-        path = resolve_encoder_path(settings.name)
         if settings.pooling == "model":
             self.model = SentenceTransformer(path, device=settings.device)
         else:
@@ -84,6 +97,8 @@ class Encoder:
         self.dims = int(dims)
 
     def _encode(self, texts: list[str], batch_size: int, show_progress: bool = False) -> npt.NDArray[np.float32]:
+        if self.onnx is not None:
+            return self.onnx.encode(texts, batch_size, normalize=self.settings.normalize)
         vectors = self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
                                     normalize_embeddings=self.settings.normalize,
                                     show_progress_bar=show_progress)

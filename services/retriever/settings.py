@@ -7,6 +7,7 @@ Impossible combinations are refused when the settings are built (that is, at sta
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +21,7 @@ DenseBackend = Literal["faiss", "milvus"]
 MilvusIndexType = Literal["flat", "hnsw"]
 IndexType = Literal["flat", "hnsw", "sq8", "ivfpq"]
 Pooling = Literal["model", "mean", "cls"]
+EncoderBackend = Literal["torch", "onnx", "onnx-int8"]
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
@@ -40,7 +42,23 @@ class EncoderSettings(BaseModel):
     max_seq_length: int = Field(256, ge=8, le=8192)
     batch_size: int = Field(64, ge=1, le=4096, description="encoding batch for index builds")
     device: str | None = Field(None, description="cpu, cuda, cuda:1...; None = sentence-transformers' choice")
-    threads: int = Field(0, ge=0, description="torch intra-op threads for the encoder; 0 = leave as is")
+    threads: int = Field(0, ge=0, description="intra-op threads of the encoder (torch, or onnxruntime's session); "
+                         "0 = the library's default")
+    backend: EncoderBackend = Field("torch", description="torch = sentence-transformers; onnx = the same model "
+                                    "exported once to ONNX and run by onnxruntime (CPU); onnx-int8 = that export "
+                                    "dynamically quantized to int8 (faster, slightly different vectors)")
+    onnx_dir: Path = Field(Path("var/cache/onnx"), description="where the onnx backends keep their export (made "
+                           "once per model and variant, reused after); must be writable until it exists")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> EncoderSettings:
+        if self.backend != "torch" and self.device not in (None, "cpu"):
+            raise ValueError(f"RETRIEVER_ENCODER__BACKEND={self.backend} runs on onnxruntime's CPU provider, not "
+                             f"RETRIEVER_ENCODER__DEVICE={self.device}: unset the device, or use the torch backend")
+        if self.backend != "torch" and importlib.util.find_spec("onnxruntime") is None:
+            raise ValueError(f"RETRIEVER_ENCODER__BACKEND={self.backend} needs onnxruntime: install the onnx extra "
+                             "(pip install 'plugsearch[onnx]'), or use the torch backend")
+        return self
 
 
 class FaissSettings(BaseModel):

@@ -1,0 +1,284 @@
+"""The dense encoder on ONNX Runtime (`RETRIEVER_ENCODER__BACKEND=onnx` or `onnx-int8`).
+
+The model's transformer is exported to ONNX once per model and variant into `RETRIEVER_ENCODER__ONNX_DIR`
+(a folder named after the model and a digest of its config and weights: a changed model gets a new
+export, the same one is reused by every later start and every worker), then run by onnxruntime on the
+CPU. `onnx-int8` is that export dynamically quantized to int8 weights (onnxruntime's quantizer).
+Tokenization is the model's own fast tokenizer with sentence-transformers' arguments (pad to the longest,
+truncate at `max_seq_length`); pooling (the model's sentence-transformers pooling, or `pooling` from the
+settings) and normalisation run in numpy. fp32 vectors equal the torch backend's up to float error.
+
+Why not sentence-transformers' `backend="onnx"`: it goes through optimum-onnx, whose only release pins
+transformers<4.58 while sentence-transformers 6 needs transformers>=5, so the two cannot be installed
+together. The export here uses torch.onnx's torch.export-based exporter (needs `onnx` and `onnxscript`;
+serving an existing export needs only onnxruntime and the tokenizer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from services.retriever.settings import EncoderSettings
+
+logger = logging.getLogger(__name__)
+
+EXPORT_FORMAT = 1  # bump when the export itself changes (opset, inputs, exporter), so old files are not reused
+OPSET = 18
+FP32 = "model.onnx"
+INT8 = "model-int8.onnx"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+
+
+class OnnxUnavailable(RuntimeError):
+    """The onnx backend cannot serve this model (missing package, unsupported model layout, unwritable cache)."""
+
+
+def model_digest(path: Path) -> str:
+    """What the exported graph depends on: the model's config and weights (content, not dates)."""
+    h = hashlib.sha256(f"format={EXPORT_FORMAT};opset={OPSET}".encode())
+    files = [path / "config.json", *[path / n for n in WEIGHT_FILES if (path / n).is_file()]]
+    if not (path / "config.json").is_file() or len(files) < 2:
+        raise OnnxUnavailable(f"the onnx backend needs a local transformers model folder (config.json and "
+                              f"{' or '.join(WEIGHT_FILES)}); {path} has none")
+    for file in files:
+        h.update(file.name.encode())
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def export_folder(onnx_dir: Path, model_path: Path) -> Path:
+    return onnx_dir / f"{model_path.name}-{model_digest(model_path)}"
+
+
+@contextlib.contextmanager
+def _export_lock(folder: Path) -> Iterator[None]:
+    """One exporter at a time per folder (several workers start together); the others wait, then reuse."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = (folder / ".lock").open("a")
+    except OSError as exc:
+        raise OnnxUnavailable(f"cannot write the ONNX export to {folder} ({exc}): point "
+                              "RETRIEVER_ENCODER__ONNX_DIR at a writable folder") from exc
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def input_names(model_path: Path) -> list[str]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    names = list(tokenizer.model_input_names)
+    return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in names]
+
+
+def export_fp32(model_path: Path, out: Path) -> None:
+    """torch model -> ONNX graph (input ids etc. -> last hidden state), batch and sequence dynamic."""
+    try:
+        import onnx  # noqa: F401 - the exporter needs both
+        import onnxscript  # noqa: F401
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError as exc:
+        raise OnnxUnavailable(f"exporting the encoder to ONNX needs torch, transformers, onnx and onnxscript "
+                              f"(pip install 'plugsearch[onnx]'): {exc}") from exc
+    names = input_names(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    model = AutoModel.from_pretrained(str(model_path)).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any) -> Any:
+            return self.inner(**dict(zip(names, args, strict=True))).last_hidden_state
+
+    # two texts of different lengths: the traced graph takes the padded (masked) path
+    sample = tokenizer(["an export sample, longer than the other one", "short"], padding=True,
+                       return_tensors="pt")
+    args = tuple(sample[n] for n in names)
+    dynamic = {n: {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for n in names}
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    chatter = io.StringIO()
+    try:
+        # the exporter prints progress and warns about its own internals: one-off noise, kept out of the log
+        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(LastHidden(model), args, str(tmp), input_names=names,
+                              output_names=["last_hidden_state"], dynamic_shapes={"args": tuple(dynamic[n] for n in names)},
+                              opset_version=OPSET, dynamo=True, external_data=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def quantize_int8(source: Path, out: Path) -> None:
+    """Dynamic int8 quantization of the weights (activations quantized at run time; no calibration data)."""
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        raise OnnxUnavailable(f"int8 quantization needs onnxruntime's quantizer and onnx: {exc}") from exc
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        # the quantizer logs every tensor it skips through the root logger: one-off noise, muted while it runs
+        with warnings.catch_warnings(), _quiet_root_logger():
+            warnings.simplefilter("ignore")
+            # MatMul weights only, one scale per output channel: mean cosine to the fp32 vectors 0.993 on 300
+            # NQ/HotpotQA questions (MiniLM), against 0.965 with onnxruntime's defaults (per tensor, all ops)
+            quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                             per_channel=True)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:
+    """The ONNX file for this model and variant: exported (once, logged) when missing, else reused."""
+    folder = export_folder(onnx_dir, model_path)
+    wanted = folder / (INT8 if int8 else FP32)
+    if wanted.is_file():
+        logger.info("onnx encoder: reusing %s", wanted)
+        return wanted
+    with _export_lock(folder):
+        if wanted.is_file():  # another worker exported it while this one waited
+            logger.info("onnx encoder: reusing %s", wanted)
+            return wanted
+        fp32 = folder / FP32
+        if not fp32.is_file():
+            logger.info("onnx encoder: exporting %s to ONNX once (reused by later starts): %s", model_path, fp32)
+            t0 = time.perf_counter()
+            export_fp32(model_path, fp32)
+            logger.info("onnx encoder: exported %s in %.1f s", fp32, time.perf_counter() - t0)
+        if int8:
+            logger.info("onnx encoder: quantizing to int8 once: %s", wanted)
+            t0 = time.perf_counter()
+            quantize_int8(fp32, wanted)
+            logger.info("onnx encoder: quantized %s in %.1f s", wanted, time.perf_counter() - t0)
+        (folder / "export.json").write_text(json.dumps({"model": str(model_path), "format": EXPORT_FORMAT,
+                                                        "opset": OPSET}, indent=2))
+    return wanted
+
+
+def sentence_transformers_layout(model_path: Path, pooling: str) -> tuple[str, bool, bool]:
+    """(pooling mode, model normalises, lower-case inputs) as sentence-transformers would load the model."""
+    lower = False
+    bert_config = model_path / "sentence_bert_config.json"
+    if bert_config.is_file():
+        lower = bool(json.loads(bert_config.read_text()).get("do_lower_case", False))
+    if pooling != "model":
+        return pooling, False, lower
+    modules_file = model_path / "modules.json"
+    if not modules_file.is_file():
+        return "mean", False, lower  # sentence-transformers' default for a plain transformers model
+    modules = json.loads(modules_file.read_text())
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    unsupported = [k for k in kinds if k not in SUPPORTED_MODULES]
+    if unsupported:
+        raise OnnxUnavailable(f"the onnx backend runs Transformer + Pooling (+ Normalize) models; {model_path} "
+                              f"also has {', '.join(unsupported)}: use RETRIEVER_ENCODER__BACKEND=torch")
+    mode = "mean"
+    for module in modules:
+        if module["type"].endswith("Pooling"):
+            config = json.loads((model_path / module["path"] / "config.json").read_text())
+            modes = [name for name, key in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
+                                            ("max", "pooling_mode_max_tokens")) if config.get(key)]
+            others = [k for k, v in config.items() if k.startswith("pooling_mode_") and v and
+                      k not in ("pooling_mode_mean_tokens", "pooling_mode_cls_token", "pooling_mode_max_tokens")]
+            if len(modes) != 1 or others:
+                raise OnnxUnavailable(f"the onnx backend pools by one of mean, cls or max; {model_path} asks for "
+                                      f"{config}: use RETRIEVER_ENCODER__BACKEND=torch")
+            mode = modes[0]
+    return mode, "Normalize" in kinds, lower
+
+
+def session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if threads:
+        options.intra_op_num_threads = threads
+    # idle pool threads sleep instead of spinning: the service's event loop shares the cores with them
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+class OnnxModel:
+    """Tokenizer + ONNX Runtime session + numpy pooling: texts -> float32 vectors."""
+
+    def __init__(self, model_path: str | Path, settings: EncoderSettings) -> None:
+        self.path = Path(model_path)
+        if not self.path.is_dir():
+            raise OnnxUnavailable(f"the onnx backend loads local models only; {model_path} is not a folder "
+                                  "(nothing is downloaded)")
+        self.settings = settings
+        self.pooling, self.model_normalizes, self.lower = sentence_transformers_layout(self.path, settings.pooling)
+        self.file = ensure_export(self.path, settings.onnx_dir, int8=settings.backend == "onnx-int8")
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        self.session = session(self.file, settings.threads)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.dims = int(self.encode(["dimension probe"], 1, normalize=False).shape[1])
+
+    def _forward(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        if self.lower:
+            texts = [t.lower() for t in texts]
+        enc = self.tokenizer(texts, padding=True, truncation="longest_first",
+                             max_length=self.settings.max_seq_length, return_tensors="np")
+        feed = {name: np.asarray(enc[name], dtype=np.int64) for name in self.inputs}
+        hidden = self.session.run(None, feed)[0]
+        mask = feed["attention_mask"][:, :, None].astype(np.float32)
+        if self.pooling == "cls":
+            return np.asarray(hidden[:, 0], dtype=np.float32)
+        if self.pooling == "max":
+            return np.asarray(np.where(mask > 0, hidden, -1e9).max(axis=1), dtype=np.float32)
+        summed = (hidden * mask).sum(axis=1)
+        return np.asarray(summed / np.clip(mask.sum(axis=1), 1e-9, None), dtype=np.float32)
+
+    def encode(self, texts: Sequence[str], batch_size: int, *, normalize: bool) -> npt.NDArray[np.float32]:
+        """Vectors in input order; batches of similar lengths (less padding), as sentence-transformers does."""
+        if not texts:
+            return np.zeros((0, getattr(self, "dims", 0)), dtype=np.float32)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        parts = [self._forward([texts[i] for i in order[lo:lo + batch_size]])
+                 for lo in range(0, len(texts), batch_size)]
+        vectors = np.empty((len(texts), parts[0].shape[1]), dtype=np.float32)
+        vectors[order] = np.concatenate(parts)
+        if normalize or self.model_normalizes:
+            vectors /= np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+        return np.ascontiguousarray(vectors)

