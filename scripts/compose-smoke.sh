@@ -124,9 +124,14 @@ trap cleanup EXIT
 if [ "$CLEAN" = 1 ]; then
   log "clean engine: removing every container, image, volume and the build cache"
   compose down -v --remove-orphans >/dev/null 2>&1 || true
-  ids=$(docker ps -aq); [ -z "$ids" ] || docker rm -f $ids >/dev/null
-  docker system prune -af --volumes >/dev/null 2>&1
-  docker builder prune -af >/dev/null 2>&1
+  {
+    ids=$(docker ps -aq); [ -z "$ids" ] || docker rm -f $ids
+    docker system prune -af --volumes && docker builder prune -af
+  } >"$WORK/clean-engine.log" 2>&1 || { tail -20 "$WORK/clean-engine.log" >&2; exit 1; }
+  # really clean: no image, volume or build cache left (a prune that skipped something fails here)
+  left="$(docker images -aq | wc -l) $(docker volume ls -q | wc -l) $(docker system df --format '{{.Type}} {{.Size}}' \
+    | awk '$1 == "Build" {print $3}')"
+  [ "$left" = "0 0 0B" ] || { echo "engine not clean (images, volumes, build cache): $left" >&2; exit 1; }
 fi
 
 # ----------------------------------------------------------------------------------- base images
