@@ -42,6 +42,9 @@ FP32 = "model.onnx"
 INT8 = "model-int8.onnx"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+# texts per onnxruntime call, after sorting by length: a merged batch of 256 questions ran 2-3x faster in
+# chunks of 32 than in one call padded to its longest question (MiniLM, 2 cores)
+MAX_CHUNK = 32
 
 
 class OnnxUnavailable(RuntimeError):
@@ -274,6 +277,7 @@ class OnnxModel:
         """Vectors in input order; batches of similar lengths (less padding), as sentence-transformers does."""
         if not texts:
             return np.zeros((0, getattr(self, "dims", 0)), dtype=np.float32)
+        batch_size = min(batch_size, MAX_CHUNK)
         order = np.argsort([-len(t) for t in texts], kind="stable")
         parts = [self._forward([texts[i] for i in order[lo:lo + batch_size]])
                  for lo in range(0, len(texts), batch_size)]

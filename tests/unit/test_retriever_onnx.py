@@ -214,3 +214,25 @@ def test_pooling_setting_is_applied_like_torch(onnx_dir: Path, questions: list[s
     expected = Encoder(EncoderSettings(**settings)).encode_queries(questions[:20])
     got = Encoder(EncoderSettings(**settings, backend="onnx", onnx_dir=onnx_dir)).encode_queries(questions[:20])
     assert np.abs(got - expected).max() < 1e-4
+
+
+def test_a_merged_batch_is_encoded_in_length_sorted_chunks(onnx_dir: Path, questions: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served dense path merges 8 clients' batches into one call of up to 256 questions; padded to its
+    longest question that ran 2-3x slower than chunks of 32 of similar lengths. Same vectors either way."""
+    encoder = Encoder(EncoderSettings(backend="onnx", onnx_dir=onnx_dir))
+    assert encoder.onnx is not None
+    whole = np.concatenate([encoder.encode_queries([q]) for q in questions[:40]])
+    shapes: list[tuple[int, int]] = []
+    run = encoder.onnx.session.run
+
+    def spy(names: Any, feed: dict[str, np.ndarray]) -> Any:
+        shapes.append(feed["input_ids"].shape)
+        return run(names, feed)
+
+    monkeypatch.setattr(encoder.onnx.session, "run", spy, raising=False)
+    merged = encoder.encode_queries(questions)
+    assert len(shapes) == -(-len(questions) // onnx_encoder.MAX_CHUNK)
+    assert max(rows for rows, _ in shapes) <= onnx_encoder.MAX_CHUNK
+    assert [width for _, width in shapes] == sorted((width for _, width in shapes), reverse=True)
+    assert np.abs(merged[:40] - whole).max() < 1e-5  # input order kept, padding does not change vectors
