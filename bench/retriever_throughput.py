@@ -14,6 +14,16 @@ clients' requests into one larger library call. Peak RSS of the service (VmHWM).
 search on >= 1M synthetic vectors (clustered around real MiniLM passage vectors when the dense index
 exists, else random centres): recall@10 vs IndexFlatIP and search speed-up, same queries, same threads.
 
+Dense and hybrid run over the MiniLM flat index of the full corpus (../shared/data/corpus/combined.jsonl),
+built once into var/indexes/combined when missing (~10-20 min on 2 cores; `--build-backend onnx` encodes
+the passages on ONNX Runtime instead, same vectors up to float error) and reused after. `--quick` never
+builds it: without it, dense figures come from a ~300-passage subset (a note says so).
+
+The encoder backends (`onnx`): dense queries/s of RETRIEVER_ENCODER__BACKEND=onnx and onnx-int8 against
+torch at batch 1 and 32, in-process (encode + FAISS search, the same index object) and served (one
+service process per backend, all up at once, windows interleaved), and recall@10 of each backend's
+top-10 against torch's over real questions from ../shared/data/qa (`--recall-questions`, 300).
+
     python bench/retriever_throughput.py           # 8 s per point, 1,000,000 vectors
     python bench/retriever_throughput.py --quick   # 0.5 s per point, 20,000 128-d vectors (says so)
 
@@ -31,6 +41,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -44,6 +55,7 @@ from retriever_common import (  # noqa: E402
     CORPUS,
     DATASETS,
     INDEX_DIR,
+    REPO,
     ServedRetriever,
     dense_available,
     dense_subset,
@@ -52,6 +64,9 @@ from retriever_common import (  # noqa: E402
 )
 
 BATCHES = (1, 32, 256)
+ONNX_BATCHES = (1, 32)
+BACKENDS = ("torch", "onnx", "onnx-int8")
+ONNX_DIR = REPO / "var" / "cache" / "onnx"  # the setting's default (relative to the service's working dir)
 CLIENTS = 8
 ROUNDS = 2
 K = 10
@@ -228,6 +243,70 @@ def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, An
     return out
 
 
+# --------------------------------------------------------------------------- encoder backends
+
+
+def recall_questions(n: int) -> list[str]:
+    """n real questions, taken round-robin from the question sets (not the pool's first set only)."""
+    sets = [[r["question"] for r in load_questions(name, limit=n)] for name in DATASETS]
+    out = [q for row in itertools.zip_longest(*sets) for q in row if q]
+    return out[:n]
+
+
+def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: float, n_questions: int,
+                     served: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
+    """Dense queries/s per encoder backend (in-process and served, batch 1 and 32) and recall@10 vs torch.
+    `served`: the backends also measured behind a service (one process each, started together)."""
+    from services.retriever.dense import DenseRetriever, Encoder, FaissIndex
+    from services.retriever.settings import EncoderSettings, FaissSettings
+
+    index = FaissIndex(index_dir / "dense-flat", FaissSettings())
+    retrievers = {b: DenseRetriever(Encoder(EncoderSettings(backend=b, onnx_dir=ONNX_DIR)), index)
+                  for b in BACKENDS}  # an onnx backend's first use exports the model (once, logged)
+    questions = recall_questions(n_questions)
+    truth = retrievers["torch"].batch_search(questions, K).ids
+    recall: dict[str, float] = {}
+    same_top10: dict[str, float] = {}
+    for b in BACKENDS[1:]:
+        ids = retrievers[b].batch_search(questions, K).ids
+        recall[b] = round(float(np.mean([len(set(ids[i]) & set(truth[i])) / K for i in range(len(questions))])), 4)
+        same_top10[b] = round(float(np.mean((ids == truth).all(axis=1))), 4)
+    log(f"encoder backends: recall@10 vs torch {recall}, identical top-10 lists {same_top10}")
+
+    inprocess: dict[str, dict[str, float]] = {b: {} for b in BACKENDS}
+    service: dict[str, dict[str, float]] = {b: {} for b in served}
+
+    def start(backend: str) -> ServedRetriever:
+        return ServedRetriever({"RETRIEVER_DENSE": "true", "RETRIEVER_DEFAULT_METHOD": "dense", "RETRIEVER_WORKERS": "1",
+                                "RETRIEVER_ENCODER__BACKEND": backend, "RETRIEVER_ENCODER__ONNX_DIR": str(ONNX_DIR)},
+                               corpus=corpus, index_dir=index_dir)
+
+    with ExitStack() as stack, ThreadPoolExecutor(len(served)) as starter:
+        starting = {b: starter.submit(start, b) for b in served}
+        ports = {b: stack.enter_context(f.result()).port for b, f in starting.items()}
+        for batch in ONNX_BATCHES:
+            ip: dict[str, list[float]] = {b: [] for b in BACKENDS}
+            sv: dict[str, list[float]] = {b: [] for b in BACKENDS}
+            for _ in range(ROUNDS):  # interleaved: every backend sees the same machine load
+                for b in BACKENDS:
+                    ip[b].append(_inprocess_rate(retrievers[b], batch, pool, seconds / ROUNDS))
+                    if b in ports:
+                        sv[b].append(asyncio.run(_service_rate([ports[b]], "dense", batch, pool, seconds / ROUNDS)))
+            for b in BACKENDS:
+                inprocess[b][str(batch)] = round(sum(ip[b]) / ROUNDS, 1)
+                if b in ports:
+                    service[b][str(batch)] = round(sum(sv[b]) / ROUNDS, 1)
+            log(f"encoder backends at batch {batch}: in-process "
+                f"{ {b: inprocess[b][str(batch)] for b in BACKENDS} }, served { {b: service[b][str(batch)] for b in served} }")
+    speedup = {b: {where: {str(batch): round(rates[b][str(batch)] / rates["torch"][str(batch)], 2)
+                           for batch in ONNX_BATCHES}
+                   for where, rates in (("inprocess", inprocess), ("service", service)) if b in rates}
+               for b in BACKENDS[1:]}
+    return {"inprocess_qps": inprocess, "service_qps": service, "speedup_vs_torch": speedup,
+            "recall_at_10_vs_torch": recall, "identical_top10_vs_torch": same_top10,
+            "recall_questions": len(questions), "index_documents": index.ntotal}
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -240,6 +319,11 @@ def main() -> None:
     parser.add_argument("--dims", type=int, default=None, help="ANN vector size (default 384 = MiniLM; "
                         "--quick: 128)")
     parser.add_argument("--skip-ann", action="store_true")
+    parser.add_argument("--skip-onnx", action="store_true", help="no encoder backend comparison")
+    parser.add_argument("--recall-questions", type=int, default=None, help="questions for recall@10 of the onnx "
+                        "backends against torch (default 300; --quick: 100)")
+    parser.add_argument("--build-backend", choices=["torch", "onnx"], default="torch",
+                        help="encoder backend that builds the full-corpus dense index when it is missing")
     parser.add_argument("--workers", type=int, default=int(os.environ.get("RETRIEVER_WORKERS", "1")),
                         help="service worker processes (RETRIEVER_WORKERS; default 1)")
     parser.add_argument("--replicas", type=int, default=1, help="service processes behind the same clients "
@@ -254,8 +338,17 @@ def main() -> None:
     from services.retriever.fusion import HybridRetriever
     from services.retriever.settings import EncoderSettings, FaissSettings, RetrieverSettings
 
-    ensure_indexes(bm25=["bm25s"], dense=False, log=log)
     methods = [m for m in args.methods.split(",") if m]
+    wants_dense = any(m in ("dense", "hybrid") for m in methods) or not args.skip_onnx
+    # the full corpus's dense index: built once (cached in var/) by a full run; --quick only reuses it
+    build_dense = wants_dense and not args.quick and not dense_available()
+    if build_dense:
+        log(f"building the MiniLM flat index over the full corpus once ({args.build_backend} encoder; ~10-20 min "
+            f"on 2 cores), cached in {INDEX_DIR}")
+        os.environ["RETRIEVER_ENCODER__BACKEND"] = args.build_backend  # read by the build's settings only
+        os.environ["RETRIEVER_ENCODER__ONNX_DIR"] = str(ONNX_DIR)
+    ensure_indexes(bm25=["bm25s"], dense=build_dense, log=log)
+    os.environ.pop("RETRIEVER_ENCODER__BACKEND", None)  # the services below set their own
     notes: list[str] = []
     pool = question_pool()
     defaults = RetrieverSettings(bm25=True)
@@ -263,15 +356,18 @@ def main() -> None:
     # dense index exists, else over a small subset (query encoding dominates their cost either way)
     setups: list[tuple[list[str], Path, Path]] = [([m for m in methods if m == "bm25"], CORPUS, INDEX_DIR)]
     dense_methods = [m for m in methods if m in ("dense", "hybrid")]
+    dense_corpus, dense_index_dir = CORPUS, INDEX_DIR
+    if wants_dense and not dense_available():  # --quick without the full index: a small subset stands in
+        dense_corpus, dense_index_dir = dense_subset()
+        notes.append(f"dense figures (methods {'/'.join(dense_methods) or '-'}, encoder backends) over a "
+                     f"{sum(1 for _ in dense_corpus.open())}-passage subset ({dense_corpus.name}): no dense index "
+                     f"for the full corpus in {INDEX_DIR} (a full run builds it)")
+        log(notes[-1])
     if dense_methods:
-        if dense_available():
+        if dense_corpus == CORPUS:
             setups[0][0].extend(dense_methods)
         else:
-            corpus, index_dir = dense_subset()
-            setups.append((dense_methods, corpus, index_dir))
-            notes.append(f"{'/'.join(dense_methods)} measured over a {sum(1 for _ in corpus.open())}-passage "
-                         f"subset ({corpus}): no dense index for the combined corpus in {INDEX_DIR}")
-            log(notes[-1])
+            setups.append((dense_methods, dense_corpus, dense_index_dir))
 
     inprocess: dict[str, dict[str, float]] = {}
     service: dict[str, dict[str, float]] = {}
@@ -319,7 +415,13 @@ def main() -> None:
     result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,
                               "peak_rss_mb": peak, "replicas": args.replicas,
                               "workers": args.workers, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
-                              "quick": args.quick, "notes": notes}
+                              "quick": args.quick, "notes": notes,
+                              "dense_index_documents": sum(1 for _ in dense_corpus.open()) if wants_dense else None}
+    if not args.skip_onnx:
+        n_questions = args.recall_questions or (100 if args.quick else 300)
+        # --quick serves torch and onnx only (one service start less); int8 is measured in-process
+        result["onnx"] = encoder_backends(dense_corpus, dense_index_dir, pool, seconds, n_questions,
+                                          served=("torch", "onnx") if args.quick else BACKENDS)
     if not args.skip_ann:
         ann = ann_vs_exact(n_vectors, dims=dims)
         compressed = "sq8" if ann["sq8"]["recall_at_10"] >= ann["ivfpq"]["recall_at_10"] else "ivfpq"
