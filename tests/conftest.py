@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,6 +18,15 @@ from services.common.workers import free_port
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
+
+
+def first_questions(data_dir: Path, sets: tuple[str, ...], n: int) -> list[str]:
+    """The first `n` questions of each QA set in `sets`, in that order."""
+    out: list[str] = []
+    for name in sets:
+        with (data_dir / "qa" / f"{name}.jsonl").open() as fh:
+            out += [json.loads(line)["question"] for _, line in zip(range(n), fh, strict=False)]
+    return out
 
 
 @pytest.fixture(scope="session")

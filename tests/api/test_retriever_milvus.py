@@ -40,6 +40,7 @@ from tests.api.test_retriever_api import (  # noqa: F401 - collected here again,
     wait_ready,
 )
 from tests.asgi import app_client
+from tests.conftest import first_questions
 
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
@@ -71,11 +72,7 @@ async def client(tiny: RetrieverSettings) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="module")
 def questions(data_dir: Path) -> list[str]:
-    out = []
-    for name in ("nq", "hotpotqa", "popqa"):
-        with (data_dir / "qa" / f"{name}.jsonl").open() as fh:
-            out.extend(json.loads(line)["question"] for _, line in zip(range(40), fh, strict=False))
-    return out
+    return first_questions(data_dir, ("nq", "hotpotqa", "popqa"), 40)
 
 
 @pytest.fixture()

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_
 from services.retriever.fusion import HybridRetriever
 from services.retriever.settings import RetrieverSettings
 from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, first_questions, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -68,11 +67,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def questions(data_dir: Path) -> list[str]:
-    out = []
-    for name in ("nq", "hotpotqa", "popqa"):
-        with (data_dir / "qa" / f"{name}.jsonl").open() as fh:
-            out.extend(json.loads(line)["question"] for _, line in zip(range(40), fh, strict=False))
-    return out
+    return first_questions(data_dir, ("nq", "hotpotqa", "popqa"), 40)
 
 
 def served_ids(url: str, queries: list[str], k: int, method: str) -> list[list[str]]:

@@ -23,6 +23,7 @@ from services.retriever.onnx_encoder import OnnxUnavailable, ensure_export, expo
 from services.retriever.serving import check_indexes
 from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, RetrieverSettings
 from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+from tests.conftest import first_questions
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="onnxruntime missing")
 
@@ -53,11 +54,7 @@ def torch_encoder() -> Encoder:
 
 @pytest.fixture(scope="module")
 def questions(data_dir: Path) -> list[str]:
-    out = []
-    for name in ("nq", "hotpotqa"):
-        with (data_dir / "qa" / f"{name}.jsonl").open() as fh:
-            out += [json.loads(line)["question"] for _, line in zip(range(60), fh, strict=False)]
-    return out
+    return first_questions(data_dir, ("nq", "hotpotqa"), 60)
 
 
 # --------------------------------------------------------------------------- settings
