@@ -41,6 +41,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -69,6 +70,9 @@ BACKENDS = ("torch", "onnx", "onnx-int8")
 ONNX_DIR = REPO / "var" / "cache" / "onnx"  # the setting's default (relative to the service's working dir)
 CLIENTS = 8
 ROUNDS = 2
+REFUSED: Counter[str] = Counter()
+"""429s (with Retry-After) the service answered in measured windows, per method: the clients back off as
+told, so a refused request costs its client the wait and counts in no figure."""
 K = 10
 
 
@@ -91,7 +95,8 @@ class RawClient:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes, float]:
+        """(status, body, Retry-After seconds or 0)."""
         try:
             return await self._post(path, body)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -99,7 +104,7 @@ class RawClient:
             await self.close()
             return await self._post(path, body)
 
-    async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def _post(self, path: str, body: bytes) -> tuple[int, bytes, float]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
@@ -108,11 +113,13 @@ class RawClient:
         self.writer.write(head + body)
         header = await self.reader.readuntil(b"\r\n\r\n")
         status = int(header[9:12])
-        length = 0
+        length, retry_after = 0, 0.0
         for line in header.split(b"\r\n"):
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        return status, await self.reader.readexactly(length)
+            elif line[:12].lower() == b"retry-after:":
+                retry_after = float(line[12:])
+        return status, await self.reader.readexactly(length), retry_after
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -128,15 +135,19 @@ async def _service_rate(ports: list[int], method: str, batch: int, pool: list[st
     bodies = [orjson.dumps({"queries": pool[i:i + batch], "k": K, "method": method})
               for i in range(0, len(pool) - batch, max(batch, 7))][:200]
     clients = [RawClient(ports[i % len(ports)]) for i in range(CLIENTS)]  # spread over the replicas
-    done = 0
+    done = refused = 0
     checked = False
 
     async def worker(c: RawClient, offset: int) -> None:
-        nonlocal done, checked
+        nonlocal done, checked, refused
         for body in itertools.islice(itertools.cycle(bodies), offset, None):
             if time.perf_counter() >= stop:
                 return
-            status, payload = await c.post("/retrieve", body)
+            status, payload, retry_after = await c.post("/retrieve", body)
+            if status == 429 and retry_after:  # shed by the adaptive admission limit: back off as told
+                refused += 1
+                await asyncio.sleep(min(retry_after, max(0.0, stop - time.perf_counter())))
+                continue
             if status != 200:
                 raise RuntimeError(f"service answered {status}: {payload[:300]!r}")
             if not checked:
@@ -149,11 +160,12 @@ async def _service_rate(ports: list[int], method: str, batch: int, pool: list[st
     # warm-up (connections, first micro-batches), then the measured window
     stop = time.perf_counter() + min(1.0, seconds / 2)
     await asyncio.gather(*(worker(c, i * 3) for i, c in enumerate(clients)))
-    done = 0
+    done = refused = 0
     t0 = time.perf_counter()
     stop = t0 + seconds
     await asyncio.gather(*(worker(c, i * 5) for i, c in enumerate(clients)))
     rate = done / (time.perf_counter() - t0)
+    REFUSED[method] += refused
     for c in clients:
         await c.close()
     return rate
@@ -413,7 +425,7 @@ def main() -> None:
     log(f"ratio at batch 32: {ratio}, service peak RSS {peak} MB")
 
     result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,
-                              "peak_rss_mb": peak, "replicas": args.replicas,
+                              "peak_rss_mb": peak, "status_429": dict(REFUSED), "replicas": args.replicas,
                               "workers": args.workers, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
                               "quick": args.quick, "notes": notes,
                               "dense_index_documents": sum(1 for _ in dense_corpus.open()) if wants_dense else None}

@@ -49,7 +49,7 @@ BASELINE_STEP = 0.5
 class AdaptiveLimit:
     """How many requests may be in flight now. Not thread-safe: one per event loop (per worker)."""
 
-    def __init__(self, max_limit: int, *, min_limit: int = 4, tolerance: float = 2.0, adaptive: bool = True,
+    def __init__(self, max_limit: int, *, min_limit: int = 4, tolerance: float = 1.5, adaptive: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_limit = max_limit
         self.min_limit = min(min_limit, max_limit)

@@ -41,7 +41,7 @@ class ServiceSettings(BaseSettings):
         "admit against a limit that follows latency (services.common.admission), at most max_in_flight; "
         "false: max_in_flight alone"))
     min_in_flight: int = Field(4, ge=1, description="the adaptive limit never goes below this")
-    latency_tolerance: float = Field(2.0, ge=1.0, le=10.0, description=(
+    latency_tolerance: float = Field(1.5, ge=1.0, le=10.0, description=(
         "the adaptive limit shrinks while the mean latency per cost unit is over this many times its baseline"))
     body_timeout_s: float = Field(10.0, gt=0, description=(
         "the whole request body must arrive within this (else 408); a slow body holds no in-flight slot"))

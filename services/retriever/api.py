@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
+from services.common.admission import COST_STATE
 from services.common.app import build_app
 from services.common.errors import ErrorEnvelope, NotReady
 from services.common.schemas.retriever import (
@@ -106,6 +107,7 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
               responses={200: {"model": RetrieveResponse, "content": {JSON: {}}}, **_errors(400, 404, 429, 503)})
     async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         """Search a batch of queries; returns per query the top `k` passages, best first."""
+        setattr(request.state, COST_STATE, float(len(body.queries)))  # admission judges latency per query
         svc = _service(request)
         t0 = time.perf_counter()
         method, hits = await svc.search(body.queries, body.k, body.method)
@@ -117,6 +119,7 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
         """Search-R1 `retrieval_server.py` compatible: `{queries, topk, return_scores}` ->
         `{"result": [[{"document": {"id", "contents"}, "score"}]]}` (documents only without scores).
         A blank query gets an empty list, as on Search-R1's server."""
+        setattr(request.state, COST_STATE, float(len(body.queries)))
         svc = _service(request)
         hits = await svc.search_skipping_blank(body.queries, body.topk or settings.searchr1_topk, None)
         return Response(svc.render_searchr1(hits, body.return_scores), media_type=JSON)

@@ -222,3 +222,24 @@ async def test_typed_client_against_the_app(tiny: RetrieverSettings) -> None:
                 await client.retrieve(["q"], k=0)
         finally:
             await client.aclose()
+
+
+async def test_admission_judges_a_retrieval_by_its_number_of_queries(client: httpx.AsyncClient,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of 32 queries is 32 cost units to the adaptive limit: otherwise a baseline learnt on single
+    queries would read every large batch as overload and refuse it."""
+    from services.common.admission import AdaptiveLimit
+
+    costs: list[float] = []
+    observe = AdaptiveLimit.observe
+
+    def recording(self: AdaptiveLimit, seconds: float, cost: float = 1.0, *args: Any, **kwargs: Any) -> None:
+        costs.append(cost)
+        observe(self, seconds, cost, *args, **kwargs)
+
+    monkeypatch.setattr(AdaptiveLimit, "observe", recording)
+    queries = [f"question number {i}" for i in range(32)]
+    assert (await client.post("/retrieve", json={"queries": queries[:1], "k": 3})).status_code == 200
+    assert (await client.post("/retrieve", json={"queries": queries, "k": 3})).status_code == 200
+    assert (await client.post("/searchr1/retrieve", json={"queries": queries[:5]})).status_code == 200
+    assert costs == [1.0, 32.0, 5.0]
