@@ -104,13 +104,17 @@ def _reason(exc: BaseException) -> str:
     return str(message).splitlines()[0][:300] if message else type(exc).__name__
 
 
-def call(settings: MilvusSettings, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, timeout=..., **kwargs)`, retried with backoff; NotReady (503) once every try failed."""
+def call(settings: MilvusSettings, what: str, fn: Callable[..., T], *args: Any, long: bool = False,
+         **kwargs: Any) -> T:
+    """`fn(*args, timeout=..., **kwargs)`, retried with backoff; NotReady (503) once every try failed. `long`:
+    an operation whose time grows with the collection (building an index, loading it), given
+    `build_timeout_s` instead of the per-call `timeout_s`."""
     delay = settings.retry_backoff_s
+    timeout = settings.build_timeout_s if long else settings.timeout_s
     last: BaseException | None = None
     for attempt in range(settings.retries + 1):
         try:
-            return fn(*args, timeout=settings.timeout_s, **kwargs)
+            return fn(*args, timeout=timeout, **kwargs)
         except Exception as exc:  # MilvusException, grpc.RpcError, connection errors: all upstream failures
             last = exc
             logger.warning("Milvus %s failed (try %s of %s): %s", what, attempt + 1, settings.retries + 1,
@@ -238,8 +242,9 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
         if call(settings, "list_indexes", client.list_indexes, settings.collection):
             call(settings, "release_collection", client.release_collection, settings.collection)
             call(settings, "drop_index", client.drop_index, settings.collection, VECTOR_FIELD)
-        call(settings, "create_index", client.create_index, settings.collection, index_params(client, settings))
-        call(settings, "load_collection", client.load_collection, settings.collection)
+        call(settings, "create_index", client.create_index, settings.collection, index_params(client, settings),
+             long=True)
+        call(settings, "load_collection", client.load_collection, settings.collection, long=True)
         rows = count_rows(client, settings)
         if rows != n:
             raise IndexMismatch(f"Milvus collection {settings.collection} holds {rows} rows after the load, "
@@ -316,7 +321,7 @@ class MilvusIndex:
         self.dims = int(self.manifest.dims or 0)
         self.client, self.ntotal = open_checked(settings, self.manifest)
         try:
-            call(settings, "load_collection", self.client.load_collection, settings.collection)
+            call(settings, "load_collection", self.client.load_collection, settings.collection, long=True)
         except NotReady as exc:
             self.close()
             raise MilvusUnavailable(exc.message) from exc

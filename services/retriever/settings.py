@@ -102,6 +102,8 @@ class MilvusSettings(BaseModel):
     insert_batch: int = Field(2048, ge=1, le=65536, description="rows per insert while building (resumable "
                               "after each batch)")
     timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of one Milvus call")
+    build_timeout_s: float = Field(3600.0, gt=0, le=86400, description="deadline of the calls whose time grows "
+                                   "with the collection: building its index, loading it into memory")
     retries: int = Field(2, ge=0, le=10, description="further tries of a failed call (backoff doubling "
                          "from retry_backoff_s)")
     retry_backoff_s: float = Field(0.2, ge=0, le=30)

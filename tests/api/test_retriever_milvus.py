@@ -212,3 +212,18 @@ def test_a_search_that_keeps_failing_raises_not_ready(tiny: RetrieverSettings) -
     with pytest.raises(NotReady) as caught:
         milvus.call(tiny.milvus, "search", broken)
     assert calls == tiny.milvus.retries + 1 and caught.value.retry_after == tiny.milvus.retry_after_s
+
+
+def test_index_builds_and_loads_get_the_long_deadline(tiny: RetrieverSettings) -> None:
+    """Building an index over a large collection, or loading it, outlasts a search's deadline (an HNSW index
+    over 100k vectors took longer than 10 s on milvus-lite): those calls get `build_timeout_s`."""
+    seen: list[float] = []
+
+    def record(*args: object, timeout: float) -> str:
+        seen.append(timeout)
+        return "done"
+
+    assert milvus.call(tiny.milvus, "create_index", record, long=True) == "done"
+    assert milvus.call(tiny.milvus, "search", record) == "done"
+    assert seen == [tiny.milvus.build_timeout_s, tiny.milvus.timeout_s]
+    assert tiny.milvus.build_timeout_s > tiny.milvus.timeout_s
