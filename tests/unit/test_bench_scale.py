@@ -1,0 +1,96 @@
+"""bench/scale.py's building blocks: the synthetic corpus, the synthetic vectors, exact truth and the growth fits."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from bench import scale
+
+
+@pytest.fixture(scope="module")
+def real_model(data_dir: Path) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
+    return scale.corpus_model()
+
+
+def test_synthetic_passages_follow_the_real_corpus(tmp_path: Path, real_model: tuple) -> None:
+    vocab, _, lengths, titles = real_model
+    out = scale.write_corpus(3000, tmp_path / "corpus.jsonl")
+    rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [r["id"] for r in rows] == [f"s{i}" for i in range(3000)]
+    words = [w for r in rows for w in r["text"].split()]
+    assert set(words) <= set(vocab)
+    assert set(r["title"] for r in rows) <= set(titles)
+    mean_len = np.mean([len(r["text"].split()) for r in rows])
+    assert abs(mean_len - lengths.mean()) / lengths.mean() < 0.1
+    # the most frequent real word is also the most frequent synthetic one
+    assert Counter(words).most_common(1)[0][0] == vocab[0]
+
+
+def test_the_corpus_is_cached_and_deterministic(tmp_path: Path, data_dir: Path) -> None:
+    a = scale.write_corpus(200, tmp_path / "a" / "corpus.jsonl")
+    first = a.stat().st_mtime_ns
+    assert scale.write_corpus(200, a).stat().st_mtime_ns == first  # reused, not rewritten
+    b = scale.write_corpus(200, tmp_path / "b" / "corpus.jsonl")
+    assert a.read_bytes() == b.read_bytes()
+    c = scale.write_corpus(200, tmp_path / "c" / "corpus.jsonl", seed=5)
+    assert a.read_bytes() != c.read_bytes()
+
+
+def test_synthetic_vectors_are_that_corpus_embeddings_and_truth_is_exact(
+        tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import faiss
+
+    from services.retriever.corpus import file_checksum
+    from services.retriever.dense import iter_chunks
+    from services.retriever.manifest import Manifest
+
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(scale, "real_vectors", lambda: rng.standard_normal((50, scale.DIMS)).astype(np.float32))
+    monkeypatch.setattr(scale, "CHUNK", 700)  # several chunks, so the merge across chunks is exercised
+    corpus = scale.write_corpus(2000, tmp_path / "corpus.jsonl")
+    folder = scale.write_embeddings(corpus, tmp_path / "index", 2000)
+    manifest = Manifest.read(folder)
+    assert manifest.corpus_checksum == file_checksum(corpus) and manifest.doc_count == 2000
+    vectors = np.concatenate([np.asarray(c) for c in iter_chunks(folder)])
+    assert vectors.shape == (2000, scale.DIMS)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    queries = rng.standard_normal((20, scale.DIMS)).astype(np.float32)
+    flat = faiss.IndexFlatIP(scale.DIMS)
+    flat.add(vectors)
+    _, want = flat.search(queries, scale.K)
+    assert (scale.exact_top10(folder, queries) == want).all()
+
+
+def test_growth_fits_recover_known_curves_and_extrapolate() -> None:
+    sizes = [100_000, 1_000_000, 5_000_000]
+    power = scale.fit(sizes, [3.0 * n ** 0.9 for n in sizes], "power")
+    assert power is not None and power["b"] == pytest.approx(0.9) and power["a"] == pytest.approx(3.0)
+    line = scale.fit(sizes, [200 + 0.001 * n for n in sizes], "linear")
+    assert line is not None and line["base"] == pytest.approx(200) and line["per_item"] == pytest.approx(0.001)
+    assert scale.fit([100_000], [5.0], "power") is None  # one point is no curve
+    points = {str(n): {"build_s": 0.0001 * n, "rss_mb": 100 + 0.0005 * n, "disk_mb": 0.0002 * n} for n in sizes}
+    out = scale.extrapolate({"faiss-flat": points})["faiss-flat"]
+    assert out["build_s"] == pytest.approx(0.0001 * scale.WIKI18, rel=1e-3)
+    assert out["rss_mb"] == pytest.approx(100 + 0.0005 * scale.WIKI18, rel=1e-3)
+    assert out["from_sizes"] == sizes
+
+
+def test_each_backend_is_served_from_where_it_was_built(tmp_path: Path) -> None:
+    for backend in scale.BACKENDS:
+        env = scale.backend_env(backend, tmp_path)
+        paths = scale.index_paths(backend, tmp_path)
+        if backend.startswith("milvus"):
+            assert Path(env["RETRIEVER_MILVUS__URI"]) in paths
+            assert tmp_path / "index" / f"milvus-{env['RETRIEVER_MILVUS__COLLECTION']}" in paths
+        elif backend.startswith("faiss"):
+            assert paths == [tmp_path / "index" / f"dense-{env['RETRIEVER_FAISS__INDEX_TYPE']}"]
+        else:
+            assert env["RETRIEVER_BM25_BACKEND"] == backend and paths == [tmp_path / "index" / backend]
+    with pytest.raises(SystemExit):
+        scale.parse_max(["faiss-flat=lots"])
+    assert scale.parse_max(["bm25s=5000000"])["bm25s"] == 5_000_000
