@@ -180,6 +180,7 @@ def exact_top10(embeddings: Path, queries: np.ndarray) -> np.ndarray:
 
     from services.retriever.dense import iter_chunks
 
+    faiss.cvar.distance_compute_blas_threshold = 20  # as the service sets it (FaissSettings.blas_threshold)
     best_s = np.full((len(queries), K), -np.inf, dtype=np.float32)
     best_i = np.full((len(queries), K), -1, dtype=np.int64)
     offset = 0

@@ -237,7 +237,7 @@ def build_faiss(embeddings: Path, out: Path, settings: FaissSettings, *, show_pr
     if settings.threads:
         faiss.omp_set_num_threads(settings.threads)
     t0 = time.perf_counter()
-    params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "nprobe", "hnsw_ef_search"})
+    params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "nprobe", "hnsw_ef_search", "blas_threshold"})
     with atomic_folder(out) as tmp:
         index = new_faiss_index(dims, n, settings)
         if not index.is_trained:
@@ -336,6 +336,7 @@ class FaissIndex:
             raise IndexMissing(f"dense index {folder} lists no shard files")
         if settings.threads:
             faiss.omp_set_num_threads(settings.threads)
+        faiss.cvar.distance_compute_blas_threshold = settings.blas_threshold  # process-wide, as the threads
         self.dims = int(self.manifest.dims or 0)
         self._keep: list[Any] = []
         if settings.gpu:

@@ -75,6 +75,9 @@ class FaissSettings(BaseModel):
     shard_size: int = Field(2_000_000, ge=1_000, description="vectors per stored shard (flat); shards load "
                             "one at a time")
     threads: int = Field(0, ge=0, description="OpenMP threads for FAISS; 0 = library default")
+    blas_threshold: int = Field(20, ge=1, description="queries per flat search from which FAISS computes the inner "
+                                "products as one BLAS matrix product (faiss's own default, 128,000, keeps every "
+                                "batch a service sees on its per-query loop, several times slower)")
     gpu: bool = Field(False, description="flat index only: fp16 shards across all visible GPUs (needs faiss-gpu)")
 
 
