@@ -137,6 +137,7 @@ def test_export_happens_once_and_is_reused(onnx_dir: Path, tmp_path: Path, monke
     assert "reusing" in caplog.text and "exporting" not in caplog.text
     assert first.onnx is not None and second.onnx is not None and first.onnx.file == second.onnx.file
     assert not [p for p in calls[0].parent.iterdir() if p.name.endswith(".tmp")]
+    assert first.onnx.file.name == onnx_encoder.FUSED  # fp32 serves the fused graph, made once with it
 
     # int8 is made from the same fp32 export (no second export), once
     with caplog.at_level(logging.INFO, logger="services.retriever.onnx_encoder"):
