@@ -130,7 +130,7 @@ def call(settings: MilvusSettings, what: str, fn: Callable[..., T], *args: Any, 
 
 def count_rows(client: Any, settings: MilvusSettings) -> int:
     rows = call(settings, "count", client.query, settings.collection, output_fields=["count(*)"],
-                consistency_level="Strong")
+                consistency_level="Strong", long=True)  # reads every segment: grows with the collection
     return int(rows[0]["count(*)"])
 
 

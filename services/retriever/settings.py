@@ -106,7 +106,7 @@ class MilvusSettings(BaseModel):
                               "after each batch)")
     timeout_s: float = Field(10.0, gt=0, le=600, description="deadline of one Milvus call")
     build_timeout_s: float = Field(3600.0, gt=0, le=86400, description="deadline of the calls whose time grows "
-                                   "with the collection: building its index, loading it into memory")
+                                   "with the collection: building its index, loading it into memory, counting its rows")
     retries: int = Field(2, ge=0, le=10, description="further tries of a failed call (backoff doubling "
                          "from retry_backoff_s)")
     retry_backoff_s: float = Field(0.2, ge=0, le=30)
