@@ -30,7 +30,7 @@ a line base + per-passage) and extrapolated to wiki-18's 21,015,324 passages.
     python bench/scale.py                       # ~1 h on 2 cores; corpora and vectors cached in var/scale
     python bench/scale.py --sizes 100000,1000000 --backends bm25s,faiss-flat
     python bench/scale.py --quick               # 2k and 10k passages, 1 s windows: checks the pipeline only
-    python bench/scale.py --plot-only           # redraw docs/scale.png from var/scale/result.json
+    python bench/scale.py --plot-only           # redraw docs/scale.png and reprint var/scale/result.json
 
 Writes var/scale/result.json and docs/scale.png (with --plot). The last line printed is the JSON result.
 """
@@ -414,13 +414,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and windows: checks the pipeline only")
     parser.add_argument("--work", type=Path, default=WORK, help="where corpora, vectors and indexes go")
     parser.add_argument("--plot", action="store_true", help=f"draw {PLOT.relative_to(REPO)} from the result")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from <work>/result.json")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from <work>/result.json and print it "
+                        "(with the extrapolation) as the final line")
     parser.add_argument("--update", action="store_true", help="merge these points into <work>/result.json "
                         "(re-measure some backends or sizes without repeating the others)")
     args = parser.parse_args()
     result_path = args.work / "result.json"
-    if args.plot_only:
-        plot(json.loads(result_path.read_text()))
+    if args.plot_only:  # e.g. after a run stopped part-way: its points are in result.json after each one
+        saved = json.loads(result_path.read_text())
+        saved["extrapolated_21m"] = extrapolate(saved["backends"])
+        result_path.write_text(json.dumps(saved, indent=1))
+        plot(saved)
+        print(json.dumps(saved))
         return
     sizes = [int(s) for s in (args.sizes or ("2000,10000" if args.quick else "100000,1000000,5000000")).split(",")]
     backends = [b for b in args.backends.split(",") if b]
