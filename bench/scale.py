@@ -472,9 +472,10 @@ def main() -> None:
             except (RuntimeError, OSError, MemoryError) as exc:
                 log(f"  {backend} at {n} failed: {exc}")
                 skipped.append({"backend": backend, "size": n, "why": f"failed: {str(exc)[-300:]}"})
-                continue
-            results[backend][str(n)] = point
-            log(f"  {backend} at {n}: {point}")
+            else:
+                results[backend][str(n)] = point
+                log(f"  {backend} at {n}: {point}")
+            # after every point, failed ones too: a run stopped part-way keeps what it found (--plot-only)
             partial = {"sizes": sizes, "backends": results, "skipped": skipped}
             args.work.mkdir(parents=True, exist_ok=True)
             result_path.write_text(json.dumps(partial, indent=1))

@@ -160,6 +160,17 @@ def _collection_dims(client: Any, settings: MilvusSettings) -> int | None:
 # --------------------------------------------------------------------------- build (streamed, resumable)
 
 
+def create_index(client: Any, settings: MilvusSettings) -> None:
+    """Index the vector field. A try that ran out of time may have left the index building in Milvus: the
+    next try then finds it and does not ask again (which Milvus refuses: "index already exists")."""
+
+    def once(timeout: float) -> None:
+        if not client.list_indexes(settings.collection, timeout=timeout):
+            client.create_index(settings.collection, index_params(client, settings), timeout=timeout)
+
+    call(settings, "create_index", once, long=True)
+
+
 def _create_collection(client: Any, settings: MilvusSettings, dims: int) -> None:
     from pymilvus import DataType, MilvusClient
 
@@ -242,8 +253,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
         if call(settings, "list_indexes", client.list_indexes, settings.collection):
             call(settings, "release_collection", client.release_collection, settings.collection)
             call(settings, "drop_index", client.drop_index, settings.collection, VECTOR_FIELD)
-        call(settings, "create_index", client.create_index, settings.collection, index_params(client, settings),
-             long=True)
+        create_index(client, settings)
         call(settings, "load_collection", client.load_collection, settings.collection, long=True)
         rows = count_rows(client, settings)
         if rows != n:

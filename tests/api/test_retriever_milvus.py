@@ -227,3 +227,32 @@ def test_index_builds_and_loads_get_the_long_deadline(tiny: RetrieverSettings) -
     assert milvus.call(tiny.milvus, "search", record) == "done"
     assert seen == [tiny.milvus.build_timeout_s, tiny.milvus.timeout_s]
     assert tiny.milvus.build_timeout_s > tiny.milvus.timeout_s
+
+
+def test_a_retried_index_build_does_not_ask_twice(tiny: RetrieverSettings) -> None:
+    """The first create_index runs out of time while Milvus goes on building; the retry finds the index and
+    does not ask again (Milvus would refuse: index already exists)."""
+
+    class Client:
+        def __init__(self) -> None:
+            self.indexes: list[str] = []
+            self.asked = 0
+
+        def list_indexes(self, collection: str, timeout: float) -> list[str]:
+            return self.indexes
+
+        def prepare_index_params(self) -> object:
+            return _Params()
+
+        def create_index(self, collection: str, params: object, timeout: float) -> None:
+            self.asked += 1
+            self.indexes.append("vector")  # Milvus goes on building it
+            raise TimeoutError("deadline exceeded")
+
+    class _Params:
+        def add_index(self, **kwargs: object) -> None:
+            pass
+
+    client = Client()
+    milvus.create_index(client, tiny.milvus)
+    assert client.asked == 1 and client.indexes == ["vector"]
