@@ -822,7 +822,7 @@ def test_the_cpu_retriever_gets_cpu_torch_and_fails_on_cuda(dockerfile: tuple[di
     assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     (first, *_) = [" ".join(c.value) for c in stages["build-retriever"].commands if c.cmd.upper() == "RUN"]
     torch_at = first.index('pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url')
-    assert torch_at < first.index('".[retriever]"')
+    assert torch_at < first.index('".[retriever,onnx]"')  # the onnx extra: RETRIEVER_ENCODER__BACKEND=onnx
     assert "torch.version.cuda" in first and "grep -i '^nvidia-'" in first
 
 
