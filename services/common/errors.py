@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -123,6 +124,12 @@ def error_class_for_status(status: int) -> type[ServiceError]:
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     return UpstreamError if status >= 500 else BadRequest
+
+
+def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` of a route (or a router): each status answered in the error envelope, and when.
+    The one way errors are documented (`services.common.app.service_router` adds the guard's)."""
+    return {status: {"model": ErrorEnvelope, "description": text} for status, text in descriptions.items()}
 
 
 def error_response(status: int, type_: str, message: str, *, param: str | None = None,
