@@ -220,18 +220,11 @@ async def test_redis_going_away_bypasses_the_cache(redis_url: str) -> None:
 
 async def test_upstream_error_status_is_not_retried_forever() -> None:
     """A 502 is worth a retry, but only `max_retries` of them: then the caller gets the 502 itself."""
-    calls = 0
-
-    def upstream(request: httpx.Request) -> httpx.Response:
-        nonlocal calls
-        calls += 1
-        return httpx.Response(502, json={"error": {"type": "upstream_error", "message": "down", "param": None}})
-
-    client = ServiceClient(ClientSettings(url="http://up", max_retries=2, backoff_s=0.0, breaker_failures=100),
-                           transport=httpx.MockTransport(upstream))
-    try:
+    sent: list[httpx.Request] = []
+    down = {"error": {"type": "upstream_error", "message": "down"}}
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(502, json=down))
+    async with ServiceClient(ClientSettings(url="http://up", max_retries=2, backoff_s=0.0, breaker_failures=100),
+                             transport=transport) as client:
         with pytest.raises(UpstreamError) as caught:
             await client.request("POST", "/x", json={})
-        assert calls == 3 and caught.value.status == 502 and "down" in caught.value.message
-    finally:
-        await client.aclose()
+    assert len(sent) == 3 and caught.value.status == 502 and "down" in caught.value.message
