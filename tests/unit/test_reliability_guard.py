@@ -62,6 +62,28 @@ async def test_chunked_body_over_the_limit_is_413_like_a_large_content_length() 
         assert (await client.post("/echo", json={"text": "fits"})).status_code == 200
 
 
+async def test_a_client_that_hangs_up_mid_body_is_recorded_as_gone_not_refused() -> None:
+    app = make_app()
+    arriving = iter([{"type": "http.request", "body": b'{"te', "more_body": True}, {"type": "http.disconnect"}])
+    sent: list[dict[str, Any]] = []
+    scope = {"type": "http", "method": "POST", "path": "/echo", "raw_path": b"/echo", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"t")], "client": ("10.0.0.9", 1),
+             "server": ("t", 80), "scheme": "http", "http_version": "1.1", "root_path": ""}
+
+    async def receive() -> dict[str, Any]:
+        return next(arriving)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with app_client(app) as client:
+        await app(scope, receive, send)  # type: ignore[arg-type]
+        metrics = (await client.get("/metrics")).text
+    assert sent == []  # nobody is left to answer
+    assert 'demo_http_requests_total{method="POST",route="unmatched",status="499"} 1.0' in metrics
+    assert "demo_http_rejected_total{" not in metrics  # not counted as a refusal (413 or any other)
+
+
 async def test_non_json_content_types_are_415_and_json_variants_pass() -> None:
     async with app_client(make_app()) as client:
         for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
