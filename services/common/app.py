@@ -463,7 +463,8 @@ def from_state(request: Request, name: str, kind: type[T], *, starting: str | No
     Until it has, 503 + Retry-After: `app.state.startup_error` when starting failed, else `starting`."""
     value = getattr(request.app.state, name, None)
     if value is None:
-        raise NotReady(request.app.state.startup_error or starting or f"{name} is still starting", retry_after=2)
+        reason = getattr(request.app.state, "startup_error", None) or starting or f"{name} is still starting"
+        raise NotReady(reason, retry_after=2)
     return cast(T, value)
 
 
