@@ -43,6 +43,7 @@ class FakeStack:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         if self.in_flight >= self.together:
             self.all_in.set()
+        await asyncio.sleep(0)  # one turn of the loop, as any real call takes
         await self.all_in.wait()
         self.in_flight -= 1
         out = []
