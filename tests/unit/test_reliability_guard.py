@@ -245,8 +245,9 @@ async def test_upstream_error_status_is_not_retried_forever() -> None:
     sent: list[httpx.Request] = []
     down = {"error": {"type": "upstream_error", "message": "down"}}
     transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(502, json=down))
-    async with ServiceClient(ClientSettings(url="http://up", max_retries=2, backoff_s=0.0, breaker_failures=100),
-                             transport=transport) as client:
-        with pytest.raises(UpstreamError) as caught:
-            await client.request("POST", "/x", json={})
+    client = ServiceClient(ClientSettings(url="http://up", max_retries=2, backoff_s=0.0, breaker_failures=100),
+                           transport=transport)
+    with pytest.raises(UpstreamError) as caught:
+        await client.request("POST", "/x", json={})
+    await client.aclose()
     assert len(sent) == 3 and caught.value.status == 502 and "down" in caught.value.message
