@@ -1,13 +1,11 @@
 """The wire under the shared clients: one request out, status + headers + body back.
 
-`ServiceClient` and `OpenAIChatClient` keep timeouts, retries, the breaker and error decoding; a `Wire`
-only moves bytes. Two implementations:
+`ServiceClient` keeps timeouts, retries, the breaker and error decoding (`services.common.http`); a `Wire` only
+moves bytes. Two implementations:
 
-- `AiohttpWire` (default): aiohttp's connection pool, used directly. A search makes eight upstream calls,
-  and httpx's request/response machinery on top of a pool cost about as much CPU as the rest of the
-  searcher (py-spy, 64 concurrent searches: 45% of the searcher's GIL time inside `httpx.AsyncClient`).
-  httpcore's own pool is worse still: it rescans every pooled connection for every connection it
-  inspects (quadratic; 120 judge calls at 100 ms latency: 1.7 s CPU with httpcore, 0.36 s with aiohttp).
+- `AiohttpWire` (default): aiohttp's connection pool, used directly. A search makes several upstream calls, so
+  the wire's own CPU per call counts; aiohttp's pool does less work per request than httpx's client and
+  httpcore's pool on top of it.
 - `HttpxWire`: an `httpx.AsyncClient`, for an injected transport (tests pass `httpx.ASGITransport(app)`
   or `httpx.MockTransport`) or `http_transport="httpx"` in settings.
 
@@ -50,7 +48,7 @@ class WireResponse(Protocol):
 
 
 class Response:
-    """A fully read response of `AiohttpWire`."""
+    """A response read to the end (what `ServiceClient.request` returns), whatever the wire."""
 
     __slots__ = ("content", "headers", "reason_phrase", "status_code")
 
@@ -70,6 +68,13 @@ class Response:
         except orjson.JSONDecodeError as exc:
             raise ValueError(str(exc)) from exc
 
+    async def aread(self) -> bytes:
+        return self.content
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        for line in self.text.splitlines():
+            yield line
+
 
 class StreamResponse(Protocol):
     """A response whose body is read as it arrives (`httpx.Response` in a `stream()` block has all of it)."""
@@ -80,15 +85,15 @@ class StreamResponse(Protocol):
     @property
     def headers(self) -> Mapping[str, str]: ...
 
+    @property
+    def reason_phrase(self) -> str: ...
+
     async def aread(self) -> bytes: ...
 
     def aiter_lines(self) -> AsyncIterator[str]: ...
 
 
 class Wire(Protocol):
-    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> WireResponse: ...
-
     def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                timeout: float | None = None) -> AbstractAsyncContextManager[StreamResponse]:
         """The response as soon as its headers arrive; the body is read inside the block (server-sent
@@ -99,8 +104,8 @@ class Wire(Protocol):
 
 
 def as_response(stream: StreamResponse, content: bytes) -> Response:
-    """A streamed response read to the end, as a `WireResponse` (to decode an error body)."""
-    return Response(stream.status_code, stream.headers, content, "")
+    """A streamed response read to the end, as a `WireResponse`."""
+    return Response(stream.status_code, stream.headers, content, stream.reason_phrase)
 
 
 def dumps(body: Any) -> bytes:
@@ -120,15 +125,6 @@ class HttpxWire:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             headers=dict(headers), transport=transport)
 
-    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> httpx.Response:
-        kwargs: dict[str, Any] = {}
-        if json is not None:
-            kwargs["content"] = dumps(json)
-            headers = {"content-type": "application/json", **(headers or {})}
-        return await self.client.request(method, path, headers=headers, **kwargs,
-                                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
-
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                      timeout: float | None = None) -> AsyncIterator[StreamResponse]:
@@ -145,20 +141,27 @@ class HttpxWire:
 
 
 class _AiohttpStream:
-    __slots__ = ("_response", "headers", "status_code")
+    """aiohttp's response; errors while reading the body are httpx's too (they surface in the caller's frame)."""
 
-    def __init__(self, response: Any) -> None:
+    __slots__ = ("_method", "_response", "_url", "headers", "reason_phrase", "status_code")
+
+    def __init__(self, response: Any, method: str, url: str) -> None:
         self._response = response
+        self._method = method
+        self._url = url
         self.status_code: int = response.status
         self.headers: Mapping[str, str] = response.headers
+        self.reason_phrase: str = response.reason or ""
 
     async def aread(self) -> bytes:
-        content: bytes = await self._response.read()
+        with _as_httpx_errors(self._method, self._url):
+            content: bytes = await self._response.read()
         return content
 
     async def aiter_lines(self) -> AsyncIterator[str]:
-        async for line in self._response.content:  # aiohttp's StreamReader yields one line at a time
-            yield line.decode("utf-8", errors="replace").rstrip("\r\n")
+        with _as_httpx_errors(self._method, self._url):
+            async for line in self._response.content:  # aiohttp's StreamReader yields one line at a time
+                yield line.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 class AiohttpWire:
@@ -200,32 +203,19 @@ class AiohttpWire:
                                                   auto_decompress=True)
         return self._session
 
-    def _request(self, method: str, path: str, json: Any, headers: Mapping[str, str] | None,
-                 timeout: float | None) -> tuple[str, Any]:
-        """(url, aiohttp's request context manager) for one call."""
+    @asynccontextmanager
+    async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                     timeout: float | None = None) -> AsyncIterator[StreamResponse]:
         url = self.base_url + path
         data = None
         if json is not None:
             data = dumps(json)
             headers = {"Content-Type": "application/json", **(headers or {})}
-        return url, self._get_session().request(method, url, data=data, headers=headers,
-                                                timeout=self._timeout(timeout), allow_redirects=False)
-
-    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> Response:
-        url, request = self._request(method, path, json, headers, timeout)
+        request = self._get_session().request(method, url, data=data, headers=headers,
+                                              timeout=self._timeout(timeout), allow_redirects=False)
         with _as_httpx_errors(method, url):
             async with request as resp:
-                content = await resp.read()
-                return Response(resp.status, resp.headers, content, resp.reason or "")
-
-    @asynccontextmanager
-    async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                     timeout: float | None = None) -> AsyncIterator[StreamResponse]:
-        url, request = self._request(method, path, json, headers, timeout)
-        with _as_httpx_errors(method, url):
-            async with request as resp:
-                yield _AiohttpStream(resp)
+                yield _AiohttpStream(resp, method, url)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
