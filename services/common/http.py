@@ -43,14 +43,7 @@ from services.common.errors import (
 )
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import (
-    HttpTransport,
-    Response,
-    StreamResponse,
-    WireResponse,
-    as_response,
-    make_wire,
-)
+from services.common.transport import HttpTransport, Response, StreamResponse, as_response, make_wire
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +182,7 @@ def error_class(status: int) -> type[ServiceError]:
     return error_class_for_status(status)
 
 
-def decode_error(name: str, response: WireResponse) -> ServiceError:
+def decode_error(name: str, response: Response) -> ServiceError:
     """Turn an upstream error response (envelope or not) into our exception hierarchy."""
     message = response.reason_phrase or "error"
     param: str | None = None
@@ -278,7 +271,7 @@ class ServiceClient:
         return UpstreamUnavailable(f"{self.name} unreachable: {type(exc).__name__}",
                                    retry_after=NO_CONNECTION_RETRY_AFTER_S)
 
-    def _error_answer(self, response: WireResponse, seconds: float) -> ServiceError:
+    def _error_answer(self, response: Response, seconds: float) -> ServiceError:
         """An error answer (status >= 400): counted (a 5xx is a breaker failure; the upstream that sent a
         4xx is alive), and decoded into what to raise."""
         if response.status_code >= 500:
@@ -312,16 +305,18 @@ class ServiceClient:
                 try:
                     response = await stack.enter_async_context(
                         self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
-                    if read or response.status_code >= 400:
+                    failed = response.status_code >= 400
+                    if read or failed:
                         response = as_response(response, await response.aread())
                 except httpx.RequestError as exc:
                     last = self._no_answer(exc, time.perf_counter() - t0, timeout)
                 else:
-                    if response.status_code < 400:
+                    if not failed:
                         self.breaker.record_success()
                         yield response  # outside the try: the caller's own errors are not ours to retry
                         self._observe(time.perf_counter() - t0, None)
                         return
+                    assert isinstance(response, Response)
                     last = self._error_answer(response, time.perf_counter() - t0)
                     if response.status_code not in RETRY_STATUSES:
                         raise last if refusal is None else refusal(last)
@@ -332,7 +327,7 @@ class ServiceClient:
         raise last
 
     async def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
-                      retries: int | None = None, refusal: Refusal | None = None) -> WireResponse:
+                      retries: int | None = None, refusal: Refusal | None = None) -> Response:
         """Send with the policy's retries and breaker; the response read whole. Raises ServiceError."""
         async with self._call(method, path, json=json, timeout=timeout, retries=retries, refusal=refusal,
                               read=True) as response:

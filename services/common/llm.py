@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, SecretStr
 from services.common.errors import BadRequest, ServiceError, UpstreamError
 from services.common.http import CallSettings, ClientSettings, Refusal, ServiceClient
 from services.common.metrics import ServiceMetrics
-from services.common.transport import WireResponse
+from services.common.transport import Response
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class OpenAIChatClient:
 
         return refuse
 
-    async def _post(self, body: dict[str, Any], *, caller_error: bool = False) -> WireResponse:
+    async def _post(self, body: dict[str, Any], *, caller_error: bool = False) -> Response:
         """POST /chat/completions under the concurrency limit, with the upstream policy."""
         async with self._sem:
             return await self.upstream.request("POST", "/chat/completions", json=body,
@@ -158,7 +158,7 @@ class OpenAIChatClient:
             self.metrics.llm_tokens.labels(self.name, "completion").inc(completion)
         return prompt, completion
 
-    def _parse(self, response: WireResponse) -> ChatResult:
+    def _parse(self, response: Response) -> ChatResult:
         try:
             data = response.json()
             choice = data["choices"][0]

@@ -26,29 +26,9 @@ import orjson
 HttpTransport = Literal["aiohttp", "httpx"]
 
 
-class WireResponse(Protocol):
-    """What callers read from a response (`httpx.Response` has all of it too)."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def content(self) -> bytes: ...
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def reason_phrase(self) -> str: ...
-
-    def json(self) -> Any: ...
-
-
 class Response:
-    """A response read to the end (what `ServiceClient.request` returns), whatever the wire."""
+    """A response read to the end (what `ServiceClient.request` returns), whatever the wire; it can be read as
+    a `StreamResponse` too."""
 
     __slots__ = ("content", "headers", "reason_phrase", "status_code")
 
@@ -104,7 +84,7 @@ class Wire(Protocol):
 
 
 def as_response(stream: StreamResponse, content: bytes) -> Response:
-    """A streamed response read to the end, as a `WireResponse`."""
+    """A streamed response read to the end."""
     return Response(stream.status_code, stream.headers, content, stream.reason_phrase)
 
 
