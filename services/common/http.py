@@ -10,8 +10,8 @@ The policy (`ServiceClient`; `OpenAIChatClient` calls its LLM through one):
 - one status mapping (`decode_error`, `_no_answer`): no connection or an open circuit is 503
   `UpstreamUnavailable` with Retry-After, no answer in time 504 `UpstreamTimeout`, an upstream 503 / 504 is
   503 / 504, any other 5xx 502 `UpstreamError`, a 4xx its own class (or what the caller's `refusal` makes of it);
-- one metric labelling: `upstream_seconds{upstream}` per attempt, `upstream_errors{upstream, kind}` with kind
-  `connect`, `timeout` or the answer's status code.
+- one metric labelling: `upstream_seconds{upstream}` per attempt (a success: until the caller has read it),
+  `upstream_errors{upstream, kind}` with kind `connect`, `timeout` or the answer's status code.
 
 `ServiceClient` also forwards `X-Request-ID`, sends its bearer token and decodes the error envelope into the
 `services.common.errors` hierarchy. Tests inject an `httpx` transport (for example
@@ -22,7 +22,6 @@ over the production wire on real sockets.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import random
 import time
@@ -44,8 +43,6 @@ from services.common.errors import (
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
 from services.common.transport import HttpTransport, Response, StreamResponse, as_response, make_wire
-
-logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 

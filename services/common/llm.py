@@ -9,7 +9,6 @@ embedded in a service; everything talks to this.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
@@ -21,8 +20,6 @@ from services.common.errors import BadRequest, ServiceError, UpstreamError
 from services.common.http import CallSettings, ClientSettings, Refusal, ServiceClient
 from services.common.metrics import ServiceMetrics
 from services.common.transport import Response
-
-logger = logging.getLogger(__name__)
 
 
 class LLMSettings(CallSettings):
