@@ -86,11 +86,12 @@ class CircuitBreaker:
 
     A trial whose outcome is never recorded (the caller was cancelled by a deadline, a client went
     away) expires after `trial_timeout_s` (default: `reset_s`, at least 1 s), so the breaker cannot stay
-    open forever after the upstream recovers. `clock` (seconds, monotonic) is injectable for tests.
+    open forever after the upstream recovers. `clock` (seconds, monotonic; default `time.monotonic`) is
+    injectable for tests.
     """
 
     def __init__(self, failures: int, reset_s: float, trial_timeout_s: float | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.threshold = failures
         self.reset_s = reset_s
         self.trial_timeout_s = max(reset_s, 1.0) if trial_timeout_s is None else trial_timeout_s
@@ -99,29 +100,32 @@ class CircuitBreaker:
         self.opened_at: float | None = None
         self._trial_started: float | None = None
 
+    def _now(self) -> float:
+        return time.monotonic() if self.clock is None else self.clock()
+
     @property
     def state(self) -> str:
         if self.opened_at is None:
             return "closed"
-        return "half_open" if self.clock() - self.opened_at >= self.reset_s else "open"
+        return "half_open" if self._now() - self.opened_at >= self.reset_s else "open"
 
     @property
     def _trial_in_flight(self) -> bool:
-        return self._trial_started is not None and self.clock() - self._trial_started < self.trial_timeout_s
+        return self._trial_started is not None and self._now() - self._trial_started < self.trial_timeout_s
 
     def allow(self) -> bool:
         state = self.state
         if state == "closed":
             return True
         if state == "half_open" and not self._trial_in_flight:
-            self._trial_started = self.clock()
+            self._trial_started = self._now()
             return True
         return False
 
     def retry_after(self) -> float:
         if self.opened_at is None:
             return 0.0
-        return max(0.5, self.reset_s - (self.clock() - self.opened_at))
+        return max(0.5, self.reset_s - (self._now() - self.opened_at))
 
     def record_success(self) -> None:
         self.failures = 0
@@ -132,7 +136,7 @@ class CircuitBreaker:
         self.failures += 1
         self._trial_started = None
         if self.failures >= self.threshold:
-            self.opened_at = self.clock()
+            self.opened_at = self._now()
 
 
 def backoff_delay(attempt: int, base: float, cap: float = MAX_RETRY_PAUSE_S) -> float:
@@ -222,7 +226,7 @@ class ServiceClient:
         self.name = name or self.name
         self.metrics = metrics
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
-        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self.sleep: Callable[[float], Awaitable[None]] | None = None  # None: asyncio.sleep
         headers = {}
         if settings.token is not None:
             headers["Authorization"] = f"Bearer {settings.token.get_secret_value()}"
@@ -283,7 +287,7 @@ class ServiceClient:
         delay = backoff_delay(attempt, self.settings.backoff_s)
         if retry_after:
             delay = max(delay, min(retry_after, MAX_RETRY_PAUSE_S))
-        await self.sleep(delay)
+        await (asyncio.sleep if self.sleep is None else self.sleep)(delay)
 
     @asynccontextmanager
     async def _call(self, method: str, path: str, *, json: Any, timeout: float | None, retries: int | None,
