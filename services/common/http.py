@@ -237,12 +237,6 @@ class ServiceClient:
     async def aclose(self) -> None:
         await self._wire.aclose()
 
-    async def __aenter__(self) -> ServiceClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     def _observe(self, seconds: float, error: str | None) -> None:
         if self.metrics is None:
             return
