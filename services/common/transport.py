@@ -18,6 +18,7 @@ from __future__ import annotations
 import json as stdjson
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -26,17 +27,15 @@ import orjson
 HttpTransport = Literal["aiohttp", "httpx"]
 
 
+@dataclass(slots=True, eq=False)
 class Response:
     """A response read to the end (what `ServiceClient.request` returns), whatever the wire; it can be read as
     a `StreamResponse` too."""
 
-    __slots__ = ("content", "headers", "reason_phrase", "status_code")
-
-    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes, reason_phrase: str) -> None:
-        self.status_code = status_code
-        self.headers = headers
-        self.content = content
-        self.reason_phrase = reason_phrase
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+    reason_phrase: str
 
     @property
     def text(self) -> str:
