@@ -29,8 +29,7 @@ class LLMSettings(CallSettings):
     base_url: str = "http://127.0.0.1:8080/v1"
     model: str = "smollm2-135m-instruct"
     api_key: SecretStr | None = None
-    timeout_s: float = Field(60.0, gt=0)
-    backoff_s: float = Field(0.25, ge=0)
+    timeout_s: float = Field(60.0, gt=0)  # a completion takes longer than a service call
     max_concurrency: int = Field(16, ge=1, le=4096)
     tokenizer: str | None = Field(None, description="HF tokenizer name/path for token budgets; None = estimate")
 
