@@ -287,7 +287,7 @@ class ServiceClient:
     async def _call(self, method: str, path: str, *, json: Any, timeout: float | None, retries: int | None,
                     refusal: Refusal | None, read: bool) -> AsyncIterator[StreamResponse]:
         """The retry loop of `request` and `stream`: yields the first successful response (read whole when
-        `read`); raises the last failure, or a 4xx answer at once (through `refusal` where given)."""
+        `read`); raises the last failure, or a 4xx or 500 answer at once (a 4xx through `refusal` where given)."""
         max_retries = self.settings.max_retries if retries is None else retries
         rid = get_request_id()
         headers = {REQUEST_ID_HEADER: rid} if rid else {}
@@ -314,7 +314,7 @@ class ServiceClient:
                     assert isinstance(response, Response)
                     last = self._error_answer(response, time.perf_counter() - t0)
                     if response.status_code not in RETRY_STATUSES:
-                        raise last if refusal is None else refusal(last)
+                        raise last if refusal is None or response.status_code >= 500 else refusal(last)
                     retry_after = last.retry_after
             if attempt < max_retries:
                 await self._pause(attempt, retry_after)

@@ -241,3 +241,7 @@ async def test_llm_streams_after_a_retried_503_and_a_proxied_400_is_the_callers(
         with pytest.raises(ServiceError, match="too long") as caught:  # the caller's own request: its 400
             await c.client.complete({"model": "m", "messages": []})
         assert caught.value.status == 400 and caught.value.param == "messages" and c.pauses == []
+    async with caller("llm", wire, [(500, {}, {"error": {"message": "boom"}})]) as c:
+        with pytest.raises(UpstreamError, match="boom") as failed:  # the LLM's own failure stays a 502
+            await c.client.complete({"model": "m", "messages": []})
+        assert failed.value.status == 502
