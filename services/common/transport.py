@@ -73,6 +73,11 @@ class StreamResponse(Protocol):
 
 
 class Wire(Protocol):
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> Response:
+        """The response read whole (the cheaper path for a body read at once)."""
+        ...
+
     def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                timeout: float | None = None) -> AbstractAsyncContextManager[StreamResponse]:
         """The response as soon as its headers arrive; the body is read inside the block (server-sent
@@ -103,6 +108,16 @@ class HttpxWire:
             base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             headers=dict(headers), transport=transport)
+
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> Response:
+        kwargs: dict[str, Any] = {}
+        if json is not None:
+            kwargs["content"] = dumps(json)
+            headers = {"content-type": "application/json", **(headers or {})}
+        r = await self.client.request(method, path, headers=headers, **kwargs,
+                                      timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        return Response(r.status_code, r.headers, r.content, r.reason_phrase)
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
@@ -182,16 +197,28 @@ class AiohttpWire:
                                                   auto_decompress=True)
         return self._session
 
-    @asynccontextmanager
-    async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                     timeout: float | None = None) -> AsyncIterator[StreamResponse]:
+    def _request(self, method: str, path: str, json: Any, headers: Mapping[str, str] | None,
+                 timeout: float | None) -> tuple[str, Any]:
+        """(url, aiohttp's request context manager) for one call."""
         url = self.base_url + path
         data = None
         if json is not None:
             data = dumps(json)
             headers = {"Content-Type": "application/json", **(headers or {})}
-        request = self._get_session().request(method, url, data=data, headers=headers,
-                                              timeout=self._timeout(timeout), allow_redirects=False)
+        return url, self._get_session().request(method, url, data=data, headers=headers,
+                                                timeout=self._timeout(timeout), allow_redirects=False)
+
+    async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> Response:
+        url, request = self._request(method, path, json, headers, timeout)
+        with _as_httpx_errors(method, url):
+            async with request as resp:
+                return Response(resp.status, resp.headers, await resp.read(), resp.reason or "")
+
+    @asynccontextmanager
+    async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                     timeout: float | None = None) -> AsyncIterator[StreamResponse]:
+        url, request = self._request(method, path, json, headers, timeout)
         with _as_httpx_errors(method, url):
             async with request as resp:
                 yield _AiohttpStream(resp, method, url)
