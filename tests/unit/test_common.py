@@ -236,23 +236,16 @@ async def test_llm_client_parses_retries_and_maps_errors() -> None:
     assert seen[-1]["grammar"] == "g" and seen[-1]["temperature"] == 0.0
     await llm.aclose()
 
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused")
+    for failure, error, retries in ((httpx.ConnectError("refused"), UpstreamError, 1),
+                                    (httpx.ReadTimeout("slow"), UpstreamTimeout, 0)):
+        def fail(request: httpx.Request, failure: Exception = failure) -> httpx.Response:
+            raise failure
 
-    dead = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", backoff_s=0.001, max_retries=1),
-                            transport=httpx.MockTransport(refuse))
-    with pytest.raises(UpstreamError):
-        await dead.chat([ChatMessage(role="user", content="q")])
-    await dead.aclose()
-
-    def slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow")
-
-    timeout = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", backoff_s=0.001, max_retries=0),
-                               transport=httpx.MockTransport(slow))
-    with pytest.raises(UpstreamTimeout):
-        await timeout.chat([ChatMessage(role="user", content="q")])
-    await timeout.aclose()
+        failing = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", backoff_s=0.001, max_retries=retries),
+                                   transport=httpx.MockTransport(fail))
+        with pytest.raises(error):
+            await failing.chat([ChatMessage(role="user", content="q")])
+        await failing.aclose()
 
 
 def test_answer_normalisation_and_scores() -> None:
