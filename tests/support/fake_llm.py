@@ -1,10 +1,12 @@
-"""A fake OpenAI-compatible chat-completions server with configurable latency and a scripted responder.
+"""The fake OpenAI-compatible chat-completions server: configurable latency, a scripted responder.
 
 Used by api/e2e tests and benchmarks in place of vLLM or llama.cpp. It speaks the same wire format
 (`POST /v1/chat/completions`, streamed with `stream: true`; `GET /v1/models`), so the real
-`OpenAIChatClient` is exercised.
+`OpenAIChatClient` is exercised. In-process tests use `create_fake_llm_app` (a FastAPI app whose state
+records the calls); as a process (`main`) it is a bare ASGI app around the same answers, so that a stand-in
+takes as little of a small machine's CPU as possible while a bench measures the services beside it.
 
-    python -m services.testing.fake_llm --port 9100 --latency-ms 100 --responder services.testing.fake_llm:echo
+    python -m tests.support.fake_llm --port 9100 --latency-ms 100 --responder tests.support.fake_policy:respond
 """
 
 from __future__ import annotations
@@ -84,20 +86,68 @@ def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, 
         if app.state.fail_status:
             return JSONResponse({"error": {"message": "injected failure", "type": "fake"}},
                                 status_code=app.state.fail_status)
-        text = responder(body)
-        if inspect.isawaitable(text):
-            text = await text
-        prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        text = await answer(responder, body)
         if body.get("stream"):
-            return StreamingResponse(_chunks(f"fake-{app.state.calls}", body.get("model", model), str(text)),
+            return StreamingResponse(_chunks(f"fake-{app.state.calls}", body.get("model", model), text),
                                      media_type="text/event-stream")
-        return Response(orjson.dumps({
-            "id": f"fake-{app.state.calls}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", model),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": max(1, len(str(text)) // 4),
-                      "total_tokens": prompt_chars // 4 + max(1, len(str(text)) // 4)},
-        }), media_type="application/json")
+        return Response(completion(f"fake-{app.state.calls}", body, model, text), media_type="application/json")
+
+    return app
+
+
+async def answer(responder: Responder, body: dict[str, Any]) -> str:
+    text = responder(body)
+    if inspect.isawaitable(text):
+        text = await text
+    return str(text)
+
+
+def completion(completion_id: str, body: dict[str, Any], model: str, text: str) -> bytes:
+    """A whole `chat.completion` (usage: about 4 characters per token)."""
+    prompt_tokens = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4
+    completion_tokens = max(1, len(text) // 4)
+    return orjson.dumps({
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", model),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake-llm") -> Any:
+    """The same answers as a bare ASGI app (no routing or validation layer): what `main` serves."""
+    models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model"}]})
+    calls = 0
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal calls
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        media, status, payload = "application/json", 200, models
+        if scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
+            body = orjson.loads(raw)
+            calls += 1
+            if latency_s:
+                await asyncio.sleep(latency_s)
+            text = await answer(responder, body)
+            if body.get("stream"):
+                media = "text/event-stream"
+                payload = b"".join([chunk async for chunk in _chunks(f"fake-{calls}", body.get("model", model), text)])
+            else:
+                payload = completion(f"fake-{calls}", body, model, text)
+        elif scope["path"] == "/health":
+            payload = b'{"status": "ok"}'
+        elif scope["path"] != "/v1/models":
+            status, payload = 404, b'{"error": {"message": "not found", "type": "fake"}}'
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", media.encode())]})
+        await send({"type": "http.response.body", "body": payload})
 
     return app
 
@@ -125,10 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--responder", default="echo", help="preset (echo, yes, no) or module:function")
     parser.add_argument("--model", default="fake-llm")
-    parser.add_argument("--no-record", action="store_true", help="do not keep request bodies (long benchmarks)")
+    parser.add_argument("--no-record", action="store_true", help="ignored: the served fake keeps no request bodies")
     args = parser.parse_args(argv)
-    app = create_fake_llm_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model,
-                              record=not args.no_record)
+    app = bare_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
