@@ -86,15 +86,10 @@ class LocalStack(ProcessGroup):
         return self.options.url(name)
 
     def __enter__(self) -> LocalStack:
-        try:
-            argv, env = index_command(self.options)  # a no-op when the cached index is current
-            if self.run(ProcessSpec("index", argv, env=env)) != 0:
-                raise RuntimeError(f"index build failed: {self.tail('index')}")
-            self.start()
-            self.wait_ready()
-        except BaseException:
-            self.close()
-            raise
+        argv, env = index_command(self.options)  # a no-op when the cached index is current
+        if self.run(ProcessSpec("index", argv, env=env)) != 0:
+            raise RuntimeError(f"index build failed: {self.tail('index')}")
+        self.up(*self.specs.values())
         return self
 
 

@@ -75,13 +75,8 @@ class ServedRetriever(ProcessGroup):
             return (http_ok(f"{self.url}/health/ready", timeout_s=1.0)
                     and self.log_text("retriever").count("Application startup complete") >= workers)
 
-        self.add(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=full, ready=ready))
-        try:
-            self.start()
-            self.wait_ready(timeout_s=timeout)
-        except BaseException:
-            self.close()
-            raise
+        self.up(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=full, ready=ready),
+                timeout_s=timeout)
 
     @property
     def proc(self) -> subprocess.Popen[bytes]:

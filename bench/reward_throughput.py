@@ -67,17 +67,9 @@ def build_items(n: int) -> list[JudgeRequest]:
 
 def fake_llm(port: int, latency_ms: float) -> ProcessGroup:
     """The fake LLM answering "no" after `latency_ms`, as a started, ready one-member process group."""
-    group = ProcessGroup(cwd=REPO)
-    group.add(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(port),
-                                  "--latency-ms", str(latency_ms), "--responder", "no"],
-                          ready_url=f"http://127.0.0.1:{port}/v1/models"))
-    try:
-        group.start()
-        group.wait_ready(timeout_s=30)
-    except BaseException:
-        group.close()
-        raise
-    return group
+    return ProcessGroup(cwd=REPO).up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port",
+                                                        str(port), "--latency-ms", str(latency_ms), "--responder", "no"],
+                                                 ready_url=f"http://127.0.0.1:{port}/v1/models"), timeout_s=30)
 
 
 async def run(items: list[JudgeRequest], llm_url: str, concurrency: int, batched: bool,

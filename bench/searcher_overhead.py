@@ -55,21 +55,12 @@ def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> N
     layer), so that a stand-in takes as little of the machine's CPU as possible."""
     import uvicorn
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        payload = await handle(scope["path"], body)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+    from tests.support.fake_llm import bare
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    async def answer(_method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        return 200, "application/json", await handle(path, body)
+
+    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 def serve_fake_retriever(port: int) -> None:
@@ -97,20 +88,16 @@ class Servers(ProcessGroup):
         self.retriever_port = free_port()
         self.llm_port = free_port()
         self.searcher_port = free_port()
-        self.add(ProcessSpec("retriever", [sys.executable, __file__, "--serve-fake-retriever", str(self.retriever_port)],
-                             ready_url=f"http://127.0.0.1:{self.retriever_port}/health/ready"))
-        self.start("retriever")
-        self.wait_ready("retriever", timeout_s=30)
+        self.up(ProcessSpec("retriever", [sys.executable, __file__, "--serve-fake-retriever", str(self.retriever_port)],
+                            ready_url=f"http://127.0.0.1:{self.retriever_port}/health/ready"), timeout_s=30)
 
     def start_llm(self, latency_ms: float) -> None:
         """The one fake LLM (`tests.support.fake_llm`, served bare) answering with the scripted s3 policy."""
         self.stop("llm")
-        self.add(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(self.llm_port),
-                                     "--latency-ms", str(latency_ms), "--model", "fake-policy",
-                                     "--responder", "tests.support.fake_policy:respond"],
-                             ready_url=f"http://127.0.0.1:{self.llm_port}/v1/models"))
-        self.start("llm")
-        self.wait_ready("llm", timeout_s=30)
+        self.up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(self.llm_port),
+                                    "--latency-ms", str(latency_ms), "--model", "fake-policy",
+                                    "--responder", "tests.support.fake_policy:respond"],
+                            ready_url=f"http://127.0.0.1:{self.llm_port}/v1/models"), timeout_s=30)
 
     def start_searcher(self) -> str:
         env = {
@@ -124,10 +111,8 @@ class Servers(ProcessGroup):
             "SEARCHER_WORKERS": str(self.workers),
         }
         url = f"http://127.0.0.1:{self.searcher_port}"
-        self.add(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
-                             ready_url=f"{url}/health/live"))
-        self.start("searcher")
-        self.wait_ready("searcher", timeout_s=30)
+        self.up(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
+                            ready_url=f"{url}/health/live"), timeout_s=30)
         return url
 
     @property

@@ -47,11 +47,8 @@ def redis_url() -> Iterator[str]:
     if exe is None:
         pytest.fail("redis-server is not installed (scripts/install.sh installs it)")
     port = free_port()
-    with ProcessGroup() as group:
-        group.add(ProcessSpec("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                        "--appendonly", "no", "--daemonize", "no"], port=port))
-        group.start()
-        group.wait_ready(timeout_s=10, interval_s=0.02)
+    with ProcessGroup().up(ProcessSpec("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                                 "--appendonly", "no", "--daemonize", "no"], port=port), timeout_s=10):
         yield f"redis://127.0.0.1:{port}/0"
 
 

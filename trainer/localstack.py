@@ -56,11 +56,9 @@ class LocalServices:
     def index_dir(self) -> Path:
         return index_dir_for(self.corpus, self.var_dir)
 
-    def _start_ready(self, *specs: ProcessSpec) -> None:
-        self.group.add(*specs)
-        self.group.start(*(spec.name for spec in specs))
+    def _start_ready(self, spec: ProcessSpec) -> None:
         try:
-            self.group.wait_ready(*(spec.name for spec in specs), timeout_s=self.ready_timeout_s)
+            self.group.up(spec, timeout_s=self.ready_timeout_s)
         except ProcessGroupError as exc:
             raise StackError(str(exc)) from exc
 

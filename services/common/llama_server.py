@@ -140,17 +140,11 @@ class LlamaServer:
             raise LlamaServerError("llama-cpp-python is not installed (pip install 'plugsearch[llm]')")
         logger.info("starting llama.cpp server on %s:%s with %s", self.host, self.port, self.model.name)
         # from the folder that holds this package, so that `-m` runs this very module
-        self._group = ProcessGroup(host=self.host, cwd=Path(__file__).resolve().parents[2])
-        self._group.add(self.spec)
+        group = ProcessGroup(host=self.host, cwd=Path(__file__).resolve().parents[2])
         try:
-            self._group.start()
-            self._group.wait_ready(timeout_s=self.startup_timeout_s)
+            self._group = group.up(self.spec, timeout_s=self.startup_timeout_s)
         except ProcessGroupError as exc:
-            self.stop()
             raise LlamaServerError(f"llama.cpp server: {exc}") from exc
-        except BaseException:
-            self.stop()
-            raise
         logger.info("llama.cpp server ready at %s", self.base_url)
         return self
 

@@ -165,12 +165,8 @@ class ProcessGroup:
 
     def __init__(self, *, output: Output | None = None, log_dir: Path | None = None, cwd: Path | None = None,
                  host: str = "127.0.0.1", grace_s: float = 15.0, label: str = "stack") -> None:
-        self.output = output
-        self.log_dir = log_dir
-        self.cwd = cwd
-        self.host = host
-        self.grace_s = grace_s
-        self.label = label
+        self.output, self.log_dir, self.cwd, self.label = output, log_dir, cwd, label
+        self.host, self.grace_s = host, grace_s
         self.specs: dict[str, ProcessSpec] = {}
         """The members, in start order (stopped in reverse)."""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -254,6 +250,18 @@ class ProcessGroup:
         """Start these members (default: all of them, in order)."""
         for name in names or tuple(self.specs):
             self._spawn(self.specs[name])
+
+    def up(self, *specs: ProcessSpec, timeout_s: float = 300.0) -> ProcessGroup:
+        """Add `specs`, start them and wait until they are ready; on any failure stop the whole group, then raise."""
+        self.add(*specs)
+        names = [spec.name for spec in specs]
+        try:
+            self.start(*names)
+            self.wait_ready(*names, timeout_s=timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     def run(self, spec: ProcessSpec, timeout_s: float | None = None) -> int:
         """Run a command to its end (a build step), its output logged like a member's; its exit code."""

@@ -29,16 +29,9 @@ pytestmark = pytest.mark.e2e
 
 def start_milvus(data_dir: Path, port: int) -> ProcessGroup:
     """milvus-lite's server, ready when it listens."""
-    group = ProcessGroup()
-    group.add(ProcessSpec("milvus", [sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data_dir),
-                                     "--host", "127.0.0.1", "--port", str(port)], ready=lambda: listening(port)))
-    try:
-        group.start()
-        group.wait_ready(timeout_s=60)
-    except BaseException:
-        group.close()
-        raise
-    return group
+    return ProcessGroup().up(ProcessSpec("milvus", [sys.executable, "-m", "milvus_lite", "server", "--data-dir",
+                                                    str(data_dir), "--host", "127.0.0.1", "--port", str(port)],
+                                         ready=lambda: listening(port)), timeout_s=60)
 
 
 def test_served_on_a_milvus_server_equals_exact_faiss_then_503_when_it_is_gone(

@@ -115,13 +115,14 @@ def completion(completion_id: str, body: dict[str, Any], model: str, text: str) 
     })
 
 
-def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake-llm") -> Any:
-    """The same answers as a bare ASGI app (no routing or validation layer): what `main` serves."""
-    models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model"}]})
-    calls = 0
+Handler = Callable[[str, str, bytes], Awaitable[tuple[int, str, bytes]]]
+"""(method, path, body) -> (status, content type, payload)"""
 
+
+def bare(handle: Handler) -> Any:
+    """An ASGI app with no routing or validation layer: `handle` answers every HTTP request (stand-ins that
+    take as little CPU as possible)."""
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        nonlocal calls
         if scope["type"] != "http":
             return
         raw = b""
@@ -130,26 +131,37 @@ def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake
             raw += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        media, status, payload = "application/json", 200, models
-        if scope["path"] == "/v1/chat/completions" and scope["method"] == "POST":
+        status, media, payload = await handle(scope["method"], scope["path"], raw)
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", media.encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    return app
+
+
+def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake-llm") -> Any:
+    """The same answers as `create_fake_llm_app`, bare (what `main` serves)."""
+    models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model"}]})
+    calls = 0
+
+    async def handle(method: str, path: str, raw: bytes) -> tuple[int, str, bytes]:
+        nonlocal calls
+        if path == "/v1/chat/completions" and method == "POST":
             body = orjson.loads(raw)
             calls += 1
             if latency_s:
                 await asyncio.sleep(latency_s)
             text = await answer(responder, body)
             if body.get("stream"):
-                media = "text/event-stream"
-                payload = b"".join([chunk async for chunk in _chunks(f"fake-{calls}", body.get("model", model), text)])
-            else:
-                payload = completion(f"fake-{calls}", body, model, text)
-        elif scope["path"] == "/health":
-            payload = b'{"status": "ok"}'
-        elif scope["path"] != "/v1/models":
-            status, payload = 404, b'{"error": {"message": "not found", "type": "fake"}}'
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", media.encode())]})
-        await send({"type": "http.response.body", "body": payload})
+                chunks = [chunk async for chunk in _chunks(f"fake-{calls}", body.get("model", model), text)]
+                return 200, "text/event-stream", b"".join(chunks)
+            return 200, "application/json", completion(f"fake-{calls}", body, model, text)
+        if path == "/health":
+            return 200, "application/json", b'{"status": "ok"}'
+        if path == "/v1/models":
+            return 200, "application/json", models
+        return 404, "application/json", b'{"error": {"message": "not found", "type": "fake"}}'
 
-    return app
+    return bare(handle)
 
 
 async def _chunks(completion_id: str, model: str, text: str) -> AsyncIterator[bytes]:

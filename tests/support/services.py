@@ -39,13 +39,12 @@ def python_process(args: list[str], ready_url: str, log: Path, *, env: Mapping[s
     """`python <args>` from the repository with `env` added, ready when `ready_url` answers 200 (output to
     `log`); stopped on exit."""
     name = log.stem
-    with ProcessGroup(cwd=REPO) as group:
-        group.add(ProcessSpec(name, [sys.executable, *args], env=dict(env or {}), ready_url=ready_url, log=log))
-        group.start()
-        try:
-            group.wait_ready(timeout_s=timeout_s)
-        except ProcessGroupError as exc:
-            raise RuntimeError(f"{ready_url}: {exc}") from exc
+    spec = ProcessSpec(name, [sys.executable, *args], env=dict(env or {}), ready_url=ready_url, log=log)
+    try:
+        group = ProcessGroup(cwd=REPO).up(spec, timeout_s=timeout_s)
+    except ProcessGroupError as exc:
+        raise RuntimeError(f"{ready_url}: {exc}") from exc
+    with group:
         yield group
 
 
