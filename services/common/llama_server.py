@@ -81,12 +81,12 @@ def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: in
                          n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,
                          prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
-                         extra_args: Sequence[str] = (), python: str | None = None) -> list[str]:
+                         extra_args: Sequence[str] = ()) -> list[str]:
     """`python -m llama_cpp.server --model ... --host ... --port ... --n_ctx ...` (+ threads, alias, prompt
     cache, extras)."""
     if prompt_cache_mb < 0:
         raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
-    cmd = [python or sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
            "--port", str(port), "--n_ctx", str(n_ctx), "--logits_all", "false"]
     if n_threads is not None:
         cmd += ["--n_threads", str(n_threads)]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Self, TextIO
 
 COLOURS = ("36", "33", "32", "35", "34", "31", "96", "93")
 """ANSI colours of the prefixes, one per process in the order they first print."""
@@ -184,7 +184,7 @@ class ProcessGroup:
     def tail(self, name: str, chars: int = 2000) -> str:
         """The end of a process's output."""
         if name in self._tails:
-            return "\n".join(self._tails[name])[-chars:]
+            return "\n".join(list(self._tails[name]))[-chars:]  # a copy: the reader thread appends
         log = self._logs.get(name)
         if log is None:
             return ""
@@ -206,6 +206,7 @@ class ProcessGroup:
             return subprocess.PIPE
         if spec.name not in self._logs:  # a restart appends to the same file
             path = spec.log or (self.log_dir / f"{spec.name}.log" if self.log_dir is not None else None)
+            log: IO[bytes]
             if path is None:
                 log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
             else:
@@ -251,7 +252,7 @@ class ProcessGroup:
         for name in names or tuple(self.specs):
             self._spawn(self.specs[name])
 
-    def up(self, *specs: ProcessSpec, timeout_s: float = 300.0) -> ProcessGroup:
+    def up(self, *specs: ProcessSpec, timeout_s: float = 300.0) -> Self:
         """Add `specs`, start them and wait until they are ready; on any failure stop the whole group, then raise."""
         self.add(*specs)
         names = [spec.name for spec in specs]
@@ -359,7 +360,7 @@ class ProcessGroup:
             log.close()
         self._logs.clear()
 
-    def __enter__(self) -> ProcessGroup:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
