@@ -265,21 +265,20 @@ def main(argv: list[str] | None = None) -> None:
         url = stack.url("searcher")
         startup_s = time.monotonic() - t_start
         asyncio.run(run_phase(url, questions, clients=4, seconds=1.0, timeout_s=args.timeout))  # warm-up
-        scraped = scrape(url)
-        base = asyncio.run(run_phase(url, questions, clients=args.clients, seconds=seconds,
-                                     timeout_s=args.timeout, offset=100))
-        after_base = scrape(url)
-        base_server = server_quantiles(scraped, after_base)
-        base_limit = after_base.get("limit")
-        print(f"baseline: {base.clients} clients {base.seconds:.1f} s window statuses {dict(base.statuses)} "
-              f"failures {dict(base.failures)} limit {base_limit} server {base_server}", file=sys.stderr)
-        over = asyncio.run(run_phase(url, questions, clients=overload_clients, seconds=seconds,
-                                     timeout_s=args.timeout, offset=500))
-        after_over = scrape(url)
-        over_server = server_quantiles(after_base, after_over)
-        over_limit = after_over.get("limit")
-        print(f"overload: {over.clients} clients {over.seconds:.1f} s window statuses {dict(over.statuses)} "
-              f"failures {dict(over.failures)} limit {over_limit} server {over_server}", file=sys.stderr)
+        scraped = [scrape(url)]
+
+        def phase(label: str, clients: int, offset: int) -> tuple[PhaseResult, dict[str, float | None], float | None]:
+            """One phase, then the searcher's own quantiles over it and its admission limit after it."""
+            result = asyncio.run(run_phase(url, questions, clients=clients, seconds=seconds, timeout_s=args.timeout,
+                                           offset=offset))
+            scraped.append(scrape(url))
+            server, limit = server_quantiles(scraped[-2], scraped[-1]), scraped[-1].get("limit")
+            print(f"{label}: {result.clients} clients {result.seconds:.1f} s window statuses {dict(result.statuses)} "
+                  f"failures {dict(result.failures)} limit {limit} server {server}", file=sys.stderr)
+            return result, server, limit
+
+        base, base_server, base_limit = phase("baseline", args.clients, 100)
+        over, over_server, over_limit = phase("overload", overload_clients, 500)
     unloaded_p99 = percentile(base.latencies_ms, 0.99)
     admitted_p99 = percentile(over.latencies_ms, 0.99)
     base_ok = base.statuses.get(200, 0)

@@ -20,6 +20,7 @@ import pytest
 
 from services import stack
 from services.common import procgroup
+from tests.support.http import QuietHandler, http_server
 from tests.unit.test_deploy_config import (
     console_scripts,
     env_names,
@@ -246,21 +247,12 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root = tmp_path / "www"
     root.mkdir()
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
+    class Handler(http.server.SimpleHTTPRequestHandler, QuietHandler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, directory=str(root), **kwargs)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(Handler) as url:
+        yield url, root
 
 
 def test_corpus_choice(tmp_path: Path) -> None:
@@ -317,21 +309,14 @@ def test_index_dir_is_keyed_by_corpus_content(tmp_path: Path) -> None:
 def test_wait_ready_polls_until_every_check_passes() -> None:
     state = {"calls": 0}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             state["calls"] += 1
             self.send_response(200 if state["calls"] >= 3 else 503)
             self.end_headers()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/health/ready"
-        spec = procgroup.ProcessSpec("svc", [], ready_url=url)
+    with http_server(Handler) as base:
+        spec = procgroup.ProcessSpec("svc", [], ready_url=f"{base}/health/ready")
         ready: list[str] = []
         assert procgroup.wait_ready([spec], timeout_s=30, stop=threading.Event(),
                                 on_ready=lambda name, _s: ready.append(name), interval_s=0.01) == []
@@ -343,9 +328,6 @@ def test_wait_ready_polls_until_every_check_passes() -> None:
         stop = threading.Event()
         stop.set()
         assert procgroup.wait_ready([down], timeout_s=30, stop=stop, on_ready=lambda *_: None) == ["down"]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_redis_probe_uses_ping(redis_url: str) -> None:
