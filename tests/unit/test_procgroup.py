@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def gone(*pids: int, within_s: float = 5.0) -> bool:
+    """Every pid has ended (a SIGKILLed orphan needs a moment before its new parent reaps it)."""
+    deadline = time.monotonic() + within_s
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def first_line(group: ProcessGroup, name: str) -> str:
     group.wait_ready(name, timeout_s=30, interval_s=0.02)
     return group.tail(name).splitlines()[0]
@@ -47,7 +58,7 @@ def test_stop_ends_the_process_and_everything_it_started(tmp_path: Path) -> None
         parent = group.procs["parent"].pid
         assert alive(grandchild) and os.getpgid(parent) == parent  # its own process group
         group.stop("parent")
-        assert not alive(parent) and not alive(grandchild)
+        assert gone(parent, grandchild)
         assert "parent" not in group.procs and (tmp_path / "parent.log").read_text().strip() == str(grandchild)
 
 
@@ -59,7 +70,7 @@ def test_close_stops_every_member_even_one_that_ignores_sigterm() -> None:
     group.wait_ready("stubborn", timeout_s=30, interval_s=0.02)
     pids = [proc.pid for proc in group.procs.values()]
     group.close()
-    assert not any(alive(pid) for pid in pids) and not group.procs
+    assert gone(*pids) and not group.procs
 
 
 def test_prefixed_output_run_and_exit_codes() -> None:
