@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,15 @@ from services.common.workers import free_port
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a `timeout`, a cancelled CI job) ends the run like Ctrl-C: fixtures tear down, so the processes
+    they started (each in its own process group) are stopped too."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def first_questions(data_dir: Path, sets: tuple[str, ...], n: int) -> list[str]:
