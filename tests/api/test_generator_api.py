@@ -8,9 +8,9 @@ import pytest
 from services.common.llm import LLMSettings
 from services.generator.api import create_app
 from services.generator.settings import GeneratorSettings
-from services.testing.fake_llm import create_fake_llm_app
 from tests.asgi import app_client
 from tests.conftest import free_port
+from tests.support.fake_llm import create_fake_llm_app
 
 
 def read_timeout(request: httpx.Request) -> httpx.Response:

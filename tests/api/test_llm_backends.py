@@ -12,8 +12,8 @@ from services.generator.api import create_app as create_generator
 from services.generator.settings import GeneratorSettings
 from services.judge.api import create_app as create_judge
 from services.judge.settings import JudgeSettings
-from services.testing.fake_llm import create_fake_llm_app
 from tests.asgi import app_client, served_in_thread
+from tests.support.fake_llm import create_fake_llm_app
 
 VLLM_MODEL = "Qwen/Qwen2.5-14B-Instruct"
 

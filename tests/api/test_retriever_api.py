@@ -23,8 +23,8 @@ from services.retriever.api import create_app
 from services.retriever.corpus import Corpus
 from services.retriever.manifest import IndexMismatch
 from services.retriever.settings import RetrieverSettings
-from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 from tests.asgi import app_client
+from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
 
 @pytest.fixture(scope="module")
