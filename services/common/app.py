@@ -46,6 +46,7 @@ from services.common.errors import (
 )
 from services.common.logging import (
     REQUEST_ID_HEADER,
+    configure_logging,
     new_request_id,
     reset_request_id,
     set_request_id,
@@ -610,3 +611,23 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
     if code:
         sys.exit(code)
 
+
+
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
+
+
+def configured_app(settings_type: Callable[[], SettingsT], create_app: Callable[[SettingsT], FastAPI],
+                   service: str) -> tuple[FastAPI, SettingsT]:
+    """A service's app from its settings read from the environment, with logging configured (entrypoints and
+    each worker of `serve` build their app this way)."""
+    settings = settings_type()
+    configure_logging(settings.log_level, service=service)
+    return create_app(settings), settings
+
+
+def serve_main(settings_type: Callable[[], SettingsT], create_app: Callable[[SettingsT], FastAPI],
+               service: str) -> None:
+    """`python -m services.<service>`: build the app and serve it; workers rebuild it through
+    `services.<service>.__main__:worker_app`."""
+    app, settings = configured_app(settings_type, create_app, service)
+    serve(app, settings, worker_factory=f"services.{service}.__main__:worker_app")

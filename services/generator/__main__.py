@@ -4,23 +4,18 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.common.app import serve
-from services.common.logging import configure_logging
+from services.common.app import configured_app, serve_main
 from services.generator.api import create_app
 from services.generator.settings import GeneratorSettings
 
 
 def worker_app() -> FastAPI:
     """One worker's app when GENERATOR_WORKERS > 1 (settings from the same environment)."""
-    settings = GeneratorSettings()
-    configure_logging(settings.log_level, service="generator")
-    return create_app(settings)
+    return configured_app(GeneratorSettings, create_app, "generator")[0]
 
 
 def main() -> None:
-    settings = GeneratorSettings()
-    configure_logging(settings.log_level, service="generator")
-    serve(create_app(settings), settings, worker_factory="services.generator.__main__:worker_app")
+    serve_main(GeneratorSettings, create_app, "generator")
 
 
 if __name__ == "__main__":

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.common.app import serve
-from services.common.logging import configure_logging
+from services.common.app import configured_app, serve_main
 from services.searcher.api import create_app
 from services.searcher.settings import SearcherSettings
 
 
 def worker_app() -> FastAPI:
     """One worker's app when SEARCHER_WORKERS > 1 (settings from the same environment)."""
-    settings = SearcherSettings()
-    configure_logging(settings.log_level, service="searcher")
-    return create_app(settings)
+    return configured_app(SearcherSettings, create_app, "searcher")[0]
 
 
 def main() -> None:
-    settings = SearcherSettings()
-    configure_logging(settings.log_level, service="searcher")
-    serve(create_app(settings), settings, worker_factory="services.searcher.__main__:worker_app")
+    serve_main(SearcherSettings, create_app, "searcher")
 
 
 if __name__ == "__main__":
