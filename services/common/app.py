@@ -613,21 +613,27 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
 
 
 
-SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 
+def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]:
+    """`(worker_app, main)` of `services.<service>.__main__`: settings (`<Service>Settings` from
+    `services.<service>.settings`, read from the environment) and logging, then `create_app` from
+    `services.<service>.api`; `main` serves it, and with `<SERVICE>_WORKERS` > 1 every worker rebuilds it
+    through `worker_app`."""
 
-def configured_app(settings_type: Callable[[], SettingsT], create_app: Callable[[SettingsT], FastAPI],
-                   service: str) -> tuple[FastAPI, SettingsT]:
-    """A service's app from its settings read from the environment, with logging configured (entrypoints and
-    each worker of `serve` build their app this way)."""
-    settings = settings_type()
-    configure_logging(settings.log_level, service=service)
-    return create_app(settings), settings
+    def build() -> tuple[FastAPI, ServiceSettings]:
+        import importlib
 
+        settings_type = getattr(importlib.import_module(f"services.{service}.settings"),
+                                f"{service.capitalize()}Settings")
+        settings = settings_type()
+        configure_logging(settings.log_level, service=service)
+        return importlib.import_module(f"services.{service}.api").create_app(settings), settings
 
-def serve_main(settings_type: Callable[[], SettingsT], create_app: Callable[[SettingsT], FastAPI],
-               service: str) -> None:
-    """`python -m services.<service>`: build the app and serve it; workers rebuild it through
-    `services.<service>.__main__:worker_app`."""
-    app, settings = configured_app(settings_type, create_app, service)
-    serve(app, settings, worker_factory=f"services.{service}.__main__:worker_app")
+    def worker_app() -> FastAPI:
+        return build()[0]
+
+    def main() -> None:
+        app, settings = build()
+        serve(app, settings, worker_factory=f"services.{service}.__main__:worker_app")
+
+    return worker_app, main
