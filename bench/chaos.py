@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.load import LocalStack, PhaseResult, load_questions, run_phase  # noqa: E402
 from services.stack import default_data_dir  # noqa: E402
+from tests.support.procs import children  # noqa: E402
 
 SEARCHER_ENV = {
     "SEARCHER_CACHE_ENABLED": "true", "SEARCHER_MAX_IN_FLIGHT": "256",
@@ -67,15 +68,6 @@ class Fault:
     """seconds into the window"""
     injected: float = 0.0
     """monotonic time it happened"""
-
-
-def children(pid: int) -> list[int]:
-    """Direct child processes of `pid` (Linux /proc)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(p) for p in text]
-    return found
 
 
 def inject(stack: LocalStack, fault: Fault, down_s: float) -> None:

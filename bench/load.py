@@ -5,7 +5,7 @@ Real processes on free localhost ports, started the way `plugsearch-stack` start
 redis-server, the retriever (`python -m services.retriever`, BM25 over the shared combined corpus, index
 cached under var/indexes/ by content), the searcher (`python -m services.searcher`, its result cache off
 so every request runs the loop) and, as the policy, the fake OpenAI-compatible LLM
-(`services.testing.fake_llm`) answering with the scripted s3 policy after `--llm-latency-ms` (50 ms): each
+(`tests.support.fake_llm`) answering with the scripted s3 policy after `--llm-latency-ms` (50 ms): each
 search = 4 policy calls + 4 retrievals. Generator and judge are not on the /search path.
 
 Phase 1 (baseline): `--clients` (50) closed-loop clients, each sends the next NQ question as soon as
@@ -32,145 +32,65 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
 from services.stack import (  # noqa: E402 - after the path set-up, so `python bench/load.py` works
-    ProcessSpec,
     StackOptions,
     allocate_ports,
     build_specs,
     default_data_dir,
     index_command,
     index_dir_for,
-    probe,
 )
 
-START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first; stopped in reverse
+START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first
 
 
-@dataclass
-class LocalStack:
-    """Redis, fake-LLM policy, retriever and searcher as separate processes that can be killed and restarted.
+class LocalStack(ProcessGroup):
+    """Redis, fake-LLM policy, retriever and searcher as one process group whose members can be killed and
+    restarted (`stop(name, signal)`, `start(name)`, `wait_ready(name)`, `revive()`).
 
-    Used by this bench and by `tests/e2e/test_faults_stack.py` (fault injection).
+    Used by this bench, chaos, soak and `tests/e2e/test_faults_stack.py` (fault injection).
     """
 
-    corpus: Path
-    var_dir: Path
-    llm_latency_ms: float = 50.0
-    searcher_env: dict[str, str] = field(default_factory=dict)
-    redis: bool = True
-    log_dir: Path | None = None
-    specs: dict[str, ProcessSpec] = field(default_factory=dict, init=False)
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
-    _logs: dict[str, TextIO] = field(default_factory=dict, init=False)
-
-    def __post_init__(self) -> None:
+    def __init__(self, corpus: Path, var_dir: Path, *, llm_latency_ms: float = 50.0,
+                 searcher_env: dict[str, str] | None = None, redis: bool = True, log_dir: Path | None = None) -> None:
+        super().__init__(log_dir=log_dir, cwd=REPO)
         ports = allocate_ports(free_ports=True)
-        redis_server = shutil.which("redis-server") if self.redis else None
-        options = StackOptions(ports=ports, corpus=self.corpus, index_dir=index_dir_for(self.corpus, self.var_dir),
-                               redis=redis_server is not None, llm_url=f"http://127.0.0.1:{ports['llm']}/v1",
-                               llm_model="fake-policy", log_level="WARNING")
-        self.options = options
-        for spec in build_specs(options, redis_server=redis_server):
-            if spec.name in ("redis", "retriever", "searcher"):
-                self.specs[spec.name] = spec
-        self.specs["searcher"].env.update(self.searcher_env)
-        self.specs["llm"] = ProcessSpec(
-            "llm", [sys.executable, "-m", "services.testing.fake_llm", "--port", str(ports["llm"]),
-                    "--latency-ms", str(self.llm_latency_ms), "--model", "fake-policy",
-                    "--responder", "services.searcher.fake_policy:respond", "--no-record"],
+        redis_server = shutil.which("redis-server") if redis else None
+        self.options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
+                                    redis=redis_server is not None, llm_url=f"http://127.0.0.1:{ports['llm']}/v1",
+                                    llm_model="fake-policy", log_level="WARNING")
+        specs = {spec.name: spec for spec in build_specs(self.options, redis_server=redis_server)}
+        specs["searcher"].env.update(searcher_env or {})
+        specs["llm"] = ProcessSpec(
+            "llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(ports["llm"]),
+                    "--latency-ms", str(llm_latency_ms), "--model", "fake-policy",
+                    "--responder", "tests.support.fake_policy:respond"],
             ready_url=f"http://127.0.0.1:{ports['llm']}/v1/models", port=ports["llm"])
+        self.add(*(specs[name] for name in START_ORDER if name in specs))
 
     def url(self, name: str) -> str:
         return self.options.url(name)
 
-    def build_index(self) -> None:
-        """`plugsearch-index build` for the retriever's settings: a no-op when the cached index is current."""
-        argv, env = index_command(self.options)
-        subprocess.run(argv, env={**os.environ, **env}, check=True, cwd=REPO,  # noqa: S603
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def start(self, name: str) -> None:
-        spec = self.specs[name]
-        out: Any = subprocess.DEVNULL
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            if name not in self._logs:
-                self._logs[name] = (self.log_dir / f"{name}.log").open("a")
-            out = self._logs[name]
-        self.procs[name] = subprocess.Popen(  # noqa: S603
-            spec.argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}, cwd=REPO,
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-
-    def wait_ready(self, *names: str, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        pending = list(names)
-        while pending:
-            for name in list(pending):
-                proc = self.procs.get(name)
-                if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode} before it was ready")
-                if probe(self.specs[name]):
-                    pending.remove(name)
-            if pending and time.monotonic() > deadline:
-                raise RuntimeError(f"not ready within {timeout_s:g} s: {', '.join(pending)}")
-            if pending:
-                time.sleep(0.1)
-
-    def revive(self, timeout_s: float = 120.0) -> None:
-        """Start every process that is not running (killed by a test before it could restart it)."""
-        dead = [name for name in START_ORDER
-                if name in self.specs and (name not in self.procs or self.procs[name].poll() is not None)]
-        for name in dead:
-            self.start(name)
-        self.wait_ready(*dead, timeout_s=timeout_s)
-
     def __enter__(self) -> LocalStack:
-        self.build_index()
-        try:
-            for name in START_ORDER:
-                if name in self.specs:
-                    self.start(name)
-            self.wait_ready(*self.procs)
-        except BaseException:
-            self.close()
-            raise
+        argv, env = index_command(self.options)  # a no-op when the cached index is current
+        if self.run(ProcessSpec("index", argv, env=env)) != 0:
+            raise RuntimeError(f"index build failed: {self.tail('index')}")
+        self.up(*self.specs.values())
         return self
-
-    def close(self) -> None:
-        for name in reversed(START_ORDER):
-            self.stop(name)
-        for handle in self._logs.values():
-            handle.close()
-        self._logs.clear()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def load_questions(data_dir: Path, n: int = 1000) -> list[str]:
@@ -345,21 +265,20 @@ def main(argv: list[str] | None = None) -> None:
         url = stack.url("searcher")
         startup_s = time.monotonic() - t_start
         asyncio.run(run_phase(url, questions, clients=4, seconds=1.0, timeout_s=args.timeout))  # warm-up
-        scraped = scrape(url)
-        base = asyncio.run(run_phase(url, questions, clients=args.clients, seconds=seconds,
-                                     timeout_s=args.timeout, offset=100))
-        after_base = scrape(url)
-        base_server = server_quantiles(scraped, after_base)
-        base_limit = after_base.get("limit")
-        print(f"baseline: {base.clients} clients {base.seconds:.1f} s window statuses {dict(base.statuses)} "
-              f"failures {dict(base.failures)} limit {base_limit} server {base_server}", file=sys.stderr)
-        over = asyncio.run(run_phase(url, questions, clients=overload_clients, seconds=seconds,
-                                     timeout_s=args.timeout, offset=500))
-        after_over = scrape(url)
-        over_server = server_quantiles(after_base, after_over)
-        over_limit = after_over.get("limit")
-        print(f"overload: {over.clients} clients {over.seconds:.1f} s window statuses {dict(over.statuses)} "
-              f"failures {dict(over.failures)} limit {over_limit} server {over_server}", file=sys.stderr)
+        scraped = [scrape(url)]
+
+        def phase(label: str, clients: int, offset: int) -> tuple[PhaseResult, dict[str, float | None], float | None]:
+            """One phase, then the searcher's own quantiles over it and its admission limit after it."""
+            result = asyncio.run(run_phase(url, questions, clients=clients, seconds=seconds, timeout_s=args.timeout,
+                                           offset=offset))
+            scraped.append(scrape(url))
+            server, limit = server_quantiles(scraped[-2], scraped[-1]), scraped[-1].get("limit")
+            print(f"{label}: {result.clients} clients {result.seconds:.1f} s window statuses {dict(result.statuses)} "
+                  f"failures {dict(result.failures)} limit {limit} server {server}", file=sys.stderr)
+            return result, server, limit
+
+        base, base_server, base_limit = phase("baseline", args.clients, 100)
+        over, over_server, over_limit = phase("overload", overload_clients, 500)
     unloaded_p99 = percentile(base.latencies_ms, 0.99)
     admitted_p99 = percentile(over.latencies_ms, 0.99)
     base_ok = base.statuses.get(200, 0)

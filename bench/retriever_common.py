@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from services.common.procgroup import ProcessGroup, ProcessSpec, http_ok
+from services.common.workers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
@@ -58,49 +58,33 @@ def dense_available(index_dir: Path = INDEX_DIR) -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServedRetriever:
+class ServedRetriever(ProcessGroup):
     """`python -m services.retriever` as a child process on a free port, stopped on exit. With
     `RETRIEVER_WORKERS` > 1 in `env`, ready means every worker has finished loading its index."""
 
     def __init__(self, env: dict[str, str], timeout: float = 600.0, *, corpus: Path = CORPUS,
                  index_dir: Path = INDEX_DIR) -> None:
+        super().__init__(cwd=REPO)
         self.port = free_port()
-        full = {**os.environ, "RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
-                "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "INFO", **env}
-        workers = int(full.get("RETRIEVER_WORKERS", "1"))
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.retriever"], env=full, cwd=REPO,
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + timeout
-        import httpx
+        full = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
+                "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "INFO", **env}
+        workers = int({**os.environ, **full}.get("RETRIEVER_WORKERS", "1"))
 
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"retriever exited: {self._log_text()[-2000:]}")
-            try:
-                ready = httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                ready = False
-            if ready and self._log_text().count("Application startup complete") >= workers:
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("retriever did not become ready")
+        def ready() -> bool:
+            return (http_ok(f"{self.url}/health/ready", timeout_s=1.0)
+                    and self.log_text("retriever").count("Application startup complete") >= workers)
 
-    def _log_text(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
+        self.up(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=full, ready=ready),
+                timeout_s=timeout)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.procs["retriever"]
 
     def pids(self) -> list[int]:
         """The service process and its workers."""
-        from services.testing.procs import children
+        from tests.support.procs import children
 
         return [self.proc.pid, *children(self.proc.pid)]
 
@@ -117,27 +101,11 @@ class ServedRetriever:
                 continue
         return total
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-    def __enter__(self) -> ServedRetriever:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def dense_subset() -> tuple[Path, Path]:
     """A ~300-passage subset of the shared corpora with bm25s + MiniLM flat indexes (cached under var/):
     stands in for dense/hybrid serving figures when the full dense index has not been built."""
-    from services.retriever.testing import (
+    from tests.support.retriever import (
         cached_index_dir,
         ensure_tiny_indexes,
         tiny_settings,

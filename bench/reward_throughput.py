@@ -2,7 +2,7 @@
 
 120 (prediction, gold answers) items whose span check fails (predictions are other questions' gold
 answers, from ../shared/data/qa/nq.jsonl), so every item needs the LLM judge. The judge LLM is the fake
-OpenAI-compatible server (services/testing/fake_llm.py) in its own process with 100 ms latency per
+OpenAI-compatible server (tests/support/fake_llm.py) in its own process with 100 ms latency per
 call. Both runs go through the judge service (in-process app, real OpenAI client over HTTP to the fake):
 
 - sequential: one POST /judge per item, each awaited before the next (s3's `check_answer_correct` loop,
@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,11 +40,12 @@ from services.common.answers import span_match  # noqa: E402
 from services.common.clients import JudgeClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
 from services.common.llm import LLMSettings  # noqa: E402
+from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
 from services.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
 from services.common.workers import free_port  # noqa: E402
 from services.judge.api import create_app  # noqa: E402
 from services.judge.settings import JudgeSettings  # noqa: E402
-from services.testing.procs import cpu_seconds  # noqa: E402
+from tests.support.procs import cpu_seconds  # noqa: E402
 
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 
@@ -65,19 +65,11 @@ def build_items(n: int) -> list[JudgeRequest]:
     raise SystemExit(f"only {len(items)} items whose span check fails")
 
 
-def start_fake_llm(port: int, latency_ms: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "services.testing.fake_llm", "--port", str(port),
-                             "--latency-ms", str(latency_ms), "--responder", "no"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.terminate()
-    raise SystemExit("fake LLM did not start")
+def fake_llm(port: int, latency_ms: float) -> ProcessGroup:
+    """The fake LLM answering "no" after `latency_ms`, as a started, ready one-member process group."""
+    return ProcessGroup(cwd=REPO).up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port",
+                                                        str(port), "--latency-ms", str(latency_ms), "--responder", "no"],
+                                                 ready_url=f"http://127.0.0.1:{port}/v1/models"), timeout_s=30)
 
 
 async def run(items: list[JudgeRequest], llm_url: str, concurrency: int, batched: bool,
@@ -111,9 +103,9 @@ def check(results: list[JudgeResult], n: int) -> list[float | None]:
 async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
     items = build_items(args.items)
     port = free_port()
-    proc = start_fake_llm(port, args.latency_ms)
     url = f"http://127.0.0.1:{port}/v1"
-    try:
+    with fake_llm(port, args.latency_ms) as group:
+        proc = group.procs["llm"]
         seq_times, con_times, con_cpu, local_times = [], [], [], []
         for _ in range(1 if args.quick else 3):
             seq_s, seq = await run(items, url, args.concurrency, batched=False)
@@ -126,9 +118,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
             assert check(seq, len(items)) == check(con, len(items)), "both runs must score the same"
             seq_times.append(seq_s)
             con_times.append(con_s)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     sequential_s = statistics.median(seq_times)
     concurrent_s = statistics.median(con_times)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

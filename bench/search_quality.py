@@ -52,9 +52,9 @@ from services.common.schemas.searcher import SearchParams  # noqa: E402
 from services.searcher.loop import run_search  # noqa: E402
 from services.searcher.prompts import PromptSet  # noqa: E402
 from services.searcher.retrieval import ServiceRetriever  # noqa: E402
-from services.searcher.testing import ensure_bm25_index, retriever_process  # noqa: E402
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
 from services.searcher.trained import TrainedSearcher  # noqa: E402
+from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
 
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"

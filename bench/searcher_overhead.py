@@ -1,8 +1,8 @@
 """Searcher overhead and concurrency: what the searcher itself costs per search, and whether it serialises.
 
-Three real processes on localhost: the searcher (`python -m services.searcher`, cache off), a fake
-OpenAI-compatible LLM defined here (`--serve-fake-llm`) answering with the scripted s3 policy
-(`services.searcher.fake_policy`: every search runs the full 3 turns + final step = 4 policy calls and
+Three real processes on localhost: the searcher (`python -m services.searcher`, cache off), the fake
+OpenAI-compatible LLM (`tests.support.fake_llm`) answering with the scripted s3 policy
+(`tests.support.fake_policy`: every search runs the full 3 turns + final step = 4 policy calls and
 4 retrievals), and a fake retriever server defined here (`--serve-fake-retriever`: returns k synthetic
 documents at once, no index), so retrieval time is not the retriever's work but only the HTTP round trip.
 
@@ -37,18 +37,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from services.common.schemas.base import Document
-from services.common.schemas.retriever import RetrieveRequest
-from services.common.workers import free_port
-from services.testing.procs import children, cpu_seconds
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
+from services.common.schemas.base import Document  # noqa: E402
+from services.common.schemas.retriever import RetrieveRequest  # noqa: E402
+from services.common.workers import free_port  # noqa: E402
+from tests.support.procs import children, cpu_seconds  # noqa: E402
 
 
 def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> None:
@@ -56,21 +55,12 @@ def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> N
     layer), so that a stand-in takes as little of the machine's CPU as possible."""
     import uvicorn
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        payload = await handle(scope["path"], body)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+    from tests.support.fake_llm import bare
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    async def answer(_method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        return 200, "application/json", await handle(path, body)
+
+    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 def serve_fake_retriever(port: int) -> None:
@@ -89,80 +79,25 @@ def serve_fake_retriever(port: int) -> None:
     serve_bare(port, handle)
 
 
-def serve_fake_llm(port: int, latency_ms: float) -> None:
-    """OpenAI-compatible `POST /v1/chat/completions` answering with the scripted s3 policy
-    (`services.searcher.fake_policy`) after `latency_ms`: bare like the fake retriever (the FastAPI fake,
-    `services.testing.fake_llm`, took ~0.45 ms CPU per call, a third of what the searcher itself spends per
-    call, on the same 2 cores)."""
-    import orjson
+class Servers(ProcessGroup):
+    """Fake LLM + fake retriever + searcher; `start_llm` (re)starts the fake LLM with a latency."""
 
-    from services.searcher.fake_policy import respond
-
-    latency_s = latency_ms / 1000
-    models = orjson.dumps({"object": "list", "data": [{"id": "fake-policy", "object": "model"}]})
-
-    async def handle(path: str, body: bytes) -> bytes:
-        if path != "/v1/chat/completions":
-            return models
-        request = orjson.loads(body)
-        if latency_s:
-            await asyncio.sleep(latency_s)
-        return orjson.dumps({
-            "id": "fake", "object": "chat.completion", "created": 0, "model": request.get("model", "fake"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": respond(request)},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-    serve_bare(port, handle)
-
-
-def wait_http(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} not up after {timeout_s} s")
-
-
-def start(stack: ExitStack, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-    stack.callback(stop)
-    return proc
-
-
-class Servers:
-    """Fake LLM + fake retriever + searcher; `set_latency` restarts the fake LLM with another latency."""
-
-    def __init__(self, stack: ExitStack, workers: int = 1) -> None:
-        self.stack = stack
+    def __init__(self, workers: int = 1) -> None:
+        super().__init__(cwd=REPO)
         self.workers = workers
         self.retriever_port = free_port()
-        start(stack, [sys.executable, __file__, "--serve-fake-retriever", str(self.retriever_port)])
-        wait_http(f"http://127.0.0.1:{self.retriever_port}/health/ready")
-        self.llm: subprocess.Popen[bytes] | None = None
         self.llm_port = free_port()
         self.searcher_port = free_port()
+        self.up(ProcessSpec("retriever", [sys.executable, __file__, "--serve-fake-retriever", str(self.retriever_port)],
+                            ready_url=f"http://127.0.0.1:{self.retriever_port}/health/ready"), timeout_s=30)
 
     def start_llm(self, latency_ms: float) -> None:
-        if self.llm is not None:
-            self.llm.terminate()
-            self.llm.wait(timeout=10)
-        self.llm = start(self.stack, [sys.executable, __file__, "--serve-fake-llm", str(self.llm_port),
-                                      "--latency-ms", str(latency_ms)])
-        wait_http(f"http://127.0.0.1:{self.llm_port}/v1/models")
+        """The one fake LLM (`tests.support.fake_llm`, served bare) answering with the scripted s3 policy."""
+        self.stop("llm")
+        self.up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(self.llm_port),
+                                    "--latency-ms", str(latency_ms), "--model", "fake-policy",
+                                    "--responder", "tests.support.fake_policy:respond"],
+                            ready_url=f"http://127.0.0.1:{self.llm_port}/v1/models"), timeout_s=30)
 
     def start_searcher(self) -> str:
         env = {
@@ -175,10 +110,14 @@ class Servers:
             "SEARCHER_LOG_LEVEL": "warning",
             "SEARCHER_WORKERS": str(self.workers),
         }
-        self.searcher = start(self.stack, [sys.executable, "-m", "services.searcher"], env)
         url = f"http://127.0.0.1:{self.searcher_port}"
-        wait_http(f"{url}/health/live")
+        self.up(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
+                            ready_url=f"{url}/health/live"), timeout_s=30)
         return url
+
+    @property
+    def searcher(self) -> subprocess.Popen[bytes]:
+        return self.procs["searcher"]
 
 
 async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[float, list[float]]:
@@ -234,7 +173,7 @@ class SleepingPolicy:
 
     async def chat(self, messages: list[Any], **kwargs: Any) -> Any:
         from services.common.llm import ChatResult
-        from services.searcher.fake_policy import respond
+        from tests.support.fake_policy import respond
 
         await asyncio.sleep(self.latency_s)
         return ChatResult(text=respond({"messages": [m.model_dump() for m in messages]}), finish_reason="stop")
@@ -271,8 +210,7 @@ async def loop_only_slowdown(latency_s: float, repeats: int) -> float:
 
 
 async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
-    with ExitStack() as stack:
-        servers = Servers(stack, workers)
+    with Servers(workers) as servers:
         servers.start_llm(0)
         url = servers.start_searcher()
         await run_searches(url, 8, 4, "warmup")
@@ -327,14 +265,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer searches (< 1 minute)")
     parser.add_argument("--workers", type=int, default=1, help="searcher worker processes (SEARCHER_WORKERS)")
     parser.add_argument("--serve-fake-retriever", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--serve-fake-llm", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--latency-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fake_retriever:
         serve_fake_retriever(args.serve_fake_retriever)
-        return
-    if args.serve_fake_llm:
-        serve_fake_llm(args.serve_fake_llm, args.latency_ms)
         return
     result = asyncio.run(main_async(args.quick, args.workers))
     print(json.dumps(result))

@@ -34,38 +34,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.chaos import children, unique_questions  # noqa: E402
+from bench.chaos import unique_questions  # noqa: E402
 from bench.load import LocalStack, load_questions, run_phase  # noqa: E402
 from services.stack import default_data_dir  # noqa: E402
+from tests.support.procs import rss_and_fds  # noqa: E402
 
 SEARCHER_ENV = {"SEARCHER_CACHE_ENABLED": "true", "SEARCHER_MAX_IN_FLIGHT": "256",
                 "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants."""
-    out = [pid]
-    try:
-        for child in children(pid):
-            out += tree(child)
-    except OSError:
-        pass
-    return out
-
-
-def usage(pid: int) -> tuple[float, int]:
-    """(RSS in MB, open file descriptors) of a process and its descendants; a process gone counts 0."""
-    rss_kb = 0
-    fds = 0
-    for p in tree(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss_kb += int(line.split()[1])
-            fds += len(os.listdir(f"/proc/{p}/fd"))
-        except OSError:
-            continue
-    return rss_kb / 1024, fds
 
 
 class Sampler(threading.Thread):
@@ -79,7 +54,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             now = time.monotonic()
-            self.samples.append((now, {name: usage(proc.pid) for name, proc in self.stack.procs.items()}))
+            self.samples.append((now, {name: rss_and_fds(proc.pid) for name, proc in self.stack.procs.items()}))
             self.done.wait(self.every_s)
 
 

@@ -3,9 +3,9 @@
 Starts Redis (a real `redis-server` when one is on PATH, else the services' in-process cache), the
 llama.cpp server with SmolLM2 (`services.common.llama_server`), the retriever (after building its
 default BM25 index into `var/indexes/` on first run), the generator, the judge and the searcher,
-each as `python -m services.<svc>` with the same `<SVC>_*` settings the containers use. honcho
-supervises them: logs stream prefixed with the service name, one process dying stops the others,
-Ctrl-C (SIGINT) or SIGTERM stops everything. Once every readiness check passes, it prints the URL and
+each as `python -m services.<svc>` with the same `<SVC>_*` settings the containers use, supervised as one
+`services.common.procgroup.ProcessGroup`: logs stream prefixed with the service name, one process dying
+stops the others, Ctrl-C (SIGINT) or SIGTERM stops everything. Once every readiness check passes, it prints the URL and
 a ready-to-copy `curl` for `POST /search`.
 
     plugsearch-stack                         # canonical ports: searcher 8000 ... LLM 8080, Redis 6379
@@ -24,11 +24,8 @@ import argparse
 import json
 import os
 import secrets
-import shlex
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -36,11 +33,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from services.common.llama_server import API_KEY_ENV, DEFAULT_PROMPT_CACHE_MB
+from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
 from services.common.redis_server import PASSWORD_ENV, redis_argv, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
@@ -165,24 +162,6 @@ def index_dir_for(corpus: Path, var_dir: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------- processes
 @dataclass
-class ProcessSpec:
-    """One supervised process: its command, the env it adds, and how to tell it is ready."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    ready_url: str | None = None
-    """GET this until 200; None for Redis (checked with PING)."""
-    port: int = 0
-    ready_secret: str | None = field(default=None, repr=False)
-    """What the readiness check presents: Redis's password (AUTH), or the HTTP bearer key."""
-
-    def shell_command(self) -> str:
-        # honcho runs a shell command; `exec` makes the service itself the supervised process.
-        return "exec " + shlex.join(self.argv)
-
-
-@dataclass
 class StackOptions:
     ports: dict[str, int]
     corpus: Path
@@ -213,6 +192,26 @@ class StackOptions:
         return self.llm_url or f"{self.url('llm')}/v1"
 
 
+def redis_spec(port: int, password: str, *, host: str = "127.0.0.1", redis_server: str | None = None,
+               python: str = sys.executable) -> ProcessSpec:
+    """Redis with a password (given through the environment), ready when it answers PING after AUTH."""
+    return ProcessSpec("redis", redis_argv(port, host=host, redis_server=redis_server, python=python),
+                       env={PASSWORD_ENV: password}, port=port, ready_secret=password)
+
+
+def llama_spec(name: str, port: int, api_key: str, *, host: str = "127.0.0.1", threads: int | None = None,
+               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra: Sequence[str] = (),
+               python: str = sys.executable) -> ProcessSpec:
+    """llama.cpp with SmolLM2 (`services.common.llama_server`) requiring `api_key` (given through the
+    environment), ready when `GET /v1/models` answers 200 with that key."""
+    argv = [python, "-m", "services.common.llama_server", "--host", host, "--port", str(port)]
+    if threads is not None:
+        argv += ["--n-threads", str(threads)]
+    argv += ["--prompt-cache-mb", str(prompt_cache_mb), *extra]
+    return ProcessSpec(name, argv, env={API_KEY_ENV: api_key}, ready_url=f"http://{host}:{port}/v1/models",
+                       port=port, ready_secret=api_key)
+
+
 def build_specs(options: StackOptions, *, redis_server: str | None = None) -> list[ProcessSpec]:
     """The process table: Redis, LLM, then the services in dependency order."""
     py = options.python
@@ -223,18 +222,15 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
         # Redis and llama.cpp get their secrets through the environment (never a command line, which every
         # local user can list): only the services started here can read a cached trace or use the LLM.
         port = options.ports["redis"]
-        specs.append(ProcessSpec("redis", redis_argv(port, host=host, redis_server=redis_server, python=py),
-                                 env={PASSWORD_ENV: options.redis_password}, port=port,
-                                 ready_secret=options.redis_password))
+        specs.append(redis_spec(port, options.redis_password, host=host, redis_server=redis_server, python=py))
         redis_urls = {svc: redis_url(host, port, db, options.redis_password) for svc, db in REDIS_DB.items()}
-    llm_key = {API_KEY_ENV: options.llm_api_key}
+
+    def llama(name: str, extra: Sequence[str] = ()) -> ProcessSpec:
+        return llama_spec(name, options.ports[name], options.llm_api_key, host=host, threads=options.llm_threads,
+                          prompt_cache_mb=options.llm_prompt_cache_mb, extra=extra, python=py)
+
     if options.llm_url is None:
-        specs.append(ProcessSpec("llm", [py, "-m", "services.common.llama_server", "--host", host,
-                                         "--port", str(options.ports["llm"]),
-                                         "--n-threads", str(options.llm_threads),
-                                         "--prompt-cache-mb", str(options.llm_prompt_cache_mb)],
-                                 env=llm_key, ready_url=f"{options.url('llm')}/v1/models", port=options.ports["llm"],
-                                 ready_secret=options.llm_api_key))
+        specs.append(llama("llm"))
     llm = {"BASE_URL": options.llm_base_url()}
     if options.llm_url is None:
         llm["API_KEY"] = options.llm_api_key
@@ -263,14 +259,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
         # The trained searcher: the same GGUF with the adapter, in its own process (an adapter applies to
         # every request of a llama.cpp server; the generator and judge keep the plain model).
         trained = options.trained
-        specs.append(ProcessSpec("policy", [py, "-m", "services.common.llama_server", "--host", host,
-                                            "--port", str(options.ports["policy"]),
-                                            "--n-threads", str(options.llm_threads),
-                                            "--prompt-cache-mb", str(options.llm_prompt_cache_mb),
-                                            "--model-alias", trained.model_alias,
-                                            "--lora_path", str(trained.adapter)],
-                                 env=llm_key, ready_url=f"{options.url('policy')}/v1/models",
-                                 port=options.ports["policy"], ready_secret=options.llm_api_key))
+        specs.append(llama("policy", ["--model-alias", trained.model_alias, "--lora_path", str(trained.adapter)]))
         searcher.update({"POLICY__BASE_URL": f"{options.url('policy')}/v1", "POLICY__MODEL": trained.model_alias,
                          **trained.searcher_env()})
     elif options.llm_url is None:
@@ -297,50 +286,6 @@ def curl_example(options: StackOptions) -> str:
     auth = ' -H "Authorization: Bearer $PLUGSEARCH_API_KEY"' if options.api_key else ""
     return (f"curl -s -X POST {options.url('searcher')}/search -H 'Content-Type: application/json'{auth} "
             f"-d '{body}'")
-
-
-# ----------------------------------------------------------------------------------------- readiness
-def probe(spec: ProcessSpec, host: str = "127.0.0.1") -> bool:
-    """One readiness check: HTTP 200 on the ready URL (with the spec's bearer key), or Redis answering PING
-    (after AUTH with the spec's password)."""
-    if spec.ready_url is None:
-        auth = b"" if spec.ready_secret is None else b"AUTH " + spec.ready_secret.encode() + b"\r\n"
-        try:
-            with socket.create_connection((host, spec.port), timeout=1.0) as sock:
-                sock.sendall(auth + b"PING\r\n")
-                reply = b""
-                while b"PONG" not in reply and not reply.startswith(b"-") and len(reply) < 64:
-                    chunk = sock.recv(64)
-                    if not chunk:
-                        break
-                    reply += chunk
-                return reply.startswith(b"+OK\r\n+PONG" if auth else b"+PONG")
-        except OSError:
-            return False
-    headers = {} if spec.ready_secret is None else {"Authorization": f"Bearer {spec.ready_secret}"}
-    try:
-        request = urllib.request.Request(spec.ready_url, headers=headers)  # noqa: S310 - loopback URL
-        with urllib.request.urlopen(request, timeout=3.0) as response:  # noqa: S310 - loopback URL
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def wait_ready(specs: Sequence[ProcessSpec], *, timeout_s: float, stop: threading.Event,
-               on_ready: Callable[[str, float], None], interval_s: float = 0.25,
-               host: str = "127.0.0.1") -> list[str]:
-    """Poll every process until all are ready; return the names still not ready (empty = all ready)
-    when that happens, when `stop` is set, or when the timeout passes."""
-    t0 = time.monotonic()
-    pending = {spec.name: spec for spec in specs}
-    while pending:
-        for name, spec in list(pending.items()):
-            if probe(spec, host):
-                del pending[name]
-                on_ready(name, time.monotonic() - t0)
-        if not pending or time.monotonic() - t0 > timeout_s or stop.wait(interval_s):
-            break
-    return list(pending)
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -424,42 +369,49 @@ def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder
     return trained
 
 
-def _run_index_build(options: StackOptions, say: Callable[[str], None]) -> None:
+def _run_index_build(options: StackOptions, group: ProcessGroup) -> None:
     argv, env = index_command(options)
-    say(f"index: {options.index_dir} (corpus {options.corpus}); builds once, then reuses it")
+    group.say(f"index: {options.index_dir} (corpus {options.corpus}); builds once, then reuses it")
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,  # noqa: S603
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    try:
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            if line:
-                say(f"index | {line}")
-        code = proc.wait()
-    except BaseException:
-        proc.terminate()
-        proc.wait(timeout=30)
-        raise
+    code = group.run(ProcessSpec("index", argv, env=env))
     if code != 0:
         raise StackError(f"index build failed (exit {code})")
-    say(f"index ready in {time.monotonic() - t0:.1f} s")
+    group.say(f"index ready in {time.monotonic() - t0:.1f} s")
+
+
+def _announce(options: StackOptions, specs: Sequence[ProcessSpec], ready_file: Path | None,
+              say: Callable[[str], None]) -> None:
+    """The ready file (URLs, ports, the internal token: owner-only) and the banner with a curl to copy."""
+    info: dict[str, Any] = {"searcher": options.url("searcher"),
+                            "urls": {s.name: options.url(s.name) for s in specs if s.name != "redis"},
+                            "ports": options.ports, "corpus": str(options.corpus),
+                            "index_dir": str(options.index_dir), "pid": os.getpid(),
+                            "internal_token": options.internal_token}
+    if ready_file is not None:
+        ready_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ready_file.with_name(ready_file.name + ".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(json.dumps(info, indent=2))
+        os.replace(tmp, ready_file)
+    say("")
+    say(f"plugsearch is ready: POST {options.url('searcher')}/search   (Ctrl-C stops everything)")
+    say(f"  {curl_example(options)}")
+    say(f"  playground: {options.url('searcher')}/ui   (watch a search in your browser)")
+    say(f"  internal services: {', '.join(f'{k} {v}' for k, v in info['urls'].items())}")
+    say("  internal services require the internal token (PLUGSEARCH_INTERNAL_TOKEN, or this "
+        "run's random one in --ready-file); secrets are never printed")
+    say("")
+
+
+def _exit_code(code: int) -> int:
+    return 128 - code if code < 0 else code  # a process killed by signal N: exit 128 + N, as shells do
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    from honcho.manager import Manager
-    from honcho.printer import Message, Printer
-
-    printer = Printer(sys.stdout, colour=not args.no_color)
-    lock = threading.RLock()  # honcho's loop and the readiness thread both print
-    raw_write = printer.write
-
-    def say(text: str) -> None:
-        with lock:
-            for line in text.splitlines() or [""]:
-                raw_write(Message(type="line", data=line + "\n", time=datetime.now(), name="stack", colour=None))
-
+    width = max(len(name) for name in (*SERVICES, *DEFAULT_PORTS, "index", "stack"))
+    group = ProcessGroup(output=Output(sys.stdout, colour=not args.no_color, width=width), label="stack")
+    say = group.say
     var_dir = args.var_dir.resolve()
     try:
         ports = allocate_ports(base_port=args.base_port, free_ports=args.free_ports)
@@ -473,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
                                trained=_trained_policy(args, say), api_key=args.api_key, log_level=args.log_level,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
-        _run_index_build(options, say)
+        _run_index_build(options, group)
     except StackError as exc:
         say(f"error: {exc}")
         return 2
@@ -482,68 +434,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
     specs = build_specs(options, redis_server=redis_server)
-    manager = Manager(printer)
-    base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for spec in specs:
-        manager.add_process(spec.name, spec.shell_command(), env={**base_env, **spec.env})
-
+    group.add(*specs)
     stop = threading.Event()
-    failed = threading.Event()
-
-    def on_ready(name: str, seconds: float) -> None:
-        say(f"{name} ready ({seconds:.1f} s)")
-
-    def watch() -> None:
-        not_ready = wait_ready(specs, timeout_s=args.ready_timeout, stop=stop, on_ready=on_ready,
-                               host=options.host)
-        if not not_ready:
-            info: dict[str, Any] = {"searcher": options.url("searcher"),
-                                    "urls": {s.name: options.url(s.name) for s in specs if s.name != "redis"},
-                                    "ports": options.ports, "corpus": str(options.corpus),
-                                    "index_dir": str(options.index_dir), "pid": os.getpid(),
-                                    "internal_token": options.internal_token}
-            if args.ready_file is not None:
-                args.ready_file.parent.mkdir(parents=True, exist_ok=True)
-                tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-                tmp.touch(mode=0o600)  # holds the internal token: owner-only
-                tmp.write_text(json.dumps(info, indent=2))
-                os.replace(tmp, args.ready_file)
-            say("")
-            say(f"plugsearch is ready: POST {options.url('searcher')}/search   (Ctrl-C stops everything)")
-            say(f"  {curl_example(options)}")
-            say(f"  playground: {options.url('searcher')}/ui   (watch a search in your browser)")
-            say(f"  internal services: {', '.join(f'{k} {v}' for k, v in info['urls'].items())}")
-            say("  internal services require the internal token (PLUGSEARCH_INTERNAL_TOKEN, or this "
-                "run's random one in --ready-file); secrets are never printed")
-            say("")
-        elif not stop.is_set():
-            failed.set()
-            say(f"error: not ready within {args.ready_timeout:g} s: {', '.join(not_ready)} "
-                "(see their log lines above); stopping everything")
-            os.kill(os.getpid(), signal.SIGTERM)  # honcho's handler stops every process
-
-    watcher = threading.Thread(target=watch, name="readiness", daemon=True)
-
-    def write(message: Any) -> None:
-        with lock:
-            raw_write(message)
-        # honcho reports "<name> started" only after forking every process: start polling then, so no
-        # fork ever happens while the readiness thread runs.
-        if message.name == "system" and "started" in str(message.data) and not watcher.is_alive() \
-                and watcher.ident is None:
-            watcher.start()
-
-    printer.write = write  # type: ignore[method-assign]
+    previous = {sig: signal.signal(sig, lambda _sig, _frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        manager.loop()
+        group.start()
+        try:
+            group.wait_ready(timeout_s=args.ready_timeout, stop=stop, interval_s=0.25,
+                             on_ready=lambda name, seconds: say(f"{name} ready ({seconds:.1f} s)"))
+        except NotReady as exc:
+            say(f"error: not ready within {args.ready_timeout:g} s: {', '.join(exc.names)} "
+                "(see their log lines above); stopping everything")
+            return 1
+        except ProcessExited as exc:
+            say(f"{exc.name} exited before it was ready; stopping everything")
+            return _exit_code(exc.returncode or 0)
+        if stop.is_set():
+            return 0
+        _announce(options, specs, args.ready_file, say)
+        gone = group.supervise(stop)
+        if gone is None:
+            return 0
+        say(f"{gone[0]} exited; stopping everything")
+        return _exit_code(gone[1])
     finally:
-        stop.set()
+        group.close()  # Ctrl-C again while stopping changes nothing: the handlers are still ours
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if args.ready_file is not None:
             args.ready_file.unlink(missing_ok=True)
-    if failed.is_set():
-        return 1
-    code = int(manager.returncode or 0)
-    return 128 - code if code < 0 else code  # a process killed by signal N: exit 128 + N, as shells do
 
 
 if __name__ == "__main__":

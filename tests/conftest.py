@@ -1,23 +1,31 @@
-"""Fixtures shared by every test layer: data paths, free ports, a real Redis server."""
+"""Fixtures shared by every test layer: data paths, free ports, a real Redis server, a real llama.cpp server."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import socket
-import subprocess
-import time
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from services.common.procgroup import ProcessGroup, ProcessSpec
 from services.common.workers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a `timeout`, a cancelled CI job) ends the run like Ctrl-C: fixtures tear down, so the processes
+    they started (each in its own process group) are stopped too."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def first_questions(data_dir: Path, sets: tuple[str, ...], n: int) -> list[str]:
@@ -49,20 +57,9 @@ def redis_url() -> Iterator[str]:
     if exe is None:
         pytest.fail("redis-server is not installed (scripts/install.sh installs it)")
     port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--daemonize", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.02)
-    try:
+    with ProcessGroup().up(ProcessSpec("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                                 "--appendonly", "no", "--daemonize", "no"], port=port), timeout_s=10):
         yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

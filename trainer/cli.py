@@ -412,8 +412,8 @@ def cmd_plot(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # eval --local: plugsearch-stack's default for the embedded llama.cpp server's generation threads (1 on a
-# 2-core machine, else half the cores up to 4). Two threads on 2 cores are 1.5x faster alone, but 0.65x
-# during an eval (26 vs 40 tokens/s): the searcher, retriever and the eval itself preempt one of them.
+# 2-core machine, else half the cores up to 4): the searcher, the retriever and the eval itself need cores
+# of their own, and a generation thread they preempt slows every other one down.
 LLM_THREADS_DEFAULT = default_llm_threads()
 
 

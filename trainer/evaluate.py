@@ -8,7 +8,6 @@ own results too (Redis in the local stack), so a rerun costs almost nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -29,7 +28,6 @@ from trainer.upstreams import QAServices
 logger = logging.getLogger(__name__)
 
 EvalMethod = Literal["direct", "naive", "s3", "qagent"]
-METHODS: tuple[EvalMethod, ...] = ("direct", "naive", "s3", "qagent")
 METRICS = ("genacc", "em", "f1")
 
 
@@ -194,9 +192,3 @@ def write_report(records: Sequence[EvalRecord], datasets: Sequence[str], out_dir
     (out_dir / "table.json").write_text(json.dumps(table, indent=1), encoding="utf-8")
     png = plot_eval_bars(table, out_dir / "genacc.png")
     return {"markdown": md, "table": table, "png": str(png)}
-
-
-def run_eval_sync(items_by_dataset: dict[str, list[QAItem]], methods: Sequence[EvalMethod], out_dir: Path, *,
-                  services: QAServices, searcher: SearcherClient | None, config: EvalConfig) -> list[EvalRecord]:
-    return asyncio.run(run_eval(items_by_dataset, methods, out_dir, services=services, searcher=searcher,
-                                config=config))

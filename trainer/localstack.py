@@ -11,29 +11,24 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
 from services.common.http import ClientSettings
-from services.common.llama_server import DEFAULT_MODEL_ALIAS, LlamaServer
-from services.common.redis_server import PASSWORD_ENV, redis_argv, redis_url
+from services.common.llama_server import DEFAULT_MODEL_ALIAS
+from services.common.procgroup import ProcessExited, ProcessGroup, ProcessGroupError, ProcessSpec
+from services.common.redis_server import redis_url
 from services.common.workers import free_port
+from services.stack import REDIS_DB, index_dir_for, llama_spec, redis_spec
 from trainer.settings import TrainerSettings
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class StackError(RuntimeError):
     pass
-
-
-SERVICE_DB = {"generator": 1, "judge": 2, "searcher": 3}
-"""Redis databases of the services that cache (the retriever keeps no result cache)."""
 
 
 class LocalServices:
@@ -52,68 +47,38 @@ class LocalServices:
         self.ready_timeout_s = ready_timeout_s
         self.urls: dict[str, str] = {}
         self.redis_url: str | None = None
-        self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self._llama: LlamaServer | None = None
+        self.group = ProcessGroup(log_dir=self.log_dir, cwd=REPO)
         # per-run secrets, as plugsearch-stack has them: Redis and the LLM started here refuse anyone else
         self._redis_password = secrets.token_hex(24)
         self._llm_key = secrets.token_hex(24)
-
-    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.log_dir / f"{name}.log").open("wb")
-        proc = subprocess.Popen(list(argv), env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
-        log.close()
-        self._procs.append((name, proc))
-        return proc
-
-    def _wait_http(self, name: str, url: str, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            if proc.poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise StackError(f"{name} exited with {proc.returncode}: {tail}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise StackError(f"{name} not ready after {self.ready_timeout_s:g} s")
-            time.sleep(0.2)
+        self._own_llm = False
 
     def index_dir(self) -> Path:
-        from services.stack import index_dir_for
-
         return index_dir_for(self.corpus, self.var_dir)
 
+    def _start_ready(self, spec: ProcessSpec) -> None:
+        try:
+            self.group.up(spec, timeout_s=self.ready_timeout_s)
+        except ProcessGroupError as exc:
+            raise StackError(str(exc)) from exc
+
     def start(self) -> LocalServices:
-        py = sys.executable
         try:
             if self.with_redis:
                 port = free_port()
-                self._spawn("redis", redis_argv(port), {PASSWORD_ENV: self._redis_password})
-                deadline = time.monotonic() + 10
-                while True:
-                    try:
-                        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline:
-                            raise StackError("redis-server did not start") from None
-                        time.sleep(0.02)
+                self._start_ready(redis_spec(port, self._redis_password))
                 self.redis_url = redis_url("127.0.0.1", port, 0, self._redis_password).removesuffix("/0")
             if self.llm_url is None and self.answering:
-                self._llama = LlamaServer(n_threads=self.llm_threads, log_path=self.log_dir / "llm.log",
-                                          api_key=self._llm_key).start()
-                self.llm_url = self._llama.base_url
-            llm_key = {"LLM__API_KEY": self._llm_key} if self._llama is not None else {}
+                port = free_port()
+                self._start_ready(llama_spec("llm", port, self._llm_key, threads=self.llm_threads))
+                self.llm_url = f"http://127.0.0.1:{port}/v1"
+                self._own_llm = True
+            llm_key = {"LLM__API_KEY": self._llm_key} if self._own_llm else {}
             index_dir = self.index_dir()
-            build = subprocess.run([py, "-m", "services.retriever.cli", "build", "--corpus", str(self.corpus),
-                                    "--index-dir", str(index_dir), "--bm25", "bm25s", "--no-dense", "--quiet"],
-                                   capture_output=True, text=True, check=False)
-            if build.returncode != 0:
-                raise StackError(f"index build failed: {build.stdout[-1000:]}{build.stderr[-1000:]}")
+            if self.group.run(ProcessSpec("index", [sys.executable, "-m", "services.retriever.cli", "build",
+                                                    "--corpus", str(self.corpus), "--index-dir", str(index_dir),
+                                                    "--bm25", "bm25s", "--no-dense", "--quiet"])) != 0:
+                raise StackError(f"index build failed: {self.group.tail('index')}")
             llm = {"LLM__BASE_URL": self.llm_url or "", "LLM__MODEL": DEFAULT_MODEL_ALIAS, "LLM__TIMEOUT_S": "600",
                    **llm_key}
             envs: dict[str, dict[str, str]] = {
@@ -129,7 +94,7 @@ class LocalServices:
                             "SEARCHER_POLICY__MODEL": DEFAULT_MODEL_ALIAS, "SEARCHER_POLICY__TIMEOUT_S": "600",
                             "SEARCHER_SEARCH_TIMEOUT_S": "800",
                             **{f"SEARCHER_POLICY__{k.removeprefix('LLM__')}": v for k, v in llm_key.items()}}
-                if self._llama is not None:
+                if self._own_llm:
                     # as `plugsearch-stack` does for its embedded SmolLM2: valid actions only under the grammar
                     searcher["SEARCHER_CONSTRAINED"] = "true"
                 self._start_services(["searcher"], {"searcher": searcher})
@@ -138,30 +103,35 @@ class LocalServices:
             raise
         return self
 
+    def _service(self, name: str, env: dict[str, str]) -> ProcessSpec:
+        port = free_port()
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        prefix = name.upper()
+        env = {f"{prefix}_PORT": str(port), f"{prefix}_LOG_LEVEL": "WARNING", f"{prefix}_REQUEST_TIMEOUT_S": "900",
+               **env}
+        if self.redis_url and name in REDIS_DB:
+            env[f"{prefix}_REDIS_URL"] = f"{self.redis_url}/{REDIS_DB[name]}"
+        return ProcessSpec(name, [sys.executable, "-m", f"services.{name}"], env=env,
+                           ready_url=f"{self.urls[name]}/health/ready", port=port)
+
     def _start_services(self, names: Sequence[str], envs: dict[str, dict[str, str]], attempts: int = 4) -> None:
         """Start `names` together on free ports and wait until ready; a service that lost its port to
         another process between the pick and the bind is started again on a new one."""
         pending = list(names)
         for attempt in range(attempts):
-            procs = {}
-            for name in pending:
-                port = free_port()
-                self.urls[name] = f"http://127.0.0.1:{port}"
-                prefix = name.upper()
-                env = {f"{prefix}_PORT": str(port), f"{prefix}_LOG_LEVEL": "WARNING",
-                       f"{prefix}_REQUEST_TIMEOUT_S": "900", **envs.get(name, {})}
-                if self.redis_url and name in SERVICE_DB:
-                    env[f"{prefix}_REDIS_URL"] = f"{self.redis_url}/{SERVICE_DB[name]}"
-                procs[name] = self._spawn(name, [sys.executable, "-m", f"services.{name}"], env)
+            self.group.add(*(self._service(name, envs.get(name, {})) for name in pending))
+            self.group.start(*pending)
             retry = []
-            for name, proc in procs.items():
+            for name in pending:
                 try:
-                    self._wait_http(name, f"{self.urls[name]}/health/ready", proc)
-                except StackError:
-                    log = (self.log_dir / f"{name}.log").read_text(errors="replace")
-                    if "address already in use" not in log or attempt == attempts - 1:
-                        raise
+                    self.group.wait_ready(name, timeout_s=self.ready_timeout_s)
+                except ProcessExited as exc:
+                    if "address already in use" not in self.group.tail(name) or attempt == attempts - 1:
+                        raise StackError(str(exc)) from exc
+                    self.group.stop(name)
                     retry.append(name)
+                except ProcessGroupError as exc:
+                    raise StackError(str(exc)) from exc
             if not retry:
                 return
             pending = retry
@@ -179,19 +149,7 @@ class LocalServices:
             "redis_url": f"{self.redis_url}/9" if self.redis_url else None, **updates})
 
     def stop(self) -> None:
-        for _, proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc in reversed(self._procs):
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self._procs.clear()
-        if self._llama is not None:
-            self._llama.stop()
-            self._llama = None
+        self.group.close()
 
     def __enter__(self) -> LocalServices:
         return self.start()

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.http import ClientSettings
-from services.common.llm import LLMSettings
 from services.common.schemas.retriever import Method
 from trainer.data import default_data_dir
 
@@ -38,8 +37,6 @@ class TrainerSettings(BaseSettings):
     generator: ClientSettings = Field(default_factory=lambda: _client("http://127.0.0.1:8002", 600.0))
     judge: ClientSettings = Field(default_factory=lambda: _client("http://127.0.0.1:8003", 600.0))
     searcher: ClientSettings = Field(default_factory=lambda: _client("http://127.0.0.1:8000", 600.0))
-    policy_llm: LLMSettings = Field(default_factory=lambda: LLMSettings.model_validate({}),
-                                    description="eval without the searcher service: the policy endpoint")
     redis_url: str | None = Field(None, description="baselines are mirrored here as well as in the JSONL file")
 
     data_dir: Path = Field(default_factory=default_data_dir)
@@ -50,7 +47,8 @@ class TrainerSettings(BaseSettings):
     reward: RewardSetting = Field("auto", description="auto: gbr on GPUs, recall (no LLM) on the CPU")
     format_lambda: float = Field(0.0, ge=0.0, le=10.0, description="weight of the format reward (0 = off)")
     concurrency: int = Field(4, ge=1, le=256, description="batch requests in flight per service")
-    chunk: int = Field(4, ge=1, le=256, description="items per generate/judge batch request")
+    chunk: int = Field(4, ge=1, le=256, description="items per generate/judge batch request (at most the "
+                       "generator's batch limit)")
     batch_timeout_s: float = Field(900.0, gt=0, description="timeout of one generate/judge batch request "
                                    "(one local LLM serves requests one at a time: batches queue)")
     log_level: str = "INFO"
@@ -61,9 +59,3 @@ class TrainerSettings(BaseSettings):
         if self.reward == "auto":
             return "gbr" if device == "cuda" else "recall"
         return self.reward
-
-    @model_validator(mode="after")
-    def _check(self) -> TrainerSettings:
-        if self.chunk > 256:
-            raise ValueError("chunk must not exceed the generator's batch limit (256)")
-        return self

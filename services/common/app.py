@@ -1,12 +1,17 @@
-"""App factory pieces every service uses: guard middleware, health, version and metrics endpoints.
+"""App factory pieces every service uses: the guard middleware, route wiring, health, version, metrics.
 
-The guard is one pure-ASGI middleware (cheap on the hot path) that, in this order: mints or accepts
-`X-Request-ID`; leaves open paths alone (health, metrics, docs); refuses a header given twice (400);
-checks auth and records who the caller is (`services.common.admission.Caller` in the scope's state);
-refuses bodies over the limit (413) and reads the body within `body_timeout_s` (408) before the request
-counts as in flight; refuses absurd JSON (422) and non-JSON bodies (415); refuses work past the adaptive
-admission limit (429 + Retry-After); enforces the per-request deadline (504); cancels the work when the
-client hangs up before the answer; records request metrics and feeds latency back to the limit.
+The guard is one pure-ASGI middleware (cheap on the hot path) made of small steps, each doing one thing,
+in this order: `request_id_of` (accept or mint `X-Request-ID`); open paths (health, metrics, docs) pass
+untouched; `single_headers` (a header given twice: 400); `KeyCheck` (auth: 401, and who the caller is,
+`services.common.admission.Caller` in the scope's state); `BodyReader` (the body over the limit: 413, not
+received in time: 408, before the request counts as in flight); `body_refusal` (not JSON: 415, absurd
+JSON: 422); `Admission` (the adaptive in-flight limit: 429 + Retry-After); `GuardMiddleware._respond`
+(the deadline: 504, a client that hangs up cancels its work: 499, a bug: 500); `record_request` (metrics).
+
+Every service wires its routes one way: a module-level `service_router(tag)` whose handlers read what the
+lifespan built through `from_state(request, name, Kind)` (503 until it is there), included by
+`create_app`. Errors are documented in OpenAPI only through route `responses` (`error_responses`): the
+guard's on every guarded route (`GUARD_ERRORS`, by the router), each route's own beside them.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ import os
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, NamedTuple, TypeVar, cast
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -32,9 +37,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services
 from services.common.admission import CALLER_STATE, COST_STATE, AdaptiveLimit, Caller, address_id, key_id
-from services.common.errors import ErrorDetail, ErrorEnvelope, install_error_handlers
+from services.common.errors import (
+    ErrorDetail,
+    ErrorEnvelope,
+    NotReady,
+    error_responses,
+    install_error_handlers,
+)
 from services.common.logging import (
     REQUEST_ID_HEADER,
+    configure_logging,
     new_request_id,
     reset_request_id,
     set_request_id,
@@ -48,6 +60,8 @@ from services.common.metrics import (
 from services.common.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 OPEN_PATHS = frozenset({"/health/live", "/health/ready", "/version", "/metrics", "/docs", "/redoc",
                         "/openapi.json", "/docs/oauth2-redirect"})
@@ -70,11 +84,6 @@ class VersionInfo(BaseModel):
     details: dict[str, Any] = {}
 
 
-def _error_body(status: int, type_: str, message: str, request_id: str) -> bytes:
-    env = ErrorEnvelope(error=ErrorDetail(type=type_, message=message, request_id=request_id))
-    return json.dumps(env.model_dump()).encode()
-
-
 SINGLE_HEADERS = frozenset({b"content-type", b"content-length", b"transfer-encoding", b"authorization",
                             b"x-api-key", b"x-request-id"})
 """Headers a request may carry once: two Content-Type headers were read one way here and another by the
@@ -86,6 +95,126 @@ MAX_JSON_MEMBERS = 1024
 """No request model has an object with more members: 150k unknown fields took the validator 1.3 s to list."""
 MAX_JSON_ITEMS = 8192
 """Above every list limit of every request model (the retriever's 4,096 queries), so that limit still answers."""
+
+CLIENT_CLOSED = 499
+"""nginx's "client closed request": the status recorded for a client that hung up before its answer."""
+
+
+class Refusal(NamedTuple):
+    """An answer the guard gives instead of the app (in the error envelope)."""
+
+    status: int
+    type: str
+    message: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+UNAUTHORIZED = Refusal(401, "unauthorized", "missing or invalid API key", ((b"www-authenticate", b"Bearer"),))
+NOT_JSON = Refusal(415, "unsupported_media_type", "request body must be JSON (Content-Type: application/json)")
+INTERNAL_ERROR = Refusal(500, "internal_error", "internal server error")
+
+
+# ------------------------------------------------------------------ the guard's steps, each doing one thing
+def request_id_of(scope: Scope) -> str:
+    """The caller's `X-Request-ID` when it is safe to log and echo, else a fresh one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            request_id = value.decode("latin-1")[:128]
+            # characters that could forge log lines or break headers: mint our own
+            return request_id if _REQUEST_ID_RE.fullmatch(request_id) else new_request_id()
+    return new_request_id()
+
+
+def single_headers(scope: Scope) -> dict[bytes, bytes] | Refusal:
+    """The request's `SINGLE_HEADERS`, or a 400 when one of them is given twice."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope.get("headers", ()):
+        if name in SINGLE_HEADERS:
+            if name in headers:
+                return Refusal(400, "duplicate_header", f"more than one {name.decode()} header")
+            headers[name] = value
+    return headers
+
+
+class KeyCheck:
+    """Auth: who presents which key (Bearer or X-API-Key), compared in constant time."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.key_digests = [hashlib.sha256(k.get_secret_value().encode()).digest() for k in settings.api_keys]
+        self.internal_digest = (None if settings.internal_token is None
+                                else hashlib.sha256(settings.internal_token.get_secret_value().encode()).digest())
+
+    def caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller | None:
+        """Who this is, or None when keys are configured and none of them was presented."""
+        if not self.key_digests and self.internal_digest is None:
+            return Caller("anonymous", address_id(scope))
+        presented = headers.get(b"x-api-key", b"").strip()
+        authorization = headers.get(b"authorization", b"")
+        if authorization[:7].lower() == b"bearer ":
+            presented = authorization[7:].strip()
+        if not presented:
+            return None
+        # Compare fixed-size digests against every key: the time depends neither on which key matched
+        # nor on how long the presented or the accepted keys are.
+        digest = hashlib.sha256(presented).digest()
+        public = False
+        for key_digest in self.key_digests:
+            public |= hmac.compare_digest(digest, key_digest)
+        if self.internal_digest is not None and hmac.compare_digest(digest, self.internal_digest):
+            return Caller("internal", "internal")
+        return Caller("key", key_id(digest)) if public else None
+
+
+class BodyReader:
+    """The whole request body, at most `max_bytes` of it, within `timeout_s`.
+
+    Buffering here (instead of counting inside the app's receive) means a chunked body over the limit gets
+    the same 413 as one with a large Content-Length; the framework never sees it. A client that trickles
+    its body holds no in-flight slot (admission comes after) and gets 408 past the timeout.
+    """
+
+    def __init__(self, max_bytes: int, timeout_s: float) -> None:
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.too_large = Refusal(413, "payload_too_large", f"request body over {max_bytes} bytes")
+
+    def declared_too_large(self, headers: dict[bytes, bytes]) -> bool:
+        try:
+            return int(headers.get(b"content-length", b"0")) > self.max_bytes
+        except ValueError:
+            return False
+
+    async def read(self, receive: Receive) -> bytes | Refusal | None:
+        """The body, a refusal (413, 408), or None when the client hung up first."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._read(receive)
+        except TimeoutError:
+            return Refusal(408, "request_timeout", f"request body not received within {self.timeout_s:g} s",
+                           ((b"connection", b"close"),))
+
+    async def _read(self, receive: Receive) -> bytes | Refusal | None:
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                return self.too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def is_json_media_type(value: bytes) -> bool:
+    """`application/json` or any `application/*+json`, parameters (charset) ignored."""
+    media = value.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
 def absurd_json(body: bytes) -> str | None:
@@ -111,263 +240,239 @@ def absurd_json(body: bytes) -> str | None:
     return None
 
 
+def body_refusal(body: bytes, content_type: bytes) -> Refusal | None:
+    """A body that is not JSON (415), or JSON too absurd to validate (422); None for any other."""
+    if body and content_type and not is_json_media_type(content_type):
+        return NOT_JSON
+    problem = absurd_json(body) if len(body) > JSON_CHECK_BYTES else None
+    return None if problem is None else Refusal(422, "validation_error", f"request body refused: {problem}")
+
+
+class Admission:
+    """The adaptive in-flight limit: admits or refuses, counts who is in, learns from their latency."""
+
+    def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
+        self.limit = AdaptiveLimit(settings.max_in_flight, min_limit=settings.min_in_flight,
+                                   tolerance=settings.latency_tolerance, adaptive=settings.adaptive_concurrency)
+        self.overloaded = Refusal(429, "overloaded", "too many requests in flight; retry later",
+                                  ((b"retry-after", str(settings.retry_after_s).encode()),))
+        self.metrics = metrics
+        self.in_flight = 0
+        metrics.admission_limit.set(self.limit.current)
+
+    def admits(self) -> bool:
+        return self.limit.admits(self.in_flight)
+
+    def enter(self) -> tuple[int, int]:
+        """Count one more in flight; returns what `leave` needs (the others in flight, the limit's epoch)."""
+        others = self.in_flight
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        return others, self.limit.epoch
+
+    def leave(self, entered: tuple[int, int], status: int, seconds: float, cost: float) -> None:
+        """One fewer in flight; a success's latency (per cost unit) feeds the limit."""
+        self.in_flight -= 1
+        self.metrics.in_flight.dec()
+        if 200 <= status < 300:
+            others, epoch = entered
+            self.limit.observe(seconds, cost, epoch, others)
+            self.metrics.admission_limit.set(self.limit.current)
+
+
+class Exchange:
+    """The app's side of one admitted request: the body replayed, the answer's start and status noted
+    (with the request id header added), and the client's hang-up watched: before any answer, it cancels
+    the work done for it."""
+
+    def __init__(self, receive: Receive, send: Send, body: bytes, rid_header: tuple[bytes, bytes]) -> None:
+        self._receive = receive
+        self._send = send
+        self._body: bytes | None = body
+        self._rid_header = rid_header
+        self._gone = asyncio.Event()
+        self.started = False
+        self.status = 500
+        self.client_left = False
+
+    async def receive(self) -> Message:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self._gone.wait()  # streaming responses listen for the client leaving
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.status = message["status"]
+            message["headers"] = [*message.get("headers", []), self._rid_header]
+        await self._send(message)
+
+    async def watch(self, task: asyncio.Task[Any]) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._gone.set()
+        if not self.started:
+            self.client_left = True
+            task.cancel()
+
+
+def record_request(metrics: ServiceMetrics, scope: Scope, status: int, seconds: float) -> None:
+    """Request metrics: count by route, method and final status; latency by route."""
+    route = getattr(scope.get("route"), "path", "unmatched")
+    metrics.requests.labels(route, scope.get("method", ""), str(status)).inc()
+    metrics.latency.labels(route).observe(seconds)
+
+
 class GuardMiddleware:
+    """The guard (pure ASGI): the steps above in order; the first that refuses answers (`Refusal`)."""
+
     def __init__(self, app: ASGIApp, *, settings: ServiceSettings, metrics: ServiceMetrics,
                  open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.open_paths = open_paths
         self.metrics = metrics
-        self.key_digests = [hashlib.sha256(k.get_secret_value().encode()).digest() for k in settings.api_keys]
-        self.internal_digest = (None if settings.internal_token is None
-                                else hashlib.sha256(settings.internal_token.get_secret_value().encode()).digest())
-        self.max_body = settings.max_body_bytes
-        self.limit = AdaptiveLimit(settings.max_in_flight, min_limit=settings.min_in_flight,
-                                   tolerance=settings.latency_tolerance, adaptive=settings.adaptive_concurrency)
+        self.keys = KeyCheck(settings)
+        self.body = BodyReader(settings.max_body_bytes, settings.body_timeout_s)
+        self.admission = Admission(settings, metrics)
+        self.limit = self.admission.limit
         self.deadline = settings.request_timeout_s
-        self.body_timeout = settings.body_timeout_s
-        self.retry_after = str(settings.retry_after_s).encode()
-        self.in_flight = 0
-        metrics.admission_limit.set(self.limit.current)
+        self.deadline_exceeded = Refusal(504, "deadline_exceeded", f"request took longer than {self.deadline:g} s")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = ""
-        for name, value in scope.get("headers", ()):
-            if name == b"x-request-id":
-                request_id = value.decode("latin-1")[:128]
-                break
-        if not _REQUEST_ID_RE.fullmatch(request_id):
-            # Absent, or characters that could forge log lines or break headers: mint our own.
-            request_id = new_request_id()
+        request_id = request_id_of(scope)
         token = set_request_id(request_id)
         rid_header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode("latin-1"))
         try:
-            path = scope.get("path", "")
-            if path in self.open_paths:
-                await self.app(scope, receive, self._with_header(send, rid_header))
+            if scope.get("path", "") in self.open_paths:
+                await self.app(scope, receive, _with_header(send, rid_header))
                 return
-            await self._guarded(scope, receive, send, request_id, rid_header)
+            t0 = time.perf_counter()
+            screened = await self._screen(scope, receive)
+            if screened is None:  # the client hung up while sending its body
+                record_request(self.metrics, scope, CLIENT_CLOSED, time.perf_counter() - t0)
+            elif isinstance(screened, Refusal):
+                await self._refuse(send, screened, request_id)
+            elif not self.admission.admits():
+                await self._refuse(send, self.admission.overloaded, request_id)
+            else:
+                await self._admitted(scope, Exchange(receive, send, screened, rid_header), send, request_id)
         finally:
             reset_request_id(token)
 
-    @staticmethod
-    def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], header]
-            await send(message)
-
-        return wrapped
-
-    async def _reject(self, send: Send, status: int, type_: str, message: str, request_id: str,
-                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.metrics.rejected.labels(type_).inc()
-        body = _error_body(status, type_, message, request_id)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"x-request-id", request_id.encode("latin-1"))]
-        await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-        await send({"type": "http.response.body", "body": body})
-
-    def _caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller | None:
-        """Who this is, or None when keys are configured and none of them was presented."""
-        if not self.key_digests and self.internal_digest is None:
-            return Caller("anonymous", address_id(scope))
-        presented = headers.get(b"x-api-key", b"").strip()
-        authorization = headers.get(b"authorization", b"")
-        if authorization[:7].lower() == b"bearer ":
-            presented = authorization[7:].strip()
-        if not presented:
-            return None
-        # Compare fixed-size digests against every key: the time depends neither on which key matched
-        # nor on how long the presented or the accepted keys are.
-        digest = hashlib.sha256(presented).digest()
-        public = False
-        for key_digest in self.key_digests:
-            public |= hmac.compare_digest(digest, key_digest)
-        internal = self.internal_digest is not None and hmac.compare_digest(digest, self.internal_digest)
-        if internal:
-            return Caller("internal", "internal")
-        return Caller("key", key_id(digest)) if public else None
-
-    async def _read_body(self, receive: Receive, send: Send, request_id: str) -> bytes | None:
-        """The whole request body (at most `max_body` bytes), or None once a rejection was sent.
-
-        Buffering here (instead of counting inside the app's receive) means a chunked body over the
-        limit gets the same 413 as one with a large Content-Length; the framework never sees it.
-        """
-        chunks: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            if message["type"] != "http.request":
-                continue
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.max_body:
-                await self._reject(send, 413, "payload_too_large", f"request body over {self.max_body} bytes",
-                                   request_id)
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send, request_id: str,
-                       rid_header: tuple[bytes, bytes]) -> None:
-        headers: dict[bytes, bytes] = {}
-        for name, value in scope.get("headers", ()):
-            if name in SINGLE_HEADERS:
-                if name in headers:
-                    await self._reject(send, 400, "duplicate_header", f"more than one {name.decode()} header",
-                                       request_id)
-                    return
-                headers[name] = value
-        caller = self._caller(scope, headers)
+    async def _screen(self, scope: Scope, receive: Receive) -> bytes | Refusal | None:
+        """Headers, auth, size, body, media type and JSON shape: the body, a refusal, or None (client gone)."""
+        headers = single_headers(scope)
+        if isinstance(headers, Refusal):
+            return headers
+        caller = self.keys.caller(scope, headers)
         if caller is None:
-            await self._reject(send, 401, "unauthorized", "missing or invalid API key", request_id,
-                               [(b"www-authenticate", b"Bearer")])
-            return
-        try:
-            too_big = int(headers.get(b"content-length", b"0")) > self.max_body
-        except ValueError:
-            too_big = False
-        if too_big:
-            await self._reject(send, 413, "payload_too_large", f"request body over {self.max_body} bytes",
-                               request_id)
-            return
+            return UNAUTHORIZED
+        if self.body.declared_too_large(headers):
+            return self.body.too_large
         scope.setdefault("state", {})[CALLER_STATE] = caller
-        # The body first: a client that trickles it holds no in-flight slot, and gets 408 past the timeout.
-        try:
-            async with asyncio.timeout(self.body_timeout):
-                body = await self._read_body(receive, send, request_id)
-        except TimeoutError:
-            await self._reject(send, 408, "request_timeout",
-                               f"request body not received within {self.body_timeout:g} s", request_id,
-                               [(b"connection", b"close")])
-            return
-        if body is None:
-            return  # refused (413) or the client left
-        content_type = headers.get(b"content-type", b"")
-        if body and content_type and not is_json_media_type(content_type):
-            await self._reject(send, 415, "unsupported_media_type",
-                               "request body must be JSON (Content-Type: application/json)", request_id)
-            return
-        if len(body) > JSON_CHECK_BYTES:
-            problem = absurd_json(body)
-            if problem is not None:
-                await self._reject(send, 422, "validation_error", f"request body refused: {problem}", request_id)
-                return
-        if not self.limit.admits(self.in_flight):
-            await self._reject(send, 429, "overloaded", "too many requests in flight; retry later",
-                               request_id, [(b"retry-after", self.retry_after)])
-            return
-        await self._admitted(scope, receive, send, request_id, rid_header, body)
+        body = await self.body.read(receive)
+        if not isinstance(body, bytes):
+            return body
+        return body_refusal(body, headers.get(b"content-type", b"")) or body
 
-    async def _admitted(self, scope: Scope, receive: Receive, send: Send, request_id: str,
-                        rid_header: tuple[bytes, bytes], body: bytes) -> None:
-        started = False
-        status = 500
-        client_left = False
-        task = asyncio.current_task()
-        gone = asyncio.Event()
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started, status
-            if message["type"] == "http.response.start":
-                started = True
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), rid_header]
-            await send(message)
-
-        async def watch() -> None:
-            """The client hanging up before any answer cancels the work done for it."""
-            nonlocal client_left
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-            if not started and task is not None:
-                client_left = True
-                task.cancel()
-
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await gone.wait()  # streaming responses listen for the client leaving
-            return {"type": "http.disconnect"}
-
-        others = self.in_flight
-        self.in_flight += 1
-        self.metrics.in_flight.inc()
-        epoch = self.limit.epoch
-        watcher = asyncio.create_task(watch())
+    async def _admitted(self, scope: Scope, exchange: Exchange, send: Send, request_id: str) -> None:
+        entered = self.admission.enter()
         t0 = time.perf_counter()
         try:
+            await self._respond(scope, exchange, send, request_id)
+        finally:
+            seconds = time.perf_counter() - t0
+            self.admission.leave(entered, exchange.status, seconds,
+                                 float(scope.get("state", {}).get(COST_STATE, 1.0)))
+            record_request(self.metrics, scope, exchange.status, seconds)
+
+    async def _respond(self, scope: Scope, exchange: Exchange, send: Send, request_id: str) -> None:
+        """Run the app within the deadline; what escapes it gets its final status here: 504 past the
+        deadline, `CLIENT_CLOSED` when the client left, 500 for a bug (trace in the log, never to the caller)."""
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI app always runs in a task
+        watcher = asyncio.create_task(exchange.watch(task))
+        try:
             async with asyncio.timeout(self.deadline):
-                await self.app(scope, replay, tracking_send)
+                await self.app(scope, exchange.receive, exchange.send)
         except TimeoutError:
-            if not started:
-                status = 504
-                await self._reject(send, 504, "deadline_exceeded",
-                                   f"request took longer than {self.deadline:g} s", request_id)
+            if not exchange.started:
+                exchange.status = 504
+                await self._refuse(send, self.deadline_exceeded, request_id)
         except asyncio.CancelledError:
-            if not client_left or task is None:
+            if not exchange.client_left:
                 raise
             task.uncancel()
-            status = 499  # nginx's "client closed request": nothing is sent to nobody
+            exchange.status = CLIENT_CLOSED  # nothing is sent to nobody
             logger.info("client went away: %s %s cancelled", scope.get("method"), scope.get("path"))
         except Exception:
-            # A bug: the trace goes to the log, the caller gets a generic 500 (never the exception text).
             logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            if not started:
-                status = 500
-                await self._reject(send, 500, "internal_error", "internal server error", request_id)
+            if not exchange.started:
+                exchange.status = 500
+                await self._refuse(send, INTERNAL_ERROR, request_id)
         finally:
             watcher.cancel()
-            elapsed = time.perf_counter() - t0
-            self.in_flight -= 1
-            self.metrics.in_flight.dec()
-            if 200 <= status < 300:
-                self.limit.observe(elapsed, float(scope.get("state", {}).get(COST_STATE, 1.0)), epoch,
-                                   others)
-                self.metrics.admission_limit.set(self.limit.current)
-            route = scope.get("route")
-            route_name = getattr(route, "path", "unmatched")
-            self.metrics.requests.labels(route_name, scope.get("method", ""), str(status)).inc()
-            self.metrics.latency.labels(route_name).observe(elapsed)
+
+    async def _refuse(self, send: Send, refusal: Refusal, request_id: str) -> None:
+        self.metrics.rejected.labels(refusal.type).inc()
+        env = ErrorEnvelope(error=ErrorDetail(type=refusal.type, message=refusal.message, request_id=request_id))
+        body = json.dumps(env.model_dump()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"x-request-id", request_id.encode("latin-1")), *refusal.headers]
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
-def is_json_media_type(value: bytes) -> bool:
-    """`application/json` or any `application/*+json`, parameters (charset) ignored."""
-    media = value.split(b";", 1)[0].strip().lower()
-    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), header]
+        await send(message)
+
+    return wrapped
 
 
-GUARD_RESPONSES: dict[str, str] = {
-    "400": "invalid JSON body, or a header given twice",
-    "401": "missing or invalid API key (when keys are configured)",
-    "408": "request body not received in time",
-    "413": "request body over the size limit",
-    "415": "request body is not JSON",
-    "422": "request failed validation",
-    "429": "too many requests in flight; retry after Retry-After",
-    "500": "internal error (a bug; details only in the server log)",
-    "504": "request deadline exceeded",
+# ------------------------------------------------------------------ routes, their state, their documented errors
+GUARD_ERRORS: dict[int, str] = {
+    400: "invalid JSON body, or a header given twice",
+    401: "missing or invalid API key (when keys are configured)",
+    408: "request body not received in time",
+    413: "request body over the size limit",
+    415: "request body is not JSON",
+    422: "request failed validation",
+    429: "too many requests in flight; retry after Retry-After",
+    500: "internal error (a bug; details only in the server log)",
+    504: "request deadline exceeded",
 }
-"""What the guard middleware and the error handlers may answer on every guarded operation."""
+"""What the guard and the error handlers may answer on every guarded operation."""
+
+
+def service_router(tag: str) -> APIRouter:
+    """The router of a service's guarded operations (every service builds one at import; `create_app`
+    includes it). Each operation documents `GUARD_ERRORS`; its own `responses=error_responses(...)` adds
+    the statuses of its domain, or says one of these more precisely."""
+    return APIRouter(tags=[tag], responses=error_responses(GUARD_ERRORS))
+
+
+def from_state(request: Request, name: str, kind: type[T], *, starting: str | None = None) -> T:
+    """What the lifespan stored as `app.state.<name>` (an instance of `kind`, unchecked: tests inject fakes).
+    Until it has, 503 + Retry-After: `app.state.startup_error` when starting failed, else `starting`."""
+    value = getattr(request.app.state, name, None)
+    if value is None:
+        reason = getattr(request.app.state, "startup_error", None) or starting or f"{name} is still starting"
+        raise NotReady(reason, retry_after=2)
+    return cast(T, value)
 
 
 def add_component_schemas(schema: dict[str, Any], *models: type[BaseModel]) -> dict[str, Any]:
     """Put `models` (and the models they use) into the OpenAPI document's components, for operations to
-    refer to (`#/components/schemas/<Model>`) where FastAPI would not list them itself (error envelopes,
-    server-sent events); returns the components' schemas."""
+    refer to (`#/components/schemas/<Model>`) where FastAPI would not list them itself (server-sent
+    events); returns the components' schemas."""
     components: dict[str, Any] = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in models:
         definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -377,36 +482,15 @@ def add_component_schemas(schema: dict[str, Any], *models: type[BaseModel]) -> d
     return components
 
 
-def document_errors(schema: dict[str, Any], *, auth: bool = False) -> dict[str, Any]:
-    """Make the OpenAPI document say what the service really answers on errors: the error envelope
-    (not FastAPI's default `HTTPValidationError`) for every status the guard or handlers produce;
-    with `auth`, the two ways to present a key (Bearer or X-API-Key) on every guarded operation."""
-    if auth:
-        schema.setdefault("components", {})["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer"},
-            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
-    components = add_component_schemas(schema, ErrorEnvelope)
-    ref = {"$ref": "#/components/schemas/ErrorEnvelope"}
+def document_auth(schema: dict[str, Any], open_paths: frozenset[str]) -> dict[str, Any]:
+    """The two ways to present a key (Bearer or X-API-Key), on every guarded operation."""
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer"},
+        "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}
     for path, operations in schema.get("paths", {}).items():
-        if path in OPEN_PATHS:
-            continue
-        for operation in operations.values():
-            if not isinstance(operation, dict) or "responses" not in operation:
-                continue
-            responses = operation["responses"]
-            if auth:
+        if path not in open_paths:
+            for operation in operations.values():
                 operation["security"] = [{"bearer": []}, {"apiKey": []}]
-            for status, description in GUARD_RESPONSES.items():
-                current = responses.get(status)
-                content = (current or {}).get("content", {}).get("application/json", {})
-                if current is None or content.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
-                    responses[status] = {"description": description,
-                                         "content": {"application/json": {"schema": ref}}}
-    used = json.dumps(schema.get("paths", {}))
-    if "HTTPValidationError" not in used:
-        components.pop("HTTPValidationError", None)
-        if "/ValidationError" not in json.dumps(components):
-            components.pop("ValidationError", None)
     return schema
 
 
@@ -421,7 +505,8 @@ def build_app(
 ) -> FastAPI:
     """A FastAPI app with the shared middleware, error handlers and operational endpoints.
 
-    The service's lifespan must set `app.state.readiness` (a ReadinessCheck) once it can answer.
+    The service's lifespan must set `app.state.readiness` (a ReadinessCheck) once it can answer, and may
+    set `app.state.startup_error` (why it cannot; `from_state` answers it).
     `open_paths`: more paths served without auth or request limits (static pages), besides `OPEN_PATHS`.
     """
     forget_dead_workers()
@@ -431,16 +516,19 @@ def build_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.readiness = None
+    app.state.startup_error = None
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics, open_paths=OPEN_PATHS | set(open_paths))
-    default_openapi = app.openapi
+    unguarded = OPEN_PATHS | set(open_paths)
+    app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics, open_paths=unguarded)
+    if settings.accepted_tokens():
+        default_openapi = app.openapi
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = document_errors(default_openapi(), auth=bool(settings.accepted_tokens()))
-        return app.openapi_schema
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                app.openapi_schema = document_auth(default_openapi(), unguarded)
+            return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+        app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/health/live", response_model=HealthStatus, tags=["ops"])
     async def live() -> HealthStatus:
@@ -524,5 +612,28 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
         sys.exit(code)
 
 
-async def noop_lifespan(app: FastAPI) -> AsyncIterator[None]:  # pragma: no cover - helper for tests
-    yield
+
+
+def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]:
+    """`(worker_app, main)` of `services.<service>.__main__`: settings (`<Service>Settings` from
+    `services.<service>.settings`, read from the environment) and logging, then `create_app` from
+    `services.<service>.api`; `main` serves it, and with `<SERVICE>_WORKERS` > 1 every worker rebuilds it
+    through `worker_app`."""
+
+    def build() -> tuple[FastAPI, ServiceSettings]:
+        import importlib
+
+        settings_type = getattr(importlib.import_module(f"services.{service}.settings"),
+                                f"{service.capitalize()}Settings")
+        settings = settings_type()
+        configure_logging(settings.log_level, service=service)
+        return importlib.import_module(f"services.{service}.api").create_app(settings), settings
+
+    def worker_app() -> FastAPI:
+        return build()[0]
+
+    def main() -> None:
+        app, settings = build()
+        serve(app, settings, worker_factory=f"services.{service}.__main__:worker_app")
+
+    return worker_app, main

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from services.common import sse
 from services.common.errors import BadRequest
@@ -30,8 +30,7 @@ from services.common.schemas.searcher import (
     SearchStreamEvent,
 )
 
-T = TypeVar("T")
-R = TypeVar("R")
+Batch = TypeVar("Batch", GenerateBatchResponse, JudgeBatchResponse)
 
 
 class RetrieverClient(ServiceClient):
@@ -57,12 +56,8 @@ class GeneratorClient(ServiceClient):
     async def generate_batch(self, items: Sequence[GenerateRequest], *, chunk_size: int = GENERATE_MAX_BATCH,
                              timeout: float | None = None) -> list[GenerateResponse]:
         """Results in item order. More items than one request may carry go as concurrent chunks."""
-        async def one(chunk: list[GenerateRequest]) -> list[GenerateResponse]:
-            response = await self.post_model("/generate/batch", GenerateBatchRequest(items=chunk),
-                                             GenerateBatchResponse, timeout=timeout)
-            return response.results
-
-        return await _chunked(list(items), min(chunk_size, GENERATE_MAX_BATCH), one)
+        return await _post_in_chunks(self, "/generate/batch", list(items), min(chunk_size, GENERATE_MAX_BATCH),
+                                     GenerateBatchRequest, GenerateBatchResponse, timeout)
 
 
 class JudgeClient(ServiceClient):
@@ -74,20 +69,22 @@ class JudgeClient(ServiceClient):
     async def judge_batch(self, items: Sequence[JudgeRequest], *, chunk_size: int = JUDGE_MAX_BATCH,
                           timeout: float | None = None) -> list[JudgeResult]:
         """Results in item order. More items than one request may carry go as concurrent chunks."""
-        async def one(chunk: list[JudgeRequest]) -> list[JudgeResult]:
-            response = await self.post_model("/judge/batch", JudgeBatchRequest(items=chunk), JudgeBatchResponse,
-                                             timeout=timeout)
-            return response.results
-
-        return await _chunked(list(items), min(chunk_size, JUDGE_MAX_BATCH), one)
+        return await _post_in_chunks(self, "/judge/batch", list(items), min(chunk_size, JUDGE_MAX_BATCH),
+                                     JudgeBatchRequest, JudgeBatchResponse, timeout)
 
 
-async def _chunked(items: list[T], size: int, call: Callable[[list[T]], Awaitable[list[R]]]) -> list[R]:
+async def _post_in_chunks(client: ServiceClient, path: str, items: list[Any], size: int,
+                          request: Callable[..., BaseModel], response: type[Batch], timeout: float | None) -> list[Any]:
+    """POST `items` as `request(items=chunk)`, at most `size` a request, the chunks concurrently; the
+    `results` of every `response` in item order."""
+    async def one(chunk: list[Any]) -> list[Any]:
+        return list((await client.post_model(path, request(items=chunk), response, timeout=timeout)).results)
+
     if not items:
         return []
     if len(items) <= size:
-        return await call(items)
-    parts = await asyncio.gather(*(call(items[i:i + size]) for i in range(0, len(items), size)))
+        return await one(items)
+    parts = await asyncio.gather(*(one(items[i:i + size]) for i in range(0, len(items), size)))
     return [result for part in parts for result in part]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,10 +35,18 @@ class ErrorEnvelope(BaseModel):
 
 
 class ServiceError(Exception):
-    """Base of every expected failure. `status` and `type` decide the response."""
+    """Base of every expected failure. `status` and `type` decide the response; a subclass sets them as
+    class keywords (`class BadRequest(ServiceError, status=400, error_type="bad_request")`)."""
 
     status: int = 500
     type: str = "internal_error"
+
+    def __init_subclass__(cls, *, status: int | None = None, error_type: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if error_type is not None:
+            cls.type = error_type
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -46,69 +55,27 @@ class ServiceError(Exception):
         self.retry_after = retry_after
 
 
-class BadRequest(ServiceError):
-    status = 400
-    type = "bad_request"
+class BadRequest(ServiceError, status=400, error_type="bad_request"): ...
+class Unauthorized(ServiceError, status=401, error_type="unauthorized"): ...
+class NotFound(ServiceError, status=404, error_type="not_found"): ...
+class PayloadTooLarge(ServiceError, status=413, error_type="payload_too_large"): ...
+class UnsupportedMediaType(ServiceError, status=415, error_type="unsupported_media_type"): ...
+class ValidationFailed(ServiceError, status=422, error_type="validation_error"): ...
+class Overloaded(ServiceError, status=429, error_type="overloaded"): ...
+class NotReady(ServiceError, status=503, error_type="not_ready"): ...
+class UpstreamTimeout(ServiceError, status=504, error_type="upstream_timeout"): ...
 
 
-class Unauthorized(ServiceError):
-    status = 401
-    type = "unauthorized"
-
-
-class NotFound(ServiceError):
-    status = 404
-    type = "not_found"
-
-
-class PayloadTooLarge(ServiceError):
-    status = 413
-    type = "payload_too_large"
-
-
-class UnsupportedMediaType(ServiceError):
-    status = 415
-    type = "unsupported_media_type"
-
-
-class ValidationFailed(ServiceError):
-    status = 422
-    type = "validation_error"
-
-
-class Overloaded(ServiceError):
-    status = 429
-    type = "overloaded"
-
-
-class CostLimitExceeded(ServiceError):
+class CostLimitExceeded(ServiceError, status=422, error_type="cost_limit_exceeded"):
     """The request asks for more work than one request may (mode, k, turns, batch size)."""
 
-    status = 422
-    type = "cost_limit_exceeded"
 
-
-class RateLimited(Overloaded):
+class RateLimited(Overloaded, error_type="rate_limited"):
     """The caller spent its budget of cost units; it may retry after Retry-After."""
 
-    type = "rate_limited"
 
-
-class UpstreamError(ServiceError):
+class UpstreamError(ServiceError, status=502, error_type="upstream_error"):
     """An upstream service or LLM answered with an error, or could not be reached."""
-
-    status = 502
-    type = "upstream_error"
-
-
-class NotReady(ServiceError):
-    status = 503
-    type = "not_ready"
-
-
-class UpstreamTimeout(ServiceError):
-    status = 504
-    type = "upstream_timeout"
 
 
 ERROR_CLASSES: tuple[type[ServiceError], ...] = (
@@ -123,6 +90,12 @@ def error_class_for_status(status: int) -> type[ServiceError]:
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     return UpstreamError if status >= 500 else BadRequest
+
+
+def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` of a route (or a router): each status answered in the error envelope, and when.
+    The one way errors are documented (`services.common.app.service_router` adds the guard's)."""
+    return {status: {"model": ErrorEnvelope, "description": text} for status, text in descriptions.items()}
 
 
 def error_response(status: int, type_: str, message: str, *, param: str | None = None,

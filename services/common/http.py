@@ -1,20 +1,32 @@
-"""The one way services call each other: timeouts, limits, bounded retries and a breaker over a `Wire`
-(aiohttp's pool by default, httpx for injected test transports: `services.common.transport`).
+"""The one way to call an upstream, another service or an LLM: one policy over a `Wire` (aiohttp's pool by
+default, httpx for injected test transports: `services.common.transport`).
 
-`ServiceClient` forwards `X-Request-ID`, sends the internal token, decodes the error envelope into the
-`services.common.errors` hierarchy and records latency/errors in the caller's metrics. Tests inject an
-`httpx` transport (for example `httpx.ASGITransport(app)`) and need no server.
+The policy (`ServiceClient`; `OpenAIChatClient` calls its LLM through one):
+- timeouts: `timeout_s` per read, `connect_timeout_s` to connect;
+- retries: up to `max_retries` after no answer (refused, reset, timed out) or a 429/502/503/504 answer, each
+  after a full-jitter backoff, at least the answer's `Retry-After` (clamped to `MAX_RETRY_PAUSE_S`);
+- one breaker: a call that got no answer or a 5xx answer is a failure; any other answer (429 included: the
+  upstream is alive and says when to come back) is a success;
+- one status mapping (`decode_error`, `_no_answer`): no connection or an open circuit is 503
+  `UpstreamUnavailable` with Retry-After, no answer in time 504 `UpstreamTimeout`, an upstream 503 / 504 is
+  503 / 504, any other 5xx 502 `UpstreamError`, a 4xx its own class (or what the caller's `refusal` makes of it);
+- one metric labelling: `upstream_seconds{upstream}` per attempt (a success: until the caller has read it),
+  `upstream_errors{upstream, kind}` with kind `connect`, `timeout` or the answer's status code.
+
+`ServiceClient` also forwards `X-Request-ID`, sends its bearer token and decodes the error envelope into the
+`services.common.errors` hierarchy. Tests inject an `httpx` transport (for example
+`httpx.ASGITransport(app)`) and need no server; tests/unit/test_upstream_policy.py runs the same policy
+over the production wire on real sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
@@ -30,35 +42,43 @@ from services.common.errors import (
 )
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, StreamResponse, WireResponse, as_response, make_wire
-
-logger = logging.getLogger(__name__)
+from services.common.transport import HttpTransport, Response, StreamResponse, as_response, make_wire
 
 M = TypeVar("M", bound=BaseModel)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+MAX_RETRY_AFTER_S = 3600.0  # a Retry-After we pass on is clamped to this
+MAX_RETRY_PAUSE_S = 5.0  # a pause between our own attempts is at most this, whatever the Retry-After
+NO_CONNECTION_RETRY_AFTER_S = 2.0
 
 
-class UpstreamUnavailable(ServiceError):
+class UpstreamUnavailable(UpstreamError):
     """The upstream could not be reached (refused, breaker open, not ready): the caller should retry later."""
 
     status = 503
     type = "upstream_unavailable"
 
 
-class ClientSettings(BaseModel):
-    """How to reach one upstream service. Nested in each service's settings (env `..._RETRIEVER__URL`)."""
+class CallSettings(BaseModel):
+    """How to call one upstream: timeouts, retries, breaker and wire. The base of `ClientSettings` (our
+    services) and `LLMSettings` (an OpenAI-compatible API), so both read the same env names
+    (`..._TIMEOUT_S`, `..._MAX_RETRIES`, `..._BREAKER_FAILURES` ...)."""
 
-    url: str = "http://127.0.0.1:8001"
     timeout_s: float = Field(30.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
     backoff_s: float = Field(0.2, ge=0)
-    max_connections: int = Field(100, ge=1)
-    token: SecretStr | None = None
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     breaker_reset_s: float = Field(5.0, gt=0, description="open time before one trial call")
     http_transport: HttpTransport = Field("aiohttp", description="wire: aiohttp's pool (default) or httpx")
+
+
+class ClientSettings(CallSettings):
+    """How to reach one upstream service. Nested in each service's settings (env `..._RETRIEVER__URL`)."""
+
+    url: str = "http://127.0.0.1:8001"
+    max_connections: int = Field(100, ge=1)
+    token: SecretStr | None = None
 
 
 class CircuitBreaker:
@@ -66,40 +86,46 @@ class CircuitBreaker:
 
     A trial whose outcome is never recorded (the caller was cancelled by a deadline, a client went
     away) expires after `trial_timeout_s` (default: `reset_s`, at least 1 s), so the breaker cannot stay
-    open forever after the upstream recovers.
+    open forever after the upstream recovers. `clock` (seconds, monotonic; default `time.monotonic`) is
+    injectable for tests.
     """
 
-    def __init__(self, failures: int, reset_s: float, trial_timeout_s: float | None = None) -> None:
+    def __init__(self, failures: int, reset_s: float, trial_timeout_s: float | None = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
         self.threshold = failures
         self.reset_s = reset_s
         self.trial_timeout_s = max(reset_s, 1.0) if trial_timeout_s is None else trial_timeout_s
+        self.clock = clock
         self.failures = 0
         self.opened_at: float | None = None
         self._trial_started: float | None = None
+
+    def _now(self) -> float:
+        return time.monotonic() if self.clock is None else self.clock()
 
     @property
     def state(self) -> str:
         if self.opened_at is None:
             return "closed"
-        return "half_open" if time.monotonic() - self.opened_at >= self.reset_s else "open"
+        return "half_open" if self._now() - self.opened_at >= self.reset_s else "open"
 
     @property
     def _trial_in_flight(self) -> bool:
-        return self._trial_started is not None and time.monotonic() - self._trial_started < self.trial_timeout_s
+        return self._trial_started is not None and self._now() - self._trial_started < self.trial_timeout_s
 
     def allow(self) -> bool:
         state = self.state
         if state == "closed":
             return True
         if state == "half_open" and not self._trial_in_flight:
-            self._trial_started = time.monotonic()
+            self._trial_started = self._now()
             return True
         return False
 
     def retry_after(self) -> float:
         if self.opened_at is None:
             return 0.0
-        return max(0.5, self.reset_s - (time.monotonic() - self.opened_at))
+        return max(0.5, self.reset_s - (self._now() - self.opened_at))
 
     def record_success(self) -> None:
         self.failures = 0
@@ -110,15 +136,12 @@ class CircuitBreaker:
         self.failures += 1
         self._trial_started = None
         if self.failures >= self.threshold:
-            self.opened_at = time.monotonic()
+            self.opened_at = self._now()
 
 
-def backoff_delay(attempt: int, base: float, cap: float = 5.0) -> float:
+def backoff_delay(attempt: int, base: float, cap: float = MAX_RETRY_PAUSE_S) -> float:
     """Full-jitter exponential backoff."""
     return random.uniform(0, min(cap, base * (2**attempt)))  # noqa: S311 - jitter, not crypto
-
-
-MAX_RETRY_AFTER_S = 3600.0
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -148,7 +171,19 @@ def _envelope(body: Any) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
-def decode_error(name: str, response: WireResponse) -> ServiceError:
+def error_class(status: int) -> type[ServiceError]:
+    """The exception of an upstream's error answer: 503 unavailable, 504 timed out, any other 5xx failed,
+    a 4xx its own class (400, 401, 404, 413, 415, 422, 429; any other 4xx is a 400)."""
+    if status == 503:
+        return UpstreamUnavailable
+    if status == 504:
+        return UpstreamTimeout
+    if status >= 500:
+        return UpstreamError
+    return error_class_for_status(status)
+
+
+def decode_error(name: str, response: Response) -> ServiceError:
     """Turn an upstream error response (envelope or not) into our exception hierarchy."""
     message = response.reason_phrase or "error"
     param: str | None = None
@@ -158,16 +193,8 @@ def decode_error(name: str, response: WireResponse) -> ServiceError:
     except ValueError:
         if response.text:
             message = response.text[:200]
-    status = response.status_code
     retry_after = parse_retry_after(response.headers.get("retry-after"))
-    cls: type[ServiceError]
-    if status == 503:
-        cls = UpstreamUnavailable
-    elif status >= 500:
-        cls = UpstreamTimeout if status == 504 else UpstreamError
-    else:
-        cls = error_class_for_status(status)
-    return cls(f"{name}: {message[:1000]}", param=param, retry_after=retry_after)
+    return error_class(response.status_code)(f"{name}: {message[:1000]}", param=param, retry_after=retry_after)
 
 
 def decode_error_event(name: str, data: str) -> ServiceError:
@@ -182,8 +209,14 @@ def decode_error_event(name: str, data: str) -> ServiceError:
     return cls(f"{name}: {(message or 'the stream failed')[:1000]}", param=param)
 
 
+Refusal = Callable[[ServiceError], ServiceError]
+"""What a caller makes of an upstream's 4xx answer that is not worth a retry (decoded by `decode_error`)."""
+
+
 class ServiceClient:
-    """Base of the typed clients (`RetrieverClient`, `GeneratorClient`, ...)."""
+    """One upstream behind the one call policy (module docstring). The typed clients (`RetrieverClient`,
+    `GeneratorClient`, ...) subclass it; `OpenAIChatClient` holds one. `sleep` (the pause between attempts)
+    and `breaker` are attributes, so tests can replace them."""
 
     name = "service"
 
@@ -193,6 +226,7 @@ class ServiceClient:
         self.name = name or self.name
         self.metrics = metrics
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
+        self.sleep: Callable[[float], Awaitable[None]] | None = None  # None: asyncio.sleep
         headers = {}
         if settings.token is not None:
             headers["Authorization"] = f"Bearer {settings.token.get_secret_value()}"
@@ -203,12 +237,6 @@ class ServiceClient:
     async def aclose(self) -> None:
         await self._wire.aclose()
 
-    async def __aenter__(self) -> ServiceClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     def _observe(self, seconds: float, error: str | None) -> None:
         if self.metrics is None:
             return
@@ -216,16 +244,12 @@ class ServiceClient:
         if error:
             self.metrics.upstream_errors.labels(self.name, error).inc()
 
-    def _headers(self) -> dict[str, str]:
-        rid = get_request_id()
-        return {REQUEST_ID_HEADER: rid} if rid else {}
-
     def _allow(self) -> None:
         if not self.breaker.allow():
             raise UpstreamUnavailable(f"{self.name} is unavailable (circuit open after repeated failures)",
                                       retry_after=self.breaker.retry_after())
 
-    def _transport_failure(self, exc: httpx.RequestError, seconds: float) -> ServiceError:
+    def _no_answer(self, exc: httpx.RequestError, seconds: float, timeout: float | None) -> ServiceError:
         """A request that got no response (timeout, refused, reset): counted, and what to raise."""
         self.breaker.record_failure()
         if isinstance(exc, httpx.ConnectTimeout):
@@ -233,89 +257,88 @@ class ServiceClient:
             # upstream is unreachable, not slow, so 503 + Retry-After rather than 504
             self._observe(seconds, "connect")
             return UpstreamUnavailable(f"{self.name} unreachable: no connection within "
-                                       f"{self.settings.connect_timeout_s:g} s", retry_after=2.0)
+                                       f"{self.settings.connect_timeout_s:g} s",
+                                       retry_after=NO_CONNECTION_RETRY_AFTER_S)
         if isinstance(exc, httpx.TimeoutException):
             self._observe(seconds, "timeout")
-            return UpstreamTimeout(f"{self.name} timed out")
+            return UpstreamTimeout(f"{self.name} timed out after {timeout or self.settings.timeout_s:g} s")
         self._observe(seconds, "connect")  # refused, reset, protocol or decoding error
-        return UpstreamUnavailable(f"{self.name} unreachable: {type(exc).__name__}", retry_after=2.0)
+        return UpstreamUnavailable(f"{self.name} unreachable: {type(exc).__name__}",
+                                   retry_after=NO_CONNECTION_RETRY_AFTER_S)
 
-    def _succeeded(self, seconds: float) -> None:
-        self.breaker.record_success()
-        self._observe(seconds, None)
-
-    def _refused(self, response: WireResponse, seconds: float) -> ServiceError:
-        """An error response (status >= 400): counted, and decoded into what to raise (at once, unless its
-        status is worth a retry: `RETRY_STATUSES`)."""
+    def _error_answer(self, response: Response, seconds: float) -> ServiceError:
+        """An error answer (status >= 400): counted (a 5xx is a breaker failure; the upstream that sent a
+        4xx is alive), and decoded into what to raise."""
         if response.status_code >= 500:
             self.breaker.record_failure()
         else:
-            self.breaker.record_success()  # the upstream is alive; the request was bad
+            self.breaker.record_success()
         self._observe(seconds, str(response.status_code))
         return decode_error(self.name, response)
 
-    async def _pause(self, attempt: int, last: ServiceError) -> None:
+    async def _pause(self, attempt: int, retry_after: float | None) -> None:
+        """The backoff before the next attempt; at least the upstream's own Retry-After, where it sent one."""
         delay = backoff_delay(attempt, self.settings.backoff_s)
-        if last.retry_after:
-            delay = max(delay, min(last.retry_after, 5.0))
-        await asyncio.sleep(delay)
-
-    async def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
-                      retries: int | None = None) -> WireResponse:
-        """Send with retries on connection errors, timeouts and 429/502/503/504; raise ServiceError."""
-        max_retries = self.settings.max_retries if retries is None else retries
-        headers = self._headers()
-        last: ServiceError | None = None
-        for attempt in range(max_retries + 1):
-            self._allow()
-            t0 = time.perf_counter()
-            try:
-                response = await self._wire.send(method, path, json=json, headers=headers, timeout=timeout)
-            except httpx.RequestError as exc:
-                last = self._transport_failure(exc, time.perf_counter() - t0)
-            else:
-                if response.status_code < 400:
-                    self._succeeded(time.perf_counter() - t0)
-                    return response
-                last = self._refused(response, time.perf_counter() - t0)
-                if response.status_code not in RETRY_STATUSES:
-                    raise last
-            if attempt < max_retries:
-                await self._pause(attempt, last)
-        assert last is not None
-        raise last
+        if retry_after:
+            delay = max(delay, min(retry_after, MAX_RETRY_PAUSE_S))
+        await (asyncio.sleep if self.sleep is None else self.sleep)(delay)
 
     @asynccontextmanager
-    async def stream(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
-                     retries: int | None = None) -> AsyncIterator[StreamResponse]:
-        """Like `request`, for a response read as it arrives (server-sent events): retried the same way
-        until a successful status; the body is read inside the block (`timeout`: between reads)."""
+    async def _call(self, method: str, path: str, *, json: Any, timeout: float | None, retries: int | None,
+                    refusal: Refusal | None, read: bool) -> AsyncIterator[StreamResponse]:
+        """The retry loop of `request` and `stream`: yields the first successful response (read whole when
+        `read`); raises the last failure, or a 4xx or 500 answer at once (a 4xx through `refusal` where given)."""
         max_retries = self.settings.max_retries if retries is None else retries
-        headers = self._headers()
+        rid = get_request_id()
+        headers = {REQUEST_ID_HEADER: rid} if rid else {}
         last: ServiceError | None = None
         for attempt in range(max_retries + 1):
             self._allow()
             t0 = time.perf_counter()
+            retry_after = None  # the upstream's; the one we give our caller after no answer is not its
             async with AsyncExitStack() as stack:
                 try:
-                    response = await stack.enter_async_context(
-                        self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
-                    if response.status_code >= 400:
-                        content = await response.aread()
+                    if read:  # the wire's cheaper path for a body read at once
+                        response: StreamResponse = await self._wire.send(method, path, json=json, headers=headers,
+                                                                         timeout=timeout)
+                    else:
+                        response = await stack.enter_async_context(
+                            self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
+                    failed = response.status_code >= 400
+                    if failed and not read:
+                        response = as_response(response, await response.aread())
                 except httpx.RequestError as exc:
-                    last = self._transport_failure(exc, time.perf_counter() - t0)
+                    last = self._no_answer(exc, time.perf_counter() - t0, timeout)
                 else:
-                    if response.status_code < 400:
-                        self._succeeded(time.perf_counter() - t0)
+                    if not failed:
+                        self.breaker.record_success()
                         yield response  # outside the try: the caller's own errors are not ours to retry
+                        self._observe(time.perf_counter() - t0, None)
                         return
-                    last = self._refused(as_response(response, content), time.perf_counter() - t0)
+                    assert isinstance(response, Response)
+                    last = self._error_answer(response, time.perf_counter() - t0)
                     if response.status_code not in RETRY_STATUSES:
-                        raise last
+                        raise last if refusal is None or response.status_code >= 500 else refusal(last)
+                    retry_after = last.retry_after
             if attempt < max_retries:
-                await self._pause(attempt, last)
+                await self._pause(attempt, retry_after)
         assert last is not None
         raise last
+
+    async def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
+                      retries: int | None = None, refusal: Refusal | None = None) -> Response:
+        """Send with the policy's retries and breaker; the response read whole. Raises ServiceError."""
+        async with self._call(method, path, json=json, timeout=timeout, retries=retries, refusal=refusal,
+                              read=True) as response:
+            assert isinstance(response, Response)
+            return response
+
+    def stream(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
+               retries: int | None = None, refusal: Refusal | None = None
+               ) -> AbstractAsyncContextManager[StreamResponse]:
+        """Like `request`, for a response read as it arrives (server-sent events): retried the same way
+        until a successful status; the body is read inside the block (`timeout`: between reads)."""
+        return self._call(method, path, json=json, timeout=timeout, retries=retries, refusal=refusal, read=False)
 
     async def post_model(self, path: str, body: BaseModel, response_model: type[M], *,
                          timeout: float | None = None, retries: int | None = None) -> M:
@@ -326,10 +349,12 @@ class ServiceClient:
         except ValueError as exc:
             raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
 
-    async def ready(self) -> str:
-        """"ok" or the reason this upstream is not ready (for the caller's own readiness check)."""
+    async def ready(self, path: str = "/health/ready") -> str:
+        """"ok" or the reason this upstream is not ready (for the caller's own readiness check): one GET of
+        `path`, outside the retries and the breaker."""
         try:
-            response = await self._wire.send("GET", "/health/ready", timeout=2.0)
+            async with self._wire.stream("GET", path, timeout=2.0) as response:
+                status = response.status_code
         except httpx.HTTPError as exc:
             return f"{self.name} unreachable: {type(exc).__name__}"
-        return "ok" if response.status_code == 200 else f"{self.name} not ready ({response.status_code})"
+        return "ok" if status == 200 else f"{self.name} not ready ({status})"

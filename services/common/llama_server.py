@@ -33,15 +33,11 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
-import httpx
-
+from services.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
 from services.common.workers import free_port
 
 logger = logging.getLogger(__name__)
@@ -85,12 +81,12 @@ def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: in
                          n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,
                          prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
-                         extra_args: Sequence[str] = (), python: str | None = None) -> list[str]:
+                         extra_args: Sequence[str] = ()) -> list[str]:
     """`python -m llama_cpp.server --model ... --host ... --port ... --n_ctx ...` (+ threads, alias, prompt
     cache, extras)."""
     if prompt_cache_mb < 0:
         raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
-    cmd = [python or sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
            "--port", str(port), "--n_ctx", str(n_ctx), "--logits_all", "false"]
     if n_threads is not None:
         cmd += ["--n_threads", str(n_threads)]
@@ -103,104 +99,59 @@ def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: in
 
 
 class LlamaServer:
-    """A llama.cpp server child process on a (free) port; a context manager that starts and stops it."""
+    """A llama.cpp server child process on a (free) port (`python -m services.common.llama_server` in a
+    `ProcessGroup`); a context manager that starts and stops it."""
 
     def __init__(self, model: str | Path | None = None, *, host: str = "127.0.0.1", port: int | None = None,
                  n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, model_alias: str = DEFAULT_MODEL_ALIAS,
                  prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = (),
                  startup_timeout_s: float = 120.0, api_key: str | None = None,
                  log_path: str | Path | None = None, env: dict[str, str] | None = None) -> None:
-        self.model = Path(model) if model is not None else smollm2_gguf_path()
+        if prompt_cache_mb < 0:
+            raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
+        self.model = Path(model).resolve() if model is not None else smollm2_gguf_path()
         self.host = host
         self.port = port or free_port(host)
         self.model_alias = model_alias
         self.startup_timeout_s = startup_timeout_s
-        self.command = llama_server_command(self.model, host=host, port=self.port, n_ctx=n_ctx,
-                                            n_threads=n_threads, model_alias=model_alias,
-                                            prompt_cache_mb=prompt_cache_mb, extra_args=extra_args)
-        self.api_key = api_key
-        self.env = env
-        self.log_path = Path(log_path) if log_path is not None else None
-        self._log: IO[bytes] | None = None
-        self._owns_log = False
-        self.process: subprocess.Popen[bytes] | None = None
+        argv = [sys.executable, "-m", __name__, "--model", str(self.model), "--host", host, "--port", str(self.port),
+                "--n-ctx", str(n_ctx), "--model-alias", model_alias, "--prompt-cache-mb", str(prompt_cache_mb)]
+        if n_threads is not None:
+            argv += ["--n-threads", str(n_threads)]
+        # the key goes through the environment, never the command line (see API_KEY_ENV)
+        self.spec = ProcessSpec("llm", [*argv, *extra_args], env={**(env or {}), API_KEY_ENV: api_key or ""},
+                                ready_url=f"{self.base_url}/models", ready_secret=api_key,
+                                log=Path(log_path) if log_path is not None else None)
+        self._group: ProcessGroup | None = None
 
     @property
     def base_url(self) -> str:
         """The OpenAI base URL (`LLMSettings.base_url`)."""
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return None if self._group is None else self._group.procs.get("llm")
+
     def start(self) -> LlamaServer:
-        if self.process is not None:
+        if self._group is not None:
             raise LlamaServerError("server already started")
         if importlib.util.find_spec("llama_cpp") is None:
             raise LlamaServerError("llama-cpp-python is not installed (pip install 'plugsearch[llm]')")
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        else:
-            self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        self._owns_log = True
-        env = {**os.environ, **(self.env or {})}
-        env.pop("API_KEY", None)  # llama-cpp-python reads its key from API_KEY: only ours, or none
-        if self.api_key:
-            env["API_KEY"] = self.api_key
         logger.info("starting llama.cpp server on %s:%s with %s", self.host, self.port, self.model.name)
-        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        stdin=subprocess.DEVNULL)
+        # from the folder that holds this package, so that `-m` runs this very module
+        group = ProcessGroup(host=self.host, cwd=Path(__file__).resolve().parents[2])
         try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+            self._group = group.up(self.spec, timeout_s=self.startup_timeout_s)
+        except ProcessGroupError as exc:
+            raise LlamaServerError(f"llama.cpp server: {exc}") from exc
+        logger.info("llama.cpp server ready at %s", self.base_url)
         return self
 
-    def _log_tail(self, chars: int = 2000) -> str:
-        if self._log is None:
-            return ""
-        try:
-            self._log.flush()
-            self._log.seek(0, os.SEEK_END)
-            size = self._log.tell()
-            self._log.seek(max(0, size - chars))
-            return self._log.read().decode(errors="replace")
-        except (OSError, ValueError):
-            return ""
-
-    def wait_ready(self) -> None:
-        """Poll `GET /v1/models` until 200; raise if the process dies or the timeout passes."""
-        assert self.process is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        url = f"{self.base_url}/models"
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        with httpx.Client(timeout=2.0, headers=headers) as client:
-            while True:
-                code = self.process.poll()
-                if code is not None:
-                    raise LlamaServerError(f"llama.cpp server exited with {code}:\n{self._log_tail()}")
-                try:
-                    if client.get(url).status_code == 200:
-                        logger.info("llama.cpp server ready at %s", self.base_url)
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise LlamaServerError(f"llama.cpp server not ready after {self.startup_timeout_s:g} s:\n"
-                                           f"{self._log_tail()}")
-                time.sleep(0.1)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=timeout_s)
-        if self._log is not None and self._owns_log:
-            self._log.close()
-        self._log = None
+    def stop(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.close()
 
     def __enter__(self) -> LlamaServer:
         return self.start()

@@ -1,13 +1,11 @@
 """The wire under the shared clients: one request out, status + headers + body back.
 
-`ServiceClient` and `OpenAIChatClient` keep timeouts, retries, the breaker and error decoding; a `Wire`
-only moves bytes. Two implementations:
+`ServiceClient` keeps timeouts, retries, the breaker and error decoding (`services.common.http`); a `Wire` only
+moves bytes. Two implementations:
 
-- `AiohttpWire` (default): aiohttp's connection pool, used directly. A search makes eight upstream calls,
-  and httpx's request/response machinery on top of a pool cost about as much CPU as the rest of the
-  searcher (py-spy, 64 concurrent searches: 45% of the searcher's GIL time inside `httpx.AsyncClient`).
-  httpcore's own pool is worse still: it rescans every pooled connection for every connection it
-  inspects (quadratic; 120 judge calls at 100 ms latency: 1.7 s CPU with httpcore, 0.36 s with aiohttp).
+- `AiohttpWire` (default): aiohttp's connection pool, used directly. A search makes several upstream calls, so
+  the wire's own CPU per call counts; aiohttp's pool does less work per request than httpx's client and
+  httpcore's pool on top of it.
 - `HttpxWire`: an `httpx.AsyncClient`, for an injected transport (tests pass `httpx.ASGITransport(app)`
   or `httpx.MockTransport`) or `http_transport="httpx"` in settings.
 
@@ -20,6 +18,7 @@ from __future__ import annotations
 import json as stdjson
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -28,37 +27,15 @@ import orjson
 HttpTransport = Literal["aiohttp", "httpx"]
 
 
-class WireResponse(Protocol):
-    """What callers read from a response (`httpx.Response` has all of it too)."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def content(self) -> bytes: ...
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def reason_phrase(self) -> str: ...
-
-    def json(self) -> Any: ...
-
-
+@dataclass(slots=True, eq=False)
 class Response:
-    """A fully read response of `AiohttpWire`."""
+    """A response read to the end (what `ServiceClient.request` returns), whatever the wire; it can be read as
+    a `StreamResponse` too."""
 
-    __slots__ = ("content", "headers", "reason_phrase", "status_code")
-
-    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes, reason_phrase: str) -> None:
-        self.status_code = status_code
-        self.headers = headers
-        self.content = content
-        self.reason_phrase = reason_phrase
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+    reason_phrase: str
 
     @property
     def text(self) -> str:
@@ -70,6 +47,13 @@ class Response:
         except orjson.JSONDecodeError as exc:
             raise ValueError(str(exc)) from exc
 
+    async def aread(self) -> bytes:
+        return self.content
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        for line in self.text.splitlines():
+            yield line
+
 
 class StreamResponse(Protocol):
     """A response whose body is read as it arrives (`httpx.Response` in a `stream()` block has all of it)."""
@@ -80,6 +64,9 @@ class StreamResponse(Protocol):
     @property
     def headers(self) -> Mapping[str, str]: ...
 
+    @property
+    def reason_phrase(self) -> str: ...
+
     async def aread(self) -> bytes: ...
 
     def aiter_lines(self) -> AsyncIterator[str]: ...
@@ -87,7 +74,9 @@ class StreamResponse(Protocol):
 
 class Wire(Protocol):
     async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> WireResponse: ...
+                   timeout: float | None = None) -> Response:
+        """The response read whole (the cheaper path for a body read at once)."""
+        ...
 
     def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                timeout: float | None = None) -> AbstractAsyncContextManager[StreamResponse]:
@@ -99,8 +88,8 @@ class Wire(Protocol):
 
 
 def as_response(stream: StreamResponse, content: bytes) -> Response:
-    """A streamed response read to the end, as a `WireResponse` (to decode an error body)."""
-    return Response(stream.status_code, stream.headers, content, "")
+    """A streamed response read to the end."""
+    return Response(stream.status_code, stream.headers, content, stream.reason_phrase)
 
 
 def dumps(body: Any) -> bytes:
@@ -121,13 +110,14 @@ class HttpxWire:
             headers=dict(headers), transport=transport)
 
     async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> httpx.Response:
+                   timeout: float | None = None) -> Response:
         kwargs: dict[str, Any] = {}
         if json is not None:
             kwargs["content"] = dumps(json)
             headers = {"content-type": "application/json", **(headers or {})}
-        return await self.client.request(method, path, headers=headers, **kwargs,
-                                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        r = await self.client.request(method, path, headers=headers, **kwargs,
+                                      timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        return Response(r.status_code, r.headers, r.content, r.reason_phrase)
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
@@ -145,20 +135,27 @@ class HttpxWire:
 
 
 class _AiohttpStream:
-    __slots__ = ("_response", "headers", "status_code")
+    """aiohttp's response; errors while reading the body are httpx's too (they surface in the caller's frame)."""
 
-    def __init__(self, response: Any) -> None:
+    __slots__ = ("_method", "_response", "_url", "headers", "reason_phrase", "status_code")
+
+    def __init__(self, response: Any, method: str, url: str) -> None:
         self._response = response
+        self._method = method
+        self._url = url
         self.status_code: int = response.status
         self.headers: Mapping[str, str] = response.headers
+        self.reason_phrase: str = response.reason or ""
 
     async def aread(self) -> bytes:
-        content: bytes = await self._response.read()
+        with _as_httpx_errors(self._method, self._url):
+            content: bytes = await self._response.read()
         return content
 
     async def aiter_lines(self) -> AsyncIterator[str]:
-        async for line in self._response.content:  # aiohttp's StreamReader yields one line at a time
-            yield line.decode("utf-8", errors="replace").rstrip("\r\n")
+        with _as_httpx_errors(self._method, self._url):
+            async for line in self._response.content:  # aiohttp's StreamReader yields one line at a time
+                yield line.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 class AiohttpWire:
@@ -216,8 +213,7 @@ class AiohttpWire:
         url, request = self._request(method, path, json, headers, timeout)
         with _as_httpx_errors(method, url):
             async with request as resp:
-                content = await resp.read()
-                return Response(resp.status, resp.headers, content, resp.reason or "")
+                return Response(resp.status, resp.headers, await resp.read(), resp.reason or "")
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
@@ -225,7 +221,7 @@ class AiohttpWire:
         url, request = self._request(method, path, json, headers, timeout)
         with _as_httpx_errors(method, url):
             async with request as resp:
-                yield _AiohttpStream(resp)
+                yield _AiohttpStream(resp, method, url)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

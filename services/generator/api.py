@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 
-from services.common.app import build_app
+from services.common.app import build_app, from_state, service_router
 from services.common.cache import make_cache
-from services.common.errors import ErrorEnvelope, NotReady
+from services.common.errors import error_responses
 from services.common.llm import LLMBackend, OpenAIChatClient
 from services.common.schemas.generator import (
     GenerateBatchRequest,
@@ -25,32 +25,22 @@ from services.generator.serving import Generator
 from services.generator.settings import GeneratorSettings
 from services.generator.tokens import TokenCounter, load_token_counter
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorEnvelope, "description": text}
-    for code, text in ((502, "the generator LLM failed or is unreachable"), (503, "not ready"),
-                       (504, "the generator LLM timed out"))
-}
+ERRORS = error_responses({502: "the generator LLM failed or is unreachable", 503: "not ready",
+                          504: "the generator LLM timed out"})
 
-router = APIRouter(tags=["generator"])
-
-
-def _generator(request: Request) -> Generator:
-    generator: Generator | None = getattr(request.app.state, "generator", None)
-    if generator is None:
-        raise NotReady("generator is still starting", retry_after=2)
-    return generator
+router = service_router("generator")
 
 
 @router.post("/generate", response_model=GenerateResponse, responses=ERRORS,
              summary="Answer one question from documents")
 async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
-    return await _generator(request).generate(body)
+    return await from_state(request, "generator", Generator).generate(body)
 
 
 @router.post("/generate/batch", response_model=GenerateBatchResponse, responses=ERRORS,
              summary="Answer many questions concurrently (results in request order)")
 async def generate_batch(body: GenerateBatchRequest, request: Request) -> GenerateBatchResponse:
-    return GenerateBatchResponse(results=await _generator(request).generate_batch(body.items))
+    return GenerateBatchResponse(results=await from_state(request, "generator", Generator).generate_batch(body.items))
 
 
 def create_app(settings: GeneratorSettings | None = None, *, llm: LLMBackend | None = None,

@@ -7,43 +7,33 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 
-from services.common.app import build_app
+from services.common.app import build_app, from_state, service_router
 from services.common.cache import make_cache
-from services.common.errors import ErrorEnvelope, NotReady
+from services.common.errors import error_responses
 from services.common.llm import LLMBackend, OpenAIChatClient
 from services.common.schemas.judge import JudgeBatchRequest, JudgeBatchResponse, JudgeRequest, JudgeResult
 from services.judge.prompts import load_prompt
 from services.judge.serving import Judge
 from services.judge.settings import JudgeSettings
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorEnvelope, "description": text}
-    for code, text in ((502, "`llm` mode: the judge LLM failed or is unreachable"), (503, "not ready"),
-                       (504, "`llm` mode: the judge LLM timed out"))
-}
+ERRORS = error_responses({502: "`llm` mode: the judge LLM failed or is unreachable", 503: "not ready",
+                          504: "`llm` mode: the judge LLM timed out"})
 
-router = APIRouter(tags=["judge"])
-
-
-def _judge(request: Request) -> Judge:
-    judge: Judge | None = getattr(request.app.state, "judge", None)
-    if judge is None:
-        raise NotReady("judge is still starting", retry_after=2)
-    return judge
+router = service_router("judge")
 
 
 @router.post("/judge", response_model=JudgeResult, responses=ERRORS,
              summary="Score one prediction against gold answers (GenAcc, EM, F1)")
 async def judge(body: JudgeRequest, request: Request) -> JudgeResult:
-    return await _judge(request).judge(body)
+    return await from_state(request, "judge", Judge).judge(body)
 
 
 @router.post("/judge/batch", response_model=JudgeBatchResponse, responses=ERRORS,
              summary="Score many predictions concurrently (results in request order)")
 async def judge_batch(body: JudgeBatchRequest, request: Request) -> JudgeBatchResponse:
-    return JudgeBatchResponse(results=await _judge(request).judge_batch(body.items))
+    return JudgeBatchResponse(results=await from_state(request, "judge", Judge).judge_batch(body.items))
 
 
 def create_app(settings: JudgeSettings | None = None, *, llm: LLMBackend | None = None,

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from services.common.errors import BadRequest, NotFound
+from services.common.errors import BadRequest
 from services.retriever.base import Hits, Retriever
 from services.retriever.batching import MicroBatcher
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
@@ -147,9 +147,8 @@ class RetrieverService:
         }
 
     def _workers(self, method: str) -> int:
-        # bm25s: several single-threaded scorer calls at once (thread-safe, and they release the GIL, so
-        # one batch is scored while the previous one's responses are written: +20% served q/s at batch
-        # 32 over one call with two scorer threads on a 2-core machine)
+        # bm25s: several single-threaded scorer calls at once rather than one multi-threaded call: they are
+        # thread-safe and release the GIL, so one batch is scored while the previous one's response is written
         if method == "bm25" and isinstance(self.retrievers[method], Bm25sRetriever):
             return self.settings.bm25_threads
         return 1
@@ -213,8 +212,8 @@ class RetrieverService:
                                                  self.batchers["dense"].submit(queries, depth))
             return method, await asyncio.to_thread(rrf_fuse, [sparse, dense], k, self.settings.rrf_k)
         if method not in self.batchers:
-            raise NotFound(f"method {method!r} is not served here (available: {', '.join(self.methods)})",
-                           param="method")
+            raise BadRequest(f"method {method!r} is not served here (available: {', '.join(self.methods)})",
+                             param="method")
         batcher = self.batchers[method]
         if self.metrics is not None:
             self.metrics.queued.labels(method).set(batcher.queued)

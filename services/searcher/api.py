@@ -12,10 +12,10 @@ from pydantic import BaseModel
 
 from services.common import sse
 from services.common.admission import CALLER_STATE, COST_STATE, Caller, RateLimiter
-from services.common.app import add_component_schemas, build_app
+from services.common.app import add_component_schemas, build_app, from_state, service_router
 from services.common.cache import ResultCache, make_cache
 from services.common.clients import RetrieverClient
-from services.common.errors import ErrorEnvelope
+from services.common.errors import ErrorEnvelope, error_responses
 from services.common.llm import LLMBackend, OpenAIChatClient
 from services.common.schemas.searcher import (
     ActionEvent,
@@ -27,7 +27,8 @@ from services.common.schemas.searcher import (
     SearchResponse,
 )
 from services.searcher.chat import AnswerBackend
-from services.searcher.chat_api import add_chat_routes, chat_proxy
+from services.searcher.chat_api import chat_proxy
+from services.searcher.chat_api import router as chat_router
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.prompts import PromptSet
@@ -57,14 +58,11 @@ def event_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
         "data": {"type": "string", "contentMediaType": JSON,
                  "contentSchema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope, "description": description}
-    for status, description in (
-        (400, "bad input"), (401, "missing or invalid API key"),
-        (422, "invalid request, or one costing more than a request may (cost_limit_exceeded)"),
-        (429, "overloaded, or the key's rate limit spent (rate_limited); retry after Retry-After"),
-        (503, "the retriever is unavailable; retry after Retry-After"), (504, "request deadline exceeded"))
-}
+ERRORS = error_responses({
+    400: "bad input", 401: "missing or invalid API key",
+    422: "invalid request, or one costing more than a request may (cost_limit_exceeded)",
+    429: "overloaded, or the key's rate limit spent (rate_limited); retry after Retry-After",
+    503: "the retriever is unavailable; retry after Retry-After", 504: "request deadline exceeded"})
 
 
 def accounted(request: Request, service: SearchService, items: list[SearchRequest]) -> Caller | None:
@@ -73,6 +71,39 @@ def accounted(request: Request, service: SearchService, items: list[SearchReques
     setattr(request.state, COST_STATE, service.cost(items))
     caller = getattr(request.state, CALLER_STATE, None)
     return caller if isinstance(caller, Caller) else None
+
+
+def _service(request: Request) -> SearchService:
+    return from_state(request, "service", SearchService, starting="searcher is still starting")
+
+
+router = service_router("search")
+
+# The bodies are built as response models already: serialise them once (FastAPI's `response_model`
+# would validate every document again), and still document the model in OpenAPI.
+EVENTS = {"schema": {"oneOf": [event_schema(name, model) for name, model in STREAM_EVENTS.items()]}}
+
+
+@router.post("/search", response_class=Response, responses={
+    200: {"model": SearchResponse, "description": STREAM_DESCRIPTION,
+          "content": {JSON: {}, sse.MEDIA_TYPE: EVENTS}}, **ERRORS})
+async def search(body: SearchRequest, request: Request) -> Response:
+    """Search for the documents an LLM needs to answer `question` (`stream: true`: as server-sent events)."""
+    service = _service(request)
+    caller = accounted(request, service, [body])
+    if body.stream:
+        return sse.EventStreamResponse(await service.open_stream(body, caller))
+    return Response((await service.search(body, caller)).model_dump_json(), media_type=JSON)
+
+
+@router.post("/search/batch", response_class=Response,
+             responses={200: {"model": SearchBatchResponse, "content": {JSON: {}}}, **ERRORS})
+async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
+    """Many searches in one call, run concurrently; results in request order."""
+    service = _service(request)
+    caller = accounted(request, service, body.items)
+    results = SearchBatchResponse(results=await service.search_batch(body.items, caller))
+    return Response(results.model_dump_json(), media_type=JSON)
 
 
 def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend | None = None,
@@ -131,9 +162,10 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                     description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.",
                     open_paths=UI_PATHS if settings.ui else ())
     if settings.chat is not None:
-        add_chat_routes(app, settings.chat)
+        app.include_router(chat_router)
     if settings.ui:
         add_ui_routes(app)
+    app.include_router(router)
     document = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -142,29 +174,4 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
         return document()
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-    # The bodies are built as response models already: serialise them once (FastAPI's `response_model`
-    # would validate every document again), and still document the model in OpenAPI.
-    events = {"schema": {"oneOf": [event_schema(name, model) for name, model in STREAM_EVENTS.items()]}}
-
-    @app.post("/search", response_class=Response, tags=["search"], responses={
-        200: {"model": SearchResponse, "description": STREAM_DESCRIPTION,
-              "content": {JSON: {}, sse.MEDIA_TYPE: events}}, **ERRORS})
-    async def search(body: SearchRequest, request: Request) -> Response:
-        """Search for the documents an LLM needs to answer `question` (`stream: true`: as server-sent events)."""
-        service: SearchService = request.app.state.service
-        caller = accounted(request, service, [body])
-        if body.stream:
-            return sse.EventStreamResponse(await service.open_stream(body, caller))
-        return Response((await service.search(body, caller)).model_dump_json(), media_type=JSON)
-
-    @app.post("/search/batch", response_class=Response, tags=["search"],
-              responses={200: {"model": SearchBatchResponse, "content": {JSON: {}}}, **ERRORS})
-    async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
-        """Many searches in one call, run concurrently; results in request order."""
-        service: SearchService = request.app.state.service
-        caller = accounted(request, service, body.items)
-        results = SearchBatchResponse(results=await service.search_batch(body.items, caller))
-        return Response(results.model_dump_json(), media_type=JSON)
-
     return app

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import Request, Response
 
 from services.common import sse
 from services.common.admission import CALLER_STATE
-from services.common.errors import ErrorEnvelope
+from services.common.app import from_state, service_router
+from services.common.errors import error_responses
 from services.common.llm import OpenAIChatClient
 from services.common.metrics import ServiceMetrics
 from services.common.schemas.chat import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
@@ -20,14 +20,14 @@ from services.searcher.chat import AnswerBackend, ChatProxy
 from services.searcher.serving import SearchService
 from services.searcher.settings import ChatProxySettings
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorEnvelope, "description": description}
-    for status, description in (
-        (400, "bad input (no user message, bad search options, or refused by the answer LLM)"),
-        (401, "missing or invalid API key"), (422, "invalid request"), (429, "overloaded; retry after Retry-After"),
-        (502, "the answer LLM failed"), (503, "the retriever is unavailable; retry after Retry-After"),
-        (504, "the answer LLM or the request timed out"))
-}
+ERRORS = error_responses({
+    400: "bad input (no user message, bad search options, or refused by the answer LLM)",
+    401: "missing or invalid API key", 422: "invalid request", 429: "overloaded; retry after Retry-After",
+    502: "the answer LLM failed", 503: "the retriever is unavailable; retry after Retry-After",
+    504: "the answer LLM or the request timed out"})
+
+router = service_router("openai")
+"""Included by the searcher's `create_app` when `settings.chat` is set."""
 
 
 @asynccontextmanager
@@ -44,20 +44,20 @@ async def chat_proxy(settings: ChatProxySettings, search: SearchService, *, answ
         await client.aclose()
 
 
-def add_chat_routes(app: FastAPI, settings: ChatProxySettings) -> None:
-    @app.get("/v1/models", response_model=ModelList, tags=["openai"])
-    async def models() -> ModelList:
-        """The one model this proxy answers as (chat UIs list it)."""
-        return ModelList(data=[ModelCard(id=settings.model_name)])
+@router.get("/v1/models", response_model=ModelList)
+async def models(request: Request) -> ModelList:
+    """The one model this proxy answers as (chat UIs list it)."""
+    return ModelList(data=[ModelCard(id=request.app.state.settings.chat.model_name)])
 
-    @app.post("/v1/chat/completions", response_class=Response, tags=["openai"], responses={
-        200: {"model": ChatCompletionResponse, "content": {"application/json": {}, "text/event-stream": {}}},
-        **ERRORS})
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        """OpenAI chat completions, search-augmented: the last user message is searched and answered from
-        the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
-        proxy: ChatProxy = request.app.state.chat
-        caller = getattr(request.state, CALLER_STATE, None)
-        if body.stream:
-            return sse.EventStreamResponse(await proxy.open_stream(body, caller))
-        return Response(orjson.dumps(await proxy.complete(body, caller)), media_type="application/json")
+
+@router.post("/v1/chat/completions", response_class=Response, responses={
+    200: {"model": ChatCompletionResponse, "content": {"application/json": {}, "text/event-stream": {}}},
+    **ERRORS})
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    """OpenAI chat completions, search-augmented: the last user message is searched and answered from
+    the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
+    proxy = from_state(request, "chat", ChatProxy, starting="searcher is still starting")
+    caller = getattr(request.state, CALLER_STATE, None)
+    if body.stream:
+        return sse.EventStreamResponse(await proxy.open_stream(body, caller))
+    return Response(orjson.dumps(await proxy.complete(body, caller)), media_type="application/json")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from services.common.clients import RetrieverClient
-from services.common.errors import BadRequest, ServiceError, UpstreamError
+from services.common.errors import ServiceError, UpstreamError
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import fit_query
 
@@ -98,9 +98,8 @@ class ServiceRetriever:
         try:
             response = await self.client.retrieve(queries, k=k, method=method)  # type: ignore[arg-type]
         except ServiceError as exc:
-            if exc.status == 404 and exc.param == "method":
-                # The caller picked a retrieval method this retriever does not serve: the caller's 4xx.
-                raise BadRequest(exc.message, param="method") from exc
+            if exc.param == "method":
+                raise  # a retrieval method this retriever does not serve: the caller's choice, so its 400
             if exc.status < 500 and exc.status != 429:
                 # The retriever refused what we built: our caller's input was already valid, so this is
                 # an upstream problem (502), not the caller's 4xx.

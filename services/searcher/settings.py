@@ -14,15 +14,6 @@ from services.common.schemas.searcher import ConstraintStyle, SearchMode, check_
 from services.common.settings import ServiceSettings
 from services.searcher.prompts import PromptSet
 
-
-def _retriever_defaults() -> ClientSettings:
-    return ClientSettings(url="http://127.0.0.1:8001")  # type: ignore[call-arg]  # pydantic fills the rest
-
-
-def _policy_defaults() -> LLMSettings:
-    return LLMSettings()  # type: ignore[call-arg]
-
-
 DEFAULT_CHAT_TEMPLATE = """Answer the question using the documents below where they are relevant.
 
 $context
@@ -57,8 +48,8 @@ class SearcherSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SEARCHER_", env_nested_delimiter="__", extra="ignore")
 
     port: int = Field(8000, ge=1, le=65535)
-    retriever: ClientSettings = Field(default_factory=_retriever_defaults)
-    policy: LLMSettings = Field(default_factory=_policy_defaults)
+    retriever: ClientSettings = Field(default_factory=ClientSettings)  # the retriever's default port, 8001
+    policy: LLMSettings = Field(default_factory=LLMSettings)
 
     # Defaults of every search (per-request overridable): the s3 paper's best setting.
     max_turns: int = Field(3, ge=0, le=10)

@@ -24,10 +24,10 @@ from services.common.clients import RetrieverClient
 from services.common.http import ClientSettings
 from services.common.llm import LLMSettings, OpenAIChatClient
 from services.generator.tokens import EstimatedTokens
-from services.searcher import fake_policy
 from services.searcher.retrieval import ServiceRetriever
-from services.testing.fake_llm import create_fake_llm_app, yes
 from tests.asgi import app_client
+from tests.support import fake_policy
+from tests.support.fake_llm import create_fake_llm_app, yes
 
 TINY_PASSAGES = 300
 SERVICES = ("searcher", "retriever", "generator", "judge")

@@ -15,9 +15,9 @@ from services.common.llm import LLMSettings, OpenAIChatClient
 from services.searcher.api import create_app
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.settings import ChatProxySettings, SearcherSettings
-from services.testing.fake_llm import create_fake_llm_app, last_user
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client
+from tests.support.fake_llm import create_fake_llm_app, last_user
 
 KEY = "chat-proxy-key-123"
 

@@ -103,10 +103,11 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(service: str, fuzz_in
 
 
 def test_retriever_documents_its_errors() -> None:
-    """The 404 for an unserved method (and the other refusals) are in the retriever's OpenAPI document."""
+    """The 400 for an unserved method (and the other refusals) are in the retriever's OpenAPI document."""
     from services.retriever.api import create_app
     from services.retriever.settings import RetrieverSettings
 
     paths = create_app(RetrieverSettings()).openapi()["paths"]
-    assert {"400", "404", "429", "503"} <= set(paths["/retrieve"]["post"]["responses"])
+    assert {"400", "429", "503"} <= set(paths["/retrieve"]["post"]["responses"])
+    assert "method" in paths["/retrieve"]["post"]["responses"]["400"]["description"]
     assert {"400", "429", "503"} <= set(paths["/searchr1/retrieve"]["post"]["responses"])

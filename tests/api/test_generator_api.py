@@ -8,9 +8,9 @@ import pytest
 from services.common.llm import LLMSettings
 from services.generator.api import create_app
 from services.generator.settings import GeneratorSettings
-from services.testing.fake_llm import create_fake_llm_app
 from tests.asgi import app_client
 from tests.conftest import free_port
+from tests.support.fake_llm import create_fake_llm_app
 
 
 def read_timeout(request: httpx.Request) -> httpx.Response:
@@ -75,11 +75,13 @@ async def test_bad_input_is_4xx(payload: dict) -> None:
         assert fake.state.calls == 0
 
 
-async def test_llm_down_is_502_and_not_ready() -> None:
+async def test_llm_down_is_503_and_not_ready() -> None:
+    """An unreachable LLM is unavailable (503 + Retry-After), as any unreachable upstream is."""
     llm = LLMSettings(base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=0, connect_timeout_s=0.5)
     async with app_client(create_app(settings(llm=llm))) as client:
         response = await client.post("/generate", json={"question": "q"})
-        assert response.status_code == 502 and response.json()["error"]["type"] == "upstream_error"
+        assert response.status_code == 503 and response.json()["error"]["type"] == "upstream_unavailable"
+        assert "retry-after" in response.headers
         ready = await client.get("/health/ready")
         assert ready.status_code == 503 and "unreachable" in ready.json()["checks"]["llm"]
 

@@ -8,9 +8,9 @@ import pytest
 from services.common.llm import LLMSettings
 from services.judge.api import create_app
 from services.judge.settings import JudgeSettings
-from services.testing.fake_llm import create_fake_llm_app
 from tests.asgi import app_client
 from tests.conftest import free_port
+from tests.support.fake_llm import create_fake_llm_app
 
 
 def read_timeout(request: httpx.Request) -> httpx.Response:
@@ -72,11 +72,11 @@ async def test_bad_input_is_4xx(payload: dict) -> None:
         assert fake.state.calls == 0
 
 
-async def test_llm_unreachable_llm_mode_502_genacc_undecided() -> None:
+async def test_llm_unreachable_llm_mode_503_genacc_undecided() -> None:
     async with app_client(create_app(down_settings())) as client:
         llm_mode = await client.post("/judge", json={"prediction": "Lutetia", "golden_answers": ["Paris"],
                                                      "mode": "llm"})
-        assert llm_mode.status_code == 502 and llm_mode.json()["error"]["type"] == "upstream_error"
+        assert llm_mode.status_code == 503 and llm_mode.json()["error"]["type"] == "upstream_unavailable"
         items = [{"prediction": "Paris, France", "golden_answers": ["Paris"]},
                  {"prediction": "Lutetia", "golden_answers": ["Paris"]}]
         batch = await client.post("/judge/batch", json={"items": items})
@@ -86,7 +86,7 @@ async def test_llm_unreachable_llm_mode_502_genacc_undecided() -> None:
         assert (undecided["score"], undecided["genacc"], undecided["decided_by"]) == (None, None, "undecided")
         assert undecided["reason"]
         mixed = await client.post("/judge/batch", json={"items": [*items, {**items[1], "mode": "llm"}]})
-        assert mixed.status_code == 502
+        assert mixed.status_code == 503
         assert (await client.get("/health/ready")).status_code == 503
 
 

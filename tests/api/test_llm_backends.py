@@ -12,8 +12,8 @@ from services.generator.api import create_app as create_generator
 from services.generator.settings import GeneratorSettings
 from services.judge.api import create_app as create_judge
 from services.judge.settings import JudgeSettings
-from services.testing.fake_llm import create_fake_llm_app
-from tests.asgi import app_client
+from tests.asgi import app_client, served_in_thread
+from tests.support.fake_llm import create_fake_llm_app
 
 VLLM_MODEL = "Qwen/Qwen2.5-14B-Instruct"
 
@@ -67,6 +67,23 @@ async def test_vllm_shaped_judge_config(vllm_env: None) -> None:
         assert response.json()["decided_by"] == "llm" and response.json()["score"] == 1.0
     assert str(transport.requests[0].url) == "http://vllm-gpu:8000/v1/chat/completions"
     assert transport.fake.state.bodies[0]["model"] == VLLM_MODEL
+
+
+async def test_generator_calls_its_llm_over_the_production_wire() -> None:
+    """No injected transport: the generator's LLM client runs its default wire (aiohttp) against the fake
+    server on a real socket; the LLM's 503 reaches the caller as a 503 (the one status mapping)."""
+    fake = create_fake_llm_app(lambda body: "Paris", model=VLLM_MODEL)
+    with served_in_thread(fake) as url:
+        llm = LLMSettings(base_url=f"{url}/v1", model=VLLM_MODEL, api_key="vllm-secret-key", max_retries=0)
+        app = create_generator(GeneratorSettings(llm=llm, tokenizer_from_gguf=False))
+        async with app_client(app) as client:
+            answer = await client.post("/generate", json={"question": "capital?", "documents": [{"text": "Paris."}]})
+            assert answer.status_code == 200 and answer.json()["answer"] == "Paris", answer.text
+            assert (await client.get("/health/ready")).status_code == 200
+            fake.state.fail_status = 503
+            failed = await client.post("/generate", json={"question": "another?"})
+            assert failed.status_code == 503 and failed.json()["error"]["type"] == "upstream_unavailable"
+    assert fake.state.bodies[0]["model"] == VLLM_MODEL and fake.state.calls == 2
 
 
 def test_local_default_matches_the_llama_server_alias() -> None:

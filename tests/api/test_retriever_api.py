@@ -23,8 +23,8 @@ from services.retriever.api import create_app
 from services.retriever.corpus import Corpus
 from services.retriever.manifest import IndexMismatch
 from services.retriever.settings import RetrieverSettings
-from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 from tests.asgi import app_client
+from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
 
 @pytest.fixture(scope="module")
@@ -164,13 +164,15 @@ async def test_malformed_json_and_searchr1_bad_input(client: httpx.AsyncClient) 
     assert_envelope(await client.post("/searchr1/retrieve", json={"queries": []}), 422)
 
 
-async def test_method_not_loaded_is_404(tiny: RetrieverSettings) -> None:
+async def test_method_not_loaded_is_400(tiny: RetrieverSettings) -> None:
+    """The caller's choice of a method this retriever does not serve: bad input, the status the searcher
+    passes on unchanged."""
     settings = tiny.model_copy(update={"dense": False})
     async with app_client(create_app(settings)) as c:
         await wait_ready(c)
         for method in ("dense", "hybrid"):
-            error = assert_envelope(await c.post("/retrieve", json={"queries": ["q"], "method": method}), 404)
-            assert error["param"] == "method"
+            error = assert_envelope(await c.post("/retrieve", json={"queries": ["q"], "method": method}), 400)
+            assert error["param"] == "method" and error["type"] == "bad_request"
         version = (await c.get("/version")).json()
         assert version["details"]["methods"] == ["bm25"]
 

@@ -29,7 +29,6 @@ from services.retriever.dense import Encoder, FaissIndex, dense_folder, embed_co
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.serving import check_indexes
 from services.retriever.settings import RetrieverSettings
-from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 from tests.api.test_retriever_api import (  # noqa: F401 - collected here again, against this module's fixtures
     assert_envelope,
     test_concurrent_requests_all_answered_correctly,
@@ -41,6 +40,7 @@ from tests.api.test_retriever_api import (  # noqa: F401 - collected here again,
 )
 from tests.asgi import app_client
 from tests.conftest import first_questions
+from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")

@@ -17,12 +17,12 @@ from services.common.llm import LLMSettings, OpenAIChatClient
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import RetrieveRequest, RetrieveResponse
 from services.common.schemas.searcher import SearchRequest
-from services.searcher import fake_policy
 from services.searcher.api import create_app
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.settings import SearcherSettings
-from services.testing.fake_llm import create_fake_llm_app
 from tests.asgi import app_client
+from tests.support import fake_policy
+from tests.support.fake_llm import create_fake_llm_app
 
 Q = "Which city is the director of Big Stone Gap based in?"
 

@@ -7,10 +7,6 @@ SmolLM2 is a weak judge; this checks the plumbing, not the verdicts. LLM calls a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +16,8 @@ import pytest
 import redis
 
 from services.common.llama_server import DEFAULT_MODEL_ALIAS
-from tests.conftest import REPO, VAR, free_port
+from tests.conftest import VAR, free_port
+from tests.support.services import service_process
 
 pytestmark = pytest.mark.e2e
 
@@ -33,34 +30,14 @@ DOCS = [{"id": "wiki-paris", "title": "Paris",
 @contextmanager
 def service(module: str, prefix: str, llama_url: str, redis_url: str) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, f"{prefix}_PORT": str(port), f"{prefix}_REDIS_URL": redis_url,
+    env = {f"{prefix}_PORT": str(port), f"{prefix}_REDIS_URL": redis_url,
            f"{prefix}_LLM__BASE_URL": llama_url, f"{prefix}_LLM__MODEL": DEFAULT_MODEL_ALIAS,
            f"{prefix}_LLM__TIMEOUT_S": "120", f"{prefix}_LOG_LEVEL": "WARNING"}
     if prefix == "GENERATOR":
         env["GENERATOR_TOKENIZER_CACHE_DIR"] = str(VAR / "tokenizers")
-    log = (VAR / "logs").joinpath(f"e2e_{module}.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", f"services.{module}"], cwd=REPO, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300  # reading SmolLM2's tokenizer from the GGUF the first time
-            while True:
-                if proc.poll() is not None:
-                    pytest.fail(f"{module} exited: {Path(log).read_text()[-2000:]}")
-                try:
-                    if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"{module} not ready: {Path(log).read_text()[-2000:]}")
-                time.sleep(0.2)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+    # up to 300 s: reading SmolLM2's tokenizer from the GGUF the first time
+    with service_process(f"services.{module}", env, port, VAR / "logs" / f"e2e_{module}.log", timeout_s=300) as url:
+        yield url
 
 
 def test_generator_and_judge_with_llama_cpp_and_redis(llama_url: str, redis_url: str) -> None:

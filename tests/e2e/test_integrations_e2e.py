@@ -1,5 +1,5 @@
 """The integrations against real processes: retriever (bm25s over the shared corpus), a scripted policy
-(`services.testing.fake_llm` + `services.searcher.fake_policy`, so s3 runs valid actions quickly), the
+(`tests.support.fake_llm` + `tests.support.fake_policy`, so s3 runs valid actions quickly), the
 searcher with an API key and the answering proxy on llama.cpp + SmolLM2 (the `llama_url` fixture).
 
 - `plugsearch.SearchClient` searches the real searcher over HTTP with its key.
@@ -21,7 +21,7 @@ import pytest
 
 from services.common.llama_server import DEFAULT_MODEL_ALIAS
 from services.common.workers import free_port
-from services.searcher.testing import (
+from tests.support.services import (
     REPO,
     ensure_bm25_index,
     python_process,

@@ -1,6 +1,6 @@
 """The search playground in a real browser (Debian's headless Chromium, driven by Playwright) against real
 processes: the retriever (bm25s over the shared corpus), the scripted policy (`fake_llm` +
-`services.searcher.fake_policy`: valid s3 actions, instantly, deterministic) and the searcher with
+`tests.support.fake_policy`: valid s3 actions, instantly, deterministic) and the searcher with
 `SEARCHER_UI=true` and an API key.
 
 Keyboard only, as a person would: the question is typed and sent with Enter; without a key the page says
@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.searcher.testing import (
+from tests.support.services import (
     ensure_bm25_index,
     retriever_process,
     scripted_policy_process,

@@ -9,60 +9,49 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from services.common.procgroup import ProcessGroup, ProcessSpec
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
 from services.retriever.corpus import Corpus
 from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_folder
 from services.retriever.fusion import HybridRetriever
 from services.retriever.settings import RetrieverSettings
-from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 from tests.conftest import REPO, first_questions, free_port
+from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
 pytestmark = pytest.mark.e2e
 
 
 class Served:
+    """The retriever process (a one-member `ProcessGroup`), started at once."""
+
     def __init__(self, settings: RetrieverSettings, **extra_env: str) -> None:
         self.port = free_port()
-        env = {**os.environ, "RETRIEVER_CORPUS": str(settings.corpus), "RETRIEVER_INDEX_DIR": str(settings.index_dir),
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {"RETRIEVER_CORPUS": str(settings.corpus), "RETRIEVER_INDEX_DIR": str(settings.index_dir),
                "RETRIEVER_PORT": str(self.port), "RETRIEVER_BM25": str(settings.bm25).lower(),
                "RETRIEVER_DENSE": str(settings.dense).lower(), "RETRIEVER_BM25_BACKEND": settings.bm25_backend,
                "RETRIEVER_LOG_LEVEL": "WARNING", **extra_env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.retriever"], cwd=REPO, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.group = ProcessGroup(cwd=REPO)
+        self.group.add(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=env,
+                                   ready_url=f"{self.url}/health/ready"))
+        self.group.start()
+        self.proc = self.group.procs["retriever"]
 
     def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
-            try:
-                if httpx.get(f"{self.url}/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("retriever did not become ready")
+        self.group.wait_ready(timeout_s=timeout)
+
+    def output(self) -> str:
+        return self.group.log_text("retriever")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self.group.close()
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +147,7 @@ def test_refuses_to_start_on_corpus_index_mismatch(tiny: RetrieverSettings, tmp_
     served = Served(tiny.model_copy(update={"corpus": changed}))
     try:
         assert served.proc.wait(timeout=120) == 2
-        stderr = served.proc.stderr.read() if served.proc.stderr else ""
+        stderr = served.output()
     finally:
         served.stop()
     assert "refusing to start" in stderr and "corpus checksum" in stderr and "plugsearch-index build" in stderr

@@ -8,15 +8,13 @@ and readiness 503.
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from services.common.procgroup import ProcessGroup, ProcessSpec, listening
 from services.common.workers import free_port
 from services.retriever.bm25 import Bm25sRetriever
 from services.retriever.corpus import Corpus
@@ -29,20 +27,11 @@ from tests.e2e.test_retriever_e2e import Served, questions, served_ids  # noqa: 
 pytestmark = pytest.mark.e2e
 
 
-def start_milvus(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data_dir),
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the milvus-lite server exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the milvus-lite server did not listen")
+def start_milvus(data_dir: Path, port: int) -> ProcessGroup:
+    """milvus-lite's server, ready when it listens."""
+    return ProcessGroup().up(ProcessSpec("milvus", [sys.executable, "-m", "milvus_lite", "server", "--data-dir",
+                                                    str(data_dir), "--host", "127.0.0.1", "--port", str(port)],
+                                         ready=lambda: listening(port)), timeout_s=60)
 
 
 def test_served_on_a_milvus_server_equals_exact_faiss_then_503_when_it_is_gone(
@@ -59,8 +48,7 @@ def test_served_on_a_milvus_server_equals_exact_faiss_then_503_when_it_is_gone(
         got = {m: served_ids(served.url, questions, 10, m) for m in ("dense", "hybrid")}
         details = httpx.get(f"{served.url}/version", timeout=10).json()["details"]
         assert details["dense_backend"] == "milvus" and details["dense_index"] == "flat"
-        engine.terminate()
-        engine.wait(timeout=20)
+        engine.stop("milvus")
         with httpx.Client(base_url=served.url, timeout=60) as client:
             for method in ("dense", "hybrid"):
                 response = client.post("/retrieve", json={"queries": ["film director"], "method": method})
@@ -73,9 +61,7 @@ def test_served_on_a_milvus_server_equals_exact_faiss_then_503_when_it_is_gone(
             assert client.get("/health/live").status_code == 200
     finally:
         served.stop()
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
+        engine.close()
     corpus = Corpus.load(tiny.corpus)
     dense = DenseRetriever(Encoder(tiny.encoder), FaissIndex(dense_folder(tiny.index_dir, "flat"), tiny.faiss))
     hybrid = HybridRetriever(Bm25sRetriever(tiny.index_dir / "bm25s"), dense, depth=tiny.fusion_depth,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from services.common.llama_server import DEFAULT_MODEL_ALIAS
-from services.searcher.testing import ensure_bm25_index, load_questions, retriever_process, searcher_process
+from tests.support.services import ensure_bm25_index, load_questions, retriever_process, searcher_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

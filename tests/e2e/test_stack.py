@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.testing.procs import process_table
+from tests.support.procs import process_table
 
 pytestmark = pytest.mark.e2e
 

@@ -16,13 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.common.procgroup import ProcessGroup, ProcessSpec
 from tests.conftest import REPO
 from trainer.localstack import LocalServices
 
@@ -54,20 +54,12 @@ def _env(stack: LocalServices, var: Path) -> dict[str, str]:
             "TRAINER_LOG_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
 
 
-def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _wait_for(predicate: Any, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if proc.poll() is not None:
-            pytest.fail(f"process ended (rc {proc.returncode}) before {what}: {log.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
+def _kill_once(argv: list[str], env: dict[str, str], log: Path, predicate: Callable[[], bool],
+               timeout_s: float) -> None:
+    """Run `argv` until `predicate` holds (it fails the test if the job ends or times out first), then SIGKILL it."""
+    with ProcessGroup(cwd=REPO).up(ProcessSpec("job", argv, env=env, ready=predicate, log=log),
+                                   timeout_s=timeout_s) as group:
+        group.stop("job", signal.SIGKILL)
 
 
 def _last_json(stdout: str) -> dict[str, Any]:
@@ -140,7 +132,6 @@ def test_baseline_job_survives_sigkill(stack: LocalServices, tmp_path: Path) -> 
     env = _env(stack, tmp_path)
     argv = [sys.executable, "-m", "trainer.cli", "baseline", "--datasets", "nq", "--per-dataset", "8",
             "--batch", "1", "--quiet"]
-    proc = _start(argv, env, tmp_path / "baseline.log")
     files = lambda: list((tmp_path / "baselines").glob("baseline-*.jsonl"))  # noqa: E731
 
     def lines() -> list[dict[str, Any]]:
@@ -155,9 +146,7 @@ def test_baseline_job_survives_sigkill(stack: LocalServices, tmp_path: Path) -> 
                 pass
         return out
 
-    _wait_for(lambda: len(lines()) >= 2, proc, 900, "two finished baselines", tmp_path / "baseline.log")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    _kill_once(argv, env, tmp_path / "baseline.log", lambda: len(lines()) >= 2, 900)  # two finished baselines
     before = {r["id"]: r for r in lines()}
     assert 2 <= len(before) < 8, "the job should have been killed mid-way"
 
@@ -180,7 +169,6 @@ def test_training_resumes_from_last_checkpoint_after_sigkill(stack: LocalService
             "--save-steps", "1", "--max-turns", "1", "--retrieve-k", "2", "--select-k", "1", "--doc-chars", "150",
             "--max-new-tokens", "16", "--max-completion-tokens", "256", "--threads", "1", "--model", str(policy_path),
             "--out", str(out), "--quiet", "--seed", "3"]
-    proc = _start(argv, env, tmp_path / "train.log")
 
     def steps_logged() -> list[int]:
         path = out / "rewards.jsonl"
@@ -189,10 +177,8 @@ def test_training_resumes_from_last_checkpoint_after_sigkill(stack: LocalService
         return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
 
     # kill while step 2 is in flight: its rewards are logged, its checkpoint is not written yet
-    _wait_for(lambda: (out / "checkpoint-1" / "trainer_state.json").exists() and 2 in steps_logged(), proc, 1800,
-              "checkpoint-1 and step 2 under way", tmp_path / "train.log")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    _kill_once(argv, env, tmp_path / "train.log",
+               lambda: (out / "checkpoint-1" / "trainer_state.json").exists() and 2 in steps_logged(), 1800)
     complete = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / "trainer_state.json").exists())
     log_before = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines() if line.strip()]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.testing.procs import children, stat_fields
 from tests.conftest import REPO, free_port
+from tests.support.procs import children, stat_fields
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from services.common.app import build_app
 from services.common.clients import RetrieverClient
 from services.common.errors import Unauthorized
-from services.common.http import ClientSettings
+from services.common.http import ClientSettings, UpstreamUnavailable
 from services.common.logging import RequestIdFilter
 from services.common.schemas.base import StrictModel
 from services.common.settings import ServiceSettings
@@ -156,8 +156,8 @@ async def test_internal_client_sends_its_token_and_fails_fast_without() -> None:
     without = RetrieverClient(ClientSettings(url="http://retriever", max_retries=2), transport=transport)
     try:
         # With the token the guard lets it through; the app (no lifespan here) answers 503 not ready.
-        response = await with_token._wire.send("POST", "/retrieve", json={"queries": ["q"]})
-        assert response.status_code == 503
+        with pytest.raises(UpstreamUnavailable, match="^retriever: "):  # the answer, not a failed connection
+            await with_token.request("POST", "/retrieve", json={"queries": ["q"]}, retries=0)
         with pytest.raises(Unauthorized):  # a 401 is not retried and not a breaker failure
             await without.retrieve(["q"])
         assert without.breaker.state == "closed"

@@ -46,6 +46,7 @@ def make_app(**overrides: object) -> FastAPI:
         yield
 
     app = build_app(settings, service="demo", description="demo", lifespan=lifespan)
+    app.state.entered = asyncio.Event()
 
     @app.post("/echo")
     async def echo(body: Echo) -> Echo:
@@ -54,7 +55,8 @@ def make_app(**overrides: object) -> FastAPI:
         if body.text == "boom":
             raise RuntimeError("secret internal detail")
         if body.text == "slow":
-            await asyncio.sleep(5)
+            app.state.entered.set()
+            await asyncio.Event().wait()  # until the deadline cancels it
         return body
 
     return app
@@ -96,7 +98,7 @@ async def test_request_id_is_accepted_and_echoed() -> None:
 
 
 async def test_auth_body_limit_deadline_and_overload() -> None:
-    app = make_app(api_keys="key-one-123,key-two-456", max_body_bytes=1024, request_timeout_s=0.2,
+    app = make_app(api_keys="key-one-123,key-two-456", max_body_bytes=1024, request_timeout_s=0.5,
                    max_in_flight=1)
     async with app_client(app) as client:
         assert (await client.get("/health/live")).status_code == 200  # open path
@@ -109,7 +111,7 @@ async def test_auth_body_limit_deadline_and_overload() -> None:
         big = await client.post("/echo", content=b"x" * 2048, headers={**auth, "content-type": "application/json"})
         assert big.status_code == 413
         slow = asyncio.create_task(client.post("/echo", json={"text": "slow"}, headers=auth))
-        await asyncio.sleep(0.05)
+        await app.state.entered.wait()  # the one slot is taken
         busy = await client.post("/echo", json={"text": "hi"}, headers=auth)
         assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
         late = await slow
@@ -234,23 +236,16 @@ async def test_llm_client_parses_retries_and_maps_errors() -> None:
     assert seen[-1]["grammar"] == "g" and seen[-1]["temperature"] == 0.0
     await llm.aclose()
 
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused")
+    for failure, error, retries in ((httpx.ConnectError("refused"), UpstreamError, 1),
+                                    (httpx.ReadTimeout("slow"), UpstreamTimeout, 0)):
+        def fail(request: httpx.Request, failure: Exception = failure) -> httpx.Response:
+            raise failure
 
-    dead = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", backoff_s=0.001, max_retries=1),
-                            transport=httpx.MockTransport(refuse))
-    with pytest.raises(UpstreamError):
-        await dead.chat([ChatMessage(role="user", content="q")])
-    await dead.aclose()
-
-    def slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow")
-
-    timeout = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", backoff_s=0.001, max_retries=0),
-                               transport=httpx.MockTransport(slow))
-    with pytest.raises(UpstreamTimeout):
-        await timeout.chat([ChatMessage(role="user", content="q")])
-    await timeout.aclose()
+        failing = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", backoff_s=0.001, max_retries=retries),
+                                   transport=httpx.MockTransport(fail))
+        with pytest.raises(error):
+            await failing.chat([ChatMessage(role="user", content="q")])
+        await failing.aclose()
 
 
 def test_answer_normalisation_and_scores() -> None:

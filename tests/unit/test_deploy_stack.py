@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shlex
 import shutil
 import socket
 import subprocess
@@ -20,6 +19,8 @@ from typing import Any
 import pytest
 
 from services import stack
+from services.common import procgroup
+from tests.support.http import QuietHandler, http_server
 from tests.unit.test_deploy_config import (
     console_scripts,
     env_names,
@@ -119,7 +120,6 @@ def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Pa
     # `python -m services.<svc>` is what the console script plugsearch-<svc> runs
     assert spec.argv == [sys.executable, "-m", f"services.{service}"]
     assert console_scripts()[f"plugsearch-{service}"] == f"services.{service}.__main__:main"
-    assert shlex.split(spec.shell_command()) == ["exec", *spec.argv]
 
 
 def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,13 +193,13 @@ def test_redis_requires_the_password_and_the_probe_presents_it(tmp_path: Path) -
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 15
-        while not stack.probe(spec):
+        while not procgroup.probe(spec):
             assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
         with socket.create_connection(("127.0.0.1", spec.port), timeout=5) as sock:
             sock.sendall(b"GET plugsearch:search:x\r\n")
             assert sock.recv(64).startswith(b"-NOAUTH")  # any other local process is refused
-        assert not stack.probe(stack.ProcessSpec("redis", [], port=spec.port))  # without the password
-        assert not stack.probe(stack.ProcessSpec("redis", [], port=spec.port, ready_secret="wrong"))
+        assert not procgroup.probe(procgroup.ProcessSpec("redis", [], port=spec.port))  # without the password
+        assert not procgroup.probe(procgroup.ProcessSpec("redis", [], port=spec.port, ready_secret="wrong"))
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert options.redis_password.encode() not in cmdline and b"redis-server" in cmdline  # it is Redis itself
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
@@ -247,21 +247,12 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root = tmp_path / "www"
     root.mkdir()
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
+    class Handler(http.server.SimpleHTTPRequestHandler, QuietHandler):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, directory=str(root), **kwargs)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(Handler) as url:
+        yield url, root
 
 
 def test_corpus_choice(tmp_path: Path) -> None:
@@ -318,41 +309,31 @@ def test_index_dir_is_keyed_by_corpus_content(tmp_path: Path) -> None:
 def test_wait_ready_polls_until_every_check_passes() -> None:
     state = {"calls": 0}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             state["calls"] += 1
             self.send_response(200 if state["calls"] >= 3 else 503)
             self.end_headers()
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/health/ready"
-        spec = stack.ProcessSpec("svc", [], ready_url=url)
+    with http_server(Handler) as base:
+        spec = procgroup.ProcessSpec("svc", [], ready_url=f"{base}/health/ready")
         ready: list[str] = []
-        assert stack.wait_ready([spec], timeout_s=30, stop=threading.Event(),
+        assert procgroup.wait_ready([spec], timeout_s=30, stop=threading.Event(),
                                 on_ready=lambda name, _s: ready.append(name), interval_s=0.01) == []
         assert ready == ["svc"] and state["calls"] == 3
-        down = stack.ProcessSpec("down", [], ready_url=f"http://127.0.0.1:{stack.free_port()}/x")
-        assert stack.wait_ready([down, spec], timeout_s=0.2, stop=threading.Event(),
+        down = procgroup.ProcessSpec("down", [], ready_url=f"http://127.0.0.1:{stack.free_port()}/x")
+        assert procgroup.wait_ready([down, spec], timeout_s=0.2, stop=threading.Event(),
                                 on_ready=lambda name, _s: ready.append(name), interval_s=0.01) == ["down"]
         assert ready == ["svc", "svc"]
         stop = threading.Event()
         stop.set()
-        assert stack.wait_ready([down], timeout_s=30, stop=stop, on_ready=lambda *_: None) == ["down"]
-    finally:
-        server.shutdown()
-        server.server_close()
+        assert procgroup.wait_ready([down], timeout_s=30, stop=stop, on_ready=lambda *_: None) == ["down"]
 
 
 def test_redis_probe_uses_ping(redis_url: str) -> None:
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    assert stack.probe(stack.ProcessSpec("redis", [], port=port))
-    assert not stack.probe(stack.ProcessSpec("redis", [], port=stack.free_port()))
+    assert procgroup.probe(procgroup.ProcessSpec("redis", [], port=port))
+    assert not procgroup.probe(procgroup.ProcessSpec("redis", [], port=stack.free_port()))
 
 
 def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

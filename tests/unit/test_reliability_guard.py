@@ -5,6 +5,8 @@ a circuit breaker whose trial call is cancelled, and Redis going away under the 
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -58,6 +60,28 @@ async def test_chunked_body_over_the_limit_is_413_like_a_large_content_length() 
         big = await client.post("/echo", json={"text": "x" * 4096})
         assert big.status_code == 413
         assert (await client.post("/echo", json={"text": "fits"})).status_code == 200
+
+
+async def test_a_client_that_hangs_up_mid_body_is_recorded_as_gone_not_refused() -> None:
+    app = make_app()
+    arriving = iter([{"type": "http.request", "body": b'{"te', "more_body": True}, {"type": "http.disconnect"}])
+    sent: list[dict[str, Any]] = []
+    scope = {"type": "http", "method": "POST", "path": "/echo", "raw_path": b"/echo", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"host", b"t")], "client": ("10.0.0.9", 1),
+             "server": ("t", 80), "scheme": "http", "http_version": "1.1", "root_path": ""}
+
+    async def receive() -> dict[str, Any]:
+        return next(arriving)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with app_client(app) as client:
+        await app(scope, receive, send)  # type: ignore[arg-type]
+        metrics = (await client.get("/metrics")).text
+    assert sent == []  # nobody is left to answer
+    assert 'demo_http_requests_total{method="POST",route="unmatched",status="499"} 1.0' in metrics
+    assert "demo_http_rejected_total{" not in metrics  # not counted as a refusal (413 or any other)
 
 
 async def test_non_json_content_types_are_415_and_json_variants_pass() -> None:
@@ -131,47 +155,73 @@ async def test_hostile_upstream_retry_after_never_makes_a_5xx_of_our_own_or_a_lo
         await client.aclose()
 
 
-def test_breaker_trial_that_never_reports_expires() -> None:
+class BreakerClock:
+    """`time.monotonic` as the breaker's module reads it, moved forward by `advance` instead of waiting
+    (the module's other uses of `time` are left alone, and so is the event loop's clock)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.fixture()
+def clock(monkeypatch: pytest.MonkeyPatch) -> BreakerClock:
+    fake = BreakerClock()
+    monkeypatch.setattr(sys.modules[CircuitBreaker.__module__], "time", fake)
+    return fake
+
+
+def test_breaker_trial_that_never_reports_expires(clock: BreakerClock) -> None:
     """A trial call cancelled by a deadline records nothing; the breaker must not stay open forever."""
-    breaker = CircuitBreaker(failures=1, reset_s=0.05, trial_timeout_s=0.05)
+    breaker = CircuitBreaker(failures=1, reset_s=60, trial_timeout_s=60)
     breaker.record_failure()
     assert not breaker.allow()  # open
-    import time
-
-    time.sleep(0.06)
+    clock.advance(61)
     assert breaker.allow()  # half-open: the trial (then cancelled: nothing recorded)
     assert not breaker.allow()  # a trial is in flight
-    time.sleep(0.06)
+    clock.advance(61)
     assert breaker.allow()  # the silent trial expired: a new one is allowed
     breaker.record_success()
     assert breaker.state == "closed"
 
 
-async def test_cancelled_trial_does_not_wedge_the_client_breaker() -> None:
+async def test_cancelled_trial_does_not_wedge_the_client_breaker(clock: BreakerClock) -> None:
     healthy = asyncio.Event()
+    trial_sent = asyncio.Event()
 
     async def upstream(request: httpx.Request) -> httpx.Response:
         if not healthy.is_set():
             raise httpx.ConnectError("refused", request=request)
         return httpx.Response(200, json={"ok": True})
 
-    class Slow(httpx.AsyncBaseTransport):
+    class Hanging(httpx.AsyncBaseTransport):
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            if request.url.path == "/slow":
-                await asyncio.sleep(10)
+            if request.url.path == "/hang":
+                trial_sent.set()
+                await asyncio.Event().wait()  # until the caller gives up
             return await upstream(request)
 
     client = ServiceClient(ClientSettings(url="http://up", max_retries=0, breaker_failures=1,
-                                          breaker_reset_s=0.05), transport=Slow())
+                                          breaker_reset_s=60), transport=Hanging())
     try:
         with pytest.raises(UpstreamUnavailable):
             await client.request("GET", "/x")  # opens the breaker
-        await asyncio.sleep(0.06)
-        with pytest.raises(TimeoutError):  # the trial call is cancelled by the caller's deadline
-            async with asyncio.timeout(0.05):
-                await client.request("GET", "/slow")
+        clock.advance(61)
+        trial = asyncio.create_task(client.request("GET", "/hang"))
+        await trial_sent.wait()
+        trial.cancel()  # the trial call is cancelled (the caller's deadline): nothing is recorded
+        with pytest.raises(asyncio.CancelledError):
+            await trial
         healthy.set()
-        await asyncio.sleep(1.05)  # the trial expires after max(reset_s, 1 s)
+        clock.advance(61)  # the trial expires after max(reset_s, 1 s)
         assert (await client.request("GET", "/x")).status_code == 200
         assert client.breaker.state == "closed"
     finally:
@@ -190,5 +240,14 @@ async def test_redis_going_away_bypasses_the_cache(redis_url: str) -> None:
     await dead.aclose()
 
 
-def test_upstream_error_status_is_not_retried_forever() -> None:
-    assert UpstreamError.status == 502 and UpstreamUnavailable.status == 503
+async def test_upstream_error_status_is_not_retried_forever() -> None:
+    """A 502 is worth a retry, but only `max_retries` of them: then the caller gets the 502 itself."""
+    sent: list[httpx.Request] = []
+    down = {"error": {"type": "upstream_error", "message": "down"}}
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(502, json=down))
+    client = ServiceClient(ClientSettings(url="http://up", max_retries=2, backoff_s=0.0, breaker_failures=100),
+                           transport=transport)
+    with pytest.raises(UpstreamError) as caught:
+        await client.request("POST", "/x", json={})
+    await client.aclose()
+    assert len(sent) == 3 and caught.value.status == 502 and "down" in caught.value.message

@@ -17,16 +17,22 @@ BAD = "refuse me"
 
 
 class FakeClient:
-    """Records each request; answers one document per query whose id names the query and k."""
+    """Records each request; answers one document per query whose id names the query and k. With `hold`,
+    a request is answered only once `release` is set (`sent` says one arrived)."""
 
-    def __init__(self, *, fail: Exception | None = None, delay_s: float = 0.0) -> None:
+    def __init__(self, *, fail: Exception | None = None, hold: bool = False) -> None:
         self.calls: list[tuple[list[str], int, str | None]] = []
         self.fail = fail
-        self.delay_s = delay_s
+        self.sent = asyncio.Event()
+        self.release = asyncio.Event()
+        if not hold:
+            self.release.set()
 
     async def retrieve(self, queries: list[str], k: int = 10, method: Any = None) -> RetrieveResponse:
         self.calls.append((list(queries), k, method))
-        await asyncio.sleep(self.delay_s)
+        self.sent.set()
+        await asyncio.sleep(0)
+        await self.release.wait()
         if self.fail is not None:
             raise self.fail
         if BAD in queries:
@@ -93,12 +99,13 @@ async def test_an_upstream_failure_reaches_every_caller_of_the_batch() -> None:
 
 
 async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
-    client = FakeClient(delay_s=0.05)
+    client = FakeClient(hold=True)
     retriever = ServiceRetriever(client)  # type: ignore[arg-type]
     first = asyncio.create_task(retriever.retrieve(["a"], 8, None))
     second = asyncio.create_task(retriever.retrieve(["b"], 8, None))
-    await asyncio.sleep(0.01)  # the merged request is on its way
+    await client.sent.wait()  # the merged request is on its way
     first.cancel()
+    client.release.set()
     assert ids(await second) == ["b|8|None"]
     with pytest.raises(asyncio.CancelledError):
         await first

@@ -14,7 +14,7 @@ from services.retriever.corpus import Corpus
 from services.retriever.dense import FaissIndex, build_faiss, device_groups, embed_corpus, embeddings_key
 from services.retriever.manifest import IndexMissing, Manifest
 from services.retriever.settings import EncoderSettings, FaissSettings
-from services.retriever.testing import write_tiny_corpus
+from tests.support.retriever import write_tiny_corpus
 
 
 class HashEncoder:

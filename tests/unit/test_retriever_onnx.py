@@ -22,8 +22,8 @@ from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_
 from services.retriever.onnx_encoder import OnnxUnavailable, ensure_export, export_folder
 from services.retriever.serving import check_indexes
 from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, RetrieverSettings
-from services.retriever.testing import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 from tests.conftest import first_questions
+from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="onnxruntime missing")
 

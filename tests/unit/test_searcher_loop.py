@@ -13,10 +13,10 @@ from services.common.http import UpstreamUnavailable
 from services.common.llm import ChatMessage, ChatResult
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
-from services.searcher import fake_policy
 from services.searcher.env import select_documents
 from services.searcher.loop import run_search
 from services.searcher.prompts import PROMPT_VERSION
+from tests.support import fake_policy
 
 Q = "Who directed the film that won Best Picture in 1998?"
 

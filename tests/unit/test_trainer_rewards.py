@@ -19,11 +19,14 @@ from trainer.upstreams import Answered
 
 class FakeStack:
     """Retrieval returns one document per query whose text is the query; the 'generator' answers with
-    the first document's text and the 'judge' scores span containment of the gold answer."""
+    the first document's text and the 'judge' scores span containment of the gold answer. With `together`,
+    answering waits until that many answer calls are in flight at once (a gate: concurrent callers pass it,
+    sequential ones would wait forever)."""
 
-    def __init__(self, corpus: dict[str, str], delay_s: float = 0.0) -> None:
+    def __init__(self, corpus: dict[str, str], together: int = 1) -> None:
         self.corpus = corpus
-        self.delay_s = delay_s
+        self.together = together
+        self.all_in = asyncio.Event()
         self.retrieve_calls: list[list[str]] = []
         self.answer_calls: list[int] = []
         self.in_flight = 0
@@ -38,7 +41,10 @@ class FakeStack:
         self.answer_calls.append(len(items))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        await asyncio.sleep(self.delay_s)
+        if self.in_flight >= self.together:
+            self.all_in.set()
+        await asyncio.sleep(0)  # one turn of the loop, as any real call takes
+        await self.all_in.wait()
         self.in_flight -= 1
         out = []
         for _, docs, gold in items:
@@ -88,10 +94,11 @@ async def test_other_reward_kinds_and_format_term(tmp_path: Path) -> None:
 
 
 async def test_batch_rewards_run_concurrently(tmp_path: Path) -> None:
-    stack = FakeStack({}, delay_s=0.05)
+    stack = FakeStack({}, together=2)
     store = BaselineStore(tmp_path, BaselineConfig())
     items = [_item(str(i), f"q{i}", ["a"]) for i in range(4)]
-    await RewardComputer(stack, kind="gbr", baselines=store).score([Trajectory(it, []) for it in items])
+    async with asyncio.timeout(10):  # one after the other, the first answer call would never pass the gate
+        await RewardComputer(stack, kind="gbr", baselines=store).score([Trajectory(it, []) for it in items])
     assert stack.max_in_flight == 2  # the batch's answers and the missing baselines were in flight together
 
 

@@ -1,4 +1,5 @@
-"""Process facts from Linux /proc for tests and benchmarks: the process table, children, CPU time."""
+"""Process facts from Linux /proc for tests and benchmarks: the process table, children, descendants, CPU time,
+memory and open files."""
 
 from __future__ import annotations
 
@@ -34,3 +35,30 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process; 0 when it is gone."""
     fields = stat_fields(pid)
     return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every live process under it."""
+    table = process_table()
+    out, todo = [pid], [pid]
+    while todo:
+        parent = todo.pop()
+        found = [child for child, (ppid, _) in table.items() if ppid == parent]
+        out += found
+        todo += found
+    return out
+
+
+def rss_and_fds(pid: int) -> tuple[float, int]:
+    """(resident memory in MB, open file descriptors) of a process and its descendants; a process gone counts 0."""
+    rss_kb = 0
+    fds = 0
+    for p in descendants(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss_kb += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{p}/fd"))
+        except OSError:
+            continue
+    return rss_kb / 1024, fds

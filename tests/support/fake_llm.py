@@ -1,10 +1,12 @@
-"""A fake OpenAI-compatible chat-completions server with configurable latency and a scripted responder.
+"""The fake OpenAI-compatible chat-completions server: configurable latency, a scripted responder.
 
 Used by api/e2e tests and benchmarks in place of vLLM or llama.cpp. It speaks the same wire format
 (`POST /v1/chat/completions`, streamed with `stream: true`; `GET /v1/models`), so the real
-`OpenAIChatClient` is exercised.
+`OpenAIChatClient` is exercised. In-process tests use `create_fake_llm_app` (a FastAPI app whose state
+records the calls); as a process (`main`) it is a bare ASGI app around the same answers, so that a stand-in
+takes as little of a small machine's CPU as possible while a bench measures the services beside it.
 
-    python -m services.testing.fake_llm --port 9100 --latency-ms 100 --responder services.testing.fake_llm:echo
+    python -m tests.support.fake_llm --port 9100 --latency-ms 100 --responder tests.support.fake_policy:respond
 """
 
 from __future__ import annotations
@@ -84,22 +86,82 @@ def create_fake_llm_app(responder: Responder = echo, *, latency_s: float = 0.0, 
         if app.state.fail_status:
             return JSONResponse({"error": {"message": "injected failure", "type": "fake"}},
                                 status_code=app.state.fail_status)
-        text = responder(body)
-        if inspect.isawaitable(text):
-            text = await text
-        prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        text = await answer(responder, body)
         if body.get("stream"):
-            return StreamingResponse(_chunks(f"fake-{app.state.calls}", body.get("model", model), str(text)),
+            return StreamingResponse(_chunks(f"fake-{app.state.calls}", body.get("model", model), text),
                                      media_type="text/event-stream")
-        return Response(orjson.dumps({
-            "id": f"fake-{app.state.calls}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", model),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": max(1, len(str(text)) // 4),
-                      "total_tokens": prompt_chars // 4 + max(1, len(str(text)) // 4)},
-        }), media_type="application/json")
+        return Response(completion(f"fake-{app.state.calls}", body, model, text), media_type="application/json")
 
     return app
+
+
+async def answer(responder: Responder, body: dict[str, Any]) -> str:
+    text = responder(body)
+    if inspect.isawaitable(text):
+        text = await text
+    return str(text)
+
+
+def completion(completion_id: str, body: dict[str, Any], model: str, text: str) -> bytes:
+    """A whole `chat.completion` (usage: about 4 characters per token)."""
+    prompt_tokens = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4
+    completion_tokens = max(1, len(text) // 4)
+    return orjson.dumps({
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", model),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+Handler = Callable[[str, str, bytes], Awaitable[tuple[int, str, bytes]]]
+"""(method, path, body) -> (status, content type, payload)"""
+
+
+def bare(handle: Handler) -> Any:
+    """An ASGI app with no routing or validation layer: `handle` answers every HTTP request (stand-ins that
+    take as little CPU as possible)."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        status, media, payload = await handle(scope["method"], scope["path"], raw)
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", media.encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    return app
+
+
+def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake-llm") -> Any:
+    """The same answers as `create_fake_llm_app`, bare (what `main` serves)."""
+    models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model"}]})
+    calls = 0
+
+    async def handle(method: str, path: str, raw: bytes) -> tuple[int, str, bytes]:
+        nonlocal calls
+        if path == "/v1/chat/completions" and method == "POST":
+            body = orjson.loads(raw)
+            calls += 1
+            if latency_s:
+                await asyncio.sleep(latency_s)
+            text = await answer(responder, body)
+            if body.get("stream"):
+                chunks = [chunk async for chunk in _chunks(f"fake-{calls}", body.get("model", model), text)]
+                return 200, "text/event-stream", b"".join(chunks)
+            return 200, "application/json", completion(f"fake-{calls}", body, model, text)
+        if path == "/health":
+            return 200, "application/json", b'{"status": "ok"}'
+        if path == "/v1/models":
+            return 200, "application/json", models
+        return 404, "application/json", b'{"error": {"message": "not found", "type": "fake"}}'
+
+    return bare(handle)
 
 
 async def _chunks(completion_id: str, model: str, text: str) -> AsyncIterator[bytes]:
@@ -125,10 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--responder", default="echo", help="preset (echo, yes, no) or module:function")
     parser.add_argument("--model", default="fake-llm")
-    parser.add_argument("--no-record", action="store_true", help="do not keep request bodies (long benchmarks)")
+    parser.add_argument("--no-record", action="store_true", help="ignored: the served fake keeps no request bodies")
     args = parser.parse_args(argv)
-    app = create_fake_llm_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model,
-                              record=not args.no_record)
+    app = bare_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

@@ -1,4 +1,5 @@
-"""Helpers for the searcher's e2e tests and benches: real service processes on free ports.
+"""Real service processes on free ports for the e2e tests and benches, each a one-member `ProcessGroup`
+(ready when it answers; stopped with SIGTERM, then SIGKILL of its process group).
 
 The BM25 index of the shared corpus is built once (bm25s, a few seconds) under
 `var/indexes/<corpus>-<digest>` (the same folder the local stack uses) and reused afterwards.
@@ -7,17 +8,13 @@ The BM25 index of the shared corpus is built once (bm25s, a few seconds) under
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from services.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
 from services.common.workers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,48 +33,28 @@ def ensure_bm25_index(corpus: Path, var_dir: Path) -> Path:
     return index_dir
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}; log: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s:g} s; log: {log.read_text()[-2000:]}")
+@contextmanager
+def python_process(args: list[str], ready_url: str, log: Path, *, env: Mapping[str, str] | None = None,
+                   timeout_s: float = 180.0) -> Iterator[ProcessGroup]:
+    """`python <args>` from the repository with `env` added, ready when `ready_url` answers 200 (output to
+    `log`); stopped on exit."""
+    name = log.stem
+    spec = ProcessSpec(name, [sys.executable, *args], env=dict(env or {}), ready_url=ready_url, log=log)
+    try:
+        group = ProcessGroup(cwd=REPO).up(spec, timeout_s=timeout_s)
+    except ProcessGroupError as exc:
+        raise RuntimeError(f"{ready_url}: {exc}") from exc
+    with group:
+        yield group
 
 
 @contextmanager
 def service_process(module: str, env: Mapping[str, str], port: int, log: Path,
                     timeout_s: float = 180.0) -> Iterator[str]:
-    """`python -m <module>` with `env`, ready on `port` (GET /health/ready); stopped (SIGTERM) on exit."""
+    """`python -m <module>` with `env`, ready on `port` (GET /health/ready); yields its URL."""
     url = f"http://127.0.0.1:{port}"
     with python_process(["-m", module], f"{url}/health/ready", log, env=env, timeout_s=timeout_s):
         yield url
-
-
-@contextmanager
-def python_process(args: list[str], ready_url: str, log: Path, *, env: Mapping[str, str] | None = None,
-                   timeout_s: float = 180.0) -> Iterator[None]:
-    """`python <args>` from the repository with `env` added, ready when `ready_url` answers 200 (output
-    to `log`); stopped (SIGTERM, then SIGKILL) on exit."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})},
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            wait_ready(ready_url, proc, timeout_s, log)
-            yield
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
 
 
 @contextmanager
@@ -93,11 +70,11 @@ def retriever_process(corpus: Path, index_dir: Path, log: Path) -> Iterator[str]
 
 @contextmanager
 def scripted_policy_process(log: Path, model: str = "scripted-policy") -> Iterator[str]:
-    """`services.testing.fake_llm` answering as the scripted policy (`services.searcher.fake_policy`: valid
+    """`tests.support.fake_llm` answering as the scripted policy (`tests.support.fake_policy`: valid
     s3 / QAgent actions, instantly, deterministic); yields its OpenAI base URL (`.../v1`)."""
     port = free_port()
-    args = ["-m", "services.testing.fake_llm", "--port", str(port), "--model", model,
-            "--responder", "services.searcher.fake_policy:respond"]
+    args = ["-m", "tests.support.fake_llm", "--port", str(port), "--model", model,
+            "--responder", "tests.support.fake_policy:respond"]
     with python_process(args, f"http://127.0.0.1:{port}/v1/models", log):
         yield f"http://127.0.0.1:{port}/v1"
 

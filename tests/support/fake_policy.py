@@ -1,6 +1,6 @@
-"""A scripted policy for `services.testing.fake_llm` (benches, api and e2e tests): valid actions, instantly.
+"""A scripted policy for `tests.support.fake_llm` (benches, api and e2e tests): valid actions, instantly.
 
-    python -m services.testing.fake_llm --port 9100 --responder services.searcher.fake_policy:respond
+    python -m tests.support.fake_llm --port 9100 --responder tests.support.fake_policy:respond
 
 s3: every step marks documents 1 and 2 of the newest block and searches a new query derived from the
 question, until the environment says the last search is done; then it marks and stops. QAgent: plans

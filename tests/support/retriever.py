@@ -1,4 +1,4 @@
-"""Helpers for the retriever's tests and benches: tiny real corpora and cached tiny indexes.
+"""The retriever's tests and benches: tiny real corpora and cached tiny indexes.
 
 Tiny corpora are subsets of ../shared/data written to a scratch folder (never into the repository);
 indexes built from them are cached under var/ keyed by corpus checksum + encoder (the index folders'

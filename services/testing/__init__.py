@@ -1,1 +1,0 @@
-"""Deterministic stand-ins for tests and benchmarks (fake OpenAI-compatible LLM server)."""

@@ -1,0 +1,113 @@
+"""`services.common.procgroup`: start, readiness, prefixed logs, stop of the whole process group, revive (real
+short-lived processes)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+
+# a parent that starts a grandchild which would outlive it, says the grandchild's pid, then waits
+PARENT = ("import subprocess, sys, time\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "print(child.pid, flush=True)\n"
+          "time.sleep(60)\n")
+
+
+def python(name: str, code: str, **kw: object) -> ProcessSpec:
+    return ProcessSpec(name, [sys.executable, "-c", code], **kw)  # type: ignore[arg-type]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gone(*pids: int, within_s: float = 5.0) -> bool:
+    """Every pid has ended (a SIGKILLed orphan needs a moment before its new parent reaps it)."""
+    deadline = time.monotonic() + within_s
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def first_line(group: ProcessGroup, name: str) -> str:
+    group.wait_ready(name, timeout_s=30, interval_s=0.02)
+    return group.tail(name).splitlines()[0]
+
+
+def test_stop_ends_the_process_and_everything_it_started(tmp_path: Path) -> None:
+    with ProcessGroup(log_dir=tmp_path) as group:
+        group.add(python("parent", PARENT, ready=lambda: bool(group.tail("parent").strip())))
+        group.start()
+        grandchild = int(first_line(group, "parent"))
+        parent = group.procs["parent"].pid
+        assert alive(grandchild) and os.getpgid(parent) == parent  # its own process group
+        group.stop("parent")
+        assert gone(parent, grandchild)
+        assert "parent" not in group.procs and (tmp_path / "parent.log").read_text().strip() == str(grandchild)
+
+
+def test_close_stops_every_member_even_one_that_ignores_sigterm() -> None:
+    group = ProcessGroup(grace_s=0.5)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    group.add(python("stubborn", stubborn, ready=lambda: "up" in group.tail("stubborn")), python("parent", PARENT))
+    group.start()
+    group.wait_ready("stubborn", timeout_s=30, interval_s=0.02)
+    pids = [proc.pid for proc in group.procs.values()]
+    group.close()
+    assert gone(*pids) and not group.procs
+
+
+def test_prefixed_output_run_and_exit_codes() -> None:
+    out = io.StringIO()
+    group = ProcessGroup(output=Output(out, width=9), label="stack")
+    assert group.run(python("build", "print('built'); import sys; sys.exit(3)")) == 3
+    group.say("done")
+    text = out.getvalue()
+    assert re.search(r"^\d\d:\d\d:\d\d build     \| built$", text, re.M), text
+    assert re.search(r"^\d\d:\d\d:\d\d stack     \| build started \(pid=\d+\)$", text, re.M), text
+    assert "stack     | build stopped (rc=3)" in text and text.rstrip().endswith("| done")
+    assert group.tail("build") == "built"
+
+
+def test_wait_ready_reports_an_early_exit_and_a_timeout() -> None:
+    with ProcessGroup() as group:
+        group.add(python("dies", "import sys; print('bad setting'); sys.exit(2)", ready=lambda: False),
+                  python("slow", "import time; time.sleep(60)", ready=lambda: False))
+        group.start()
+        with pytest.raises(ProcessExited, match="dies exited with 2") as exited:
+            group.wait_ready("dies", timeout_s=30, interval_s=0.02)
+        assert exited.value.name == "dies" and "bad setting" in str(exited.value)
+        with pytest.raises(NotReady, match="not ready within 0.2 s: slow") as late:
+            group.wait_ready("slow", timeout_s=0.2, interval_s=0.02)
+        assert late.value.names == ["slow"]
+        assert group.exited() == ("dies", 2)
+
+
+def test_revive_starts_again_what_was_killed() -> None:
+    with ProcessGroup() as group:
+        group.add(python("svc", "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
+                         ready=lambda: bool(group.tail("svc").strip())))
+        group.start()
+        group.wait_ready(timeout_s=30, interval_s=0.02)
+        first = group.procs["svc"].pid
+        os.kill(first, signal.SIGKILL)
+        group.procs["svc"].wait()
+        group.revive(timeout_s=30)
+        second = group.procs["svc"].pid
+        assert second != first and group.procs["svc"].poll() is None
