@@ -90,16 +90,16 @@ class ServedRetriever(ProcessGroup):
 
     def peak_rss_mb(self) -> float:
         """Peak RSS of the service, summed over its workers (each holds its own index)."""
-        total = 0.0
-        for pid in self.pids():
-            try:
-                with open(f"/proc/{pid}/status") as fh:
-                    for line in fh:
-                        if line.startswith("VmHWM:"):
-                            total += int(line.split()[1]) / 1024
-            except OSError:
-                continue
-        return total
+        return sum(peak_rss_mb(pid) for pid in self.pids())
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's peak RSS since its exec (VmHWM) in MB; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM:")), 0.0)
+    except OSError:
+        return 0.0
 
 
 def dense_subset() -> tuple[Path, Path]:

@@ -55,7 +55,7 @@ import orjson
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
-from retriever_common import CORPUS, INDEX_DIR, REPO, ServedRetriever  # noqa: E402
+from retriever_common import CORPUS, INDEX_DIR, REPO, ServedRetriever, peak_rss_mb  # noqa: E402
 from retriever_throughput import _service_rate, recall_questions  # noqa: E402
 
 BACKENDS = ("bm25s", "pyserini", "faiss-flat", "faiss-hnsw", "faiss-sq8", "milvus-flat", "milvus-hnsw")
@@ -179,8 +179,9 @@ def exact_top10(embeddings: Path, queries: np.ndarray) -> np.ndarray:
     import faiss
 
     from services.retriever.dense import iter_chunks
+    from services.retriever.settings import FaissSettings
 
-    faiss.cvar.distance_compute_blas_threshold = 20  # as the service sets it (FaissSettings.blas_threshold)
+    faiss.cvar.distance_compute_blas_threshold = FaissSettings().blas_threshold  # as the service sets it
     best_s = np.full((len(queries), K), -np.inf, dtype=np.float32)
     best_i = np.full((len(queries), K), -1, dtype=np.int64)
     offset = 0
@@ -250,11 +251,10 @@ def build_child(backend: str, size_dir: Path) -> None:
 
             build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False)
     build_s = round(time.perf_counter() - t0, 2)
-    with open("/proc/self/status") as fh:  # VmHWM: this process's peak since exec (wait4's ru_maxrss would
-        peak = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))  # count the parent's)
-    # a helper process it ran and waited for (Lucene's indexer JVM) counts too: the larger of the two
-    peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps({"build_s": build_s, "build_rss_mb": round(peak / 1024, 1)}))
+    # this process's peak since exec (wait4's ru_maxrss would count the parent's), or a helper process it ran
+    # and waited for (Lucene's indexer JVM) if that one's was larger
+    peak = max(peak_rss_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+    print(json.dumps({"build_s": build_s, "build_rss_mb": round(peak, 1)}))
 
 
 def run_build(backend: str, size_dir: Path) -> dict[str, float]:
