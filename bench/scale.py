@@ -298,8 +298,10 @@ def measure(backend: str, size_dir: Path, pool: list[str], seconds: float, truth
     point: dict[str, Any] = {**built, "disk_mb": disk_mb(index_paths(backend, size_dir))}
     method = "bm25" if backend in ("bm25s", "pyserini") else "dense"
     # capacity, not admission: the adaptive limit would shed some of the 8 closed-loop clients (they would
-    # back off for Retry-After) once merged batches make latency grow; the ceiling stays
-    env = {**backend_env(backend, size_dir), "RETRIEVER_WORKERS": "1", "RETRIEVER_ADAPTIVE_CONCURRENCY": "false"}
+    # back off for Retry-After) once merged batches make latency grow; the ceiling stays. Nor the request
+    # deadline: SQ8 at 5M answers ~1 query/s, so 8 queued batches of 32 wait past the default 120 s
+    env = {**backend_env(backend, size_dir), "RETRIEVER_WORKERS": "1", "RETRIEVER_ADAPTIVE_CONCURRENCY": "false",
+           "RETRIEVER_REQUEST_TIMEOUT_S": "3600"}
     t0 = time.perf_counter()
     with ServedRetriever(env, timeout=3600, corpus=size_dir / "corpus.jsonl", index_dir=size_dir / "index") as srv:
         point["load_s"] = round(time.perf_counter() - t0, 1)
