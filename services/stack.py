@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.llama_server import API_KEY_ENV, DEFAULT_PROMPT_CACHE_MB
+from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB, llama_spec
 from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
-from services.common.redis_server import PASSWORD_ENV, redis_argv, redis_url
+from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
 from services.searcher.trained import TrainedSearcher, TrainedSearcherError
@@ -74,12 +74,10 @@ def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
     if base_port is not None and free_ports:
         raise StackError("--base-port and --free-ports are exclusive")
     if free_ports:
-        ports: dict[str, int] = {}
-        while len(ports) < len(DEFAULT_PORTS):
-            port = free_port(host)
-            if port not in ports.values():
-                ports[next(name for name in DEFAULT_PORTS if name not in ports)] = port
-        return ports
+        picked: dict[int, None] = {}  # distinct ports, in the order they were picked
+        while len(picked) < len(DEFAULT_PORTS):
+            picked[free_port(host)] = None
+        return dict(zip(DEFAULT_PORTS, picked, strict=True))
     if base_port is not None:
         if not 1024 <= base_port <= 65535 - max(BASE_OFFSETS.values()):
             raise StackError(f"--base-port must be between 1024 and {65535 - max(BASE_OFFSETS.values())}")
@@ -192,24 +190,15 @@ class StackOptions:
         return self.llm_url or f"{self.url('llm')}/v1"
 
 
-def redis_spec(port: int, password: str, *, host: str = "127.0.0.1", redis_server: str | None = None,
-               python: str = sys.executable) -> ProcessSpec:
-    """Redis with a password (given through the environment), ready when it answers PING after AUTH."""
-    return ProcessSpec("redis", redis_argv(port, host=host, redis_server=redis_server, python=python),
-                       env={PASSWORD_ENV: password}, port=port, ready_secret=password)
-
-
-def llama_spec(name: str, port: int, api_key: str, *, host: str = "127.0.0.1", threads: int | None = None,
-               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra: Sequence[str] = (),
-               python: str = sys.executable) -> ProcessSpec:
-    """llama.cpp with SmolLM2 (`services.common.llama_server`) requiring `api_key` (given through the
-    environment), ready when `GET /v1/models` answers 200 with that key."""
-    argv = [python, "-m", "services.common.llama_server", "--host", host, "--port", str(port)]
-    if threads is not None:
-        argv += ["--n-threads", str(threads)]
-    argv += ["--prompt-cache-mb", str(prompt_cache_mb), *extra]
-    return ProcessSpec(name, argv, env={API_KEY_ENV: api_key}, ready_url=f"http://{host}:{port}/v1/models",
-                       port=port, ready_secret=api_key)
+def service_spec(name: str, port: int, env: dict[str, str], *, redis: str | None = None, host: str = "127.0.0.1",
+                 python: str = sys.executable) -> ProcessSpec:
+    """`python -m services.<name>` on host:port with `env` (names without the `<NAME>_` prefix) and, given a
+    Redis URL without a database, its cache database of `REDIS_DB`; ready when `/health/ready` answers 200."""
+    env = {"HOST": host, "PORT": str(port), **env}
+    if redis and name in REDIS_DB:
+        env["REDIS_URL"] = f"{redis}/{REDIS_DB[name]}"
+    return ProcessSpec(name, [python, "-m", f"services.{name}"], env={f"{name.upper()}_{k}": v for k, v in env.items()},
+                       ready_url=f"http://{host}:{port}/health/ready", port=port)
 
 
 def build_specs(options: StackOptions, *, redis_server: str | None = None) -> list[ProcessSpec]:
@@ -217,17 +206,21 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     py = options.python
     host = options.host
     specs: list[ProcessSpec] = []
-    redis_urls: dict[str, str] = {}
+    redis = None
     if options.redis and redis_server:
         # Redis and llama.cpp get their secrets through the environment (never a command line, which every
         # local user can list): only the services started here can read a cached trace or use the LLM.
         port = options.ports["redis"]
         specs.append(redis_spec(port, options.redis_password, host=host, redis_server=redis_server, python=py))
-        redis_urls = {svc: redis_url(host, port, db, options.redis_password) for svc, db in REDIS_DB.items()}
+        redis = redis_url(host, port, options.redis_password)
 
     def llama(name: str, extra: Sequence[str] = ()) -> ProcessSpec:
         return llama_spec(name, options.ports[name], options.llm_api_key, host=host, threads=options.llm_threads,
                           prompt_cache_mb=options.llm_prompt_cache_mb, extra=extra, python=py)
+
+    def service(name: str, extra: dict[str, str]) -> ProcessSpec:
+        env = {"LOG_LEVEL": options.log_level, **extra}
+        return service_spec(name, options.ports[name], env, redis=redis, host=host, python=py)
 
     if options.llm_url is None:
         specs.append(llama("llm"))
@@ -237,22 +230,11 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     if options.llm_model:
         llm["MODEL"] = options.llm_model
     token = options.internal_token
-
-    def service(name: str, extra: dict[str, str]) -> ProcessSpec:
-        prefix = f"{name.upper()}_"
-        env = {f"{prefix}HOST": host, f"{prefix}PORT": str(options.ports[name]),
-               f"{prefix}LOG_LEVEL": options.log_level}
-        if name in redis_urls:
-            env[f"{prefix}REDIS_URL"] = redis_urls[name]
-        env.update({f"{prefix}{key}": value for key, value in extra.items()})
-        return ProcessSpec(name, [py, "-m", f"services.{name}"], env=env,
-                           ready_url=f"{options.url(name)}/health/ready", port=options.ports[name])
-
+    answering = {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}
     specs.append(service("retriever", {"CORPUS": str(options.corpus), "INDEX_DIR": str(options.index_dir),
                                        "INTERNAL_TOKEN": token}))
-    specs.append(service("generator", {"INTERNAL_TOKEN": token,
-                                       **{f"LLM__{k}": v for k, v in llm.items()}}))
-    specs.append(service("judge", {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}))
+    specs.append(service("generator", answering))
+    specs.append(service("judge", answering))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
                                 "UI": "true", **{f"POLICY__{k}": v for k, v in llm.items()}}
     if options.trained is not None and options.llm_url is None:

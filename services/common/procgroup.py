@@ -13,6 +13,7 @@ Used by `plugsearch-stack`, the trainer's local services, `LlamaServer`, the e2e
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -79,15 +80,6 @@ def http_ok(url: str, bearer: str | None = None, timeout_s: float = 3.0) -> bool
         return False
 
 
-def listening(port: int, host: str = "127.0.0.1") -> bool:
-    """Something accepts TCP connections on host:port."""
-    try:
-        socket.create_connection((host, port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
-
-
 def redis_ping(host: str, port: int, password: str | None = None) -> bool:
     auth = b"" if password is None else b"AUTH " + password.encode() + b"\r\n"
     try:
@@ -121,6 +113,7 @@ def wait_ready(specs: Sequence[ProcessSpec], *, timeout_s: float, stop: threadin
     up, e.g. when a process died)."""
     t0 = time.monotonic()
     pending = {spec.name: spec for spec in specs}
+    stop = stop or threading.Event()
     while pending:
         if check is not None:
             check()
@@ -129,12 +122,8 @@ def wait_ready(specs: Sequence[ProcessSpec], *, timeout_s: float, stop: threadin
                 del pending[name]
                 if on_ready is not None:
                     on_ready(name, time.monotonic() - t0)
-        if not pending or time.monotonic() - t0 > timeout_s:
+        if not pending or time.monotonic() - t0 > timeout_s or stop.wait(interval_s):
             break
-        if stop is not None and stop.wait(interval_s):
-            break
-        if stop is None:
-            time.sleep(interval_s)
     return list(pending)
 
 
@@ -310,18 +299,11 @@ class ProcessGroup:
                 return gone
         return None
 
-    def _kill_group(self, proc: subprocess.Popen[bytes]) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # nothing is left in its group
-
     def _reap(self, name: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        self._kill_group(proc)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing is left in its group
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         reader = self._readers.pop(name, None)
         if reader is not None:
