@@ -164,7 +164,6 @@ class StackOptions:
     ports: dict[str, int]
     corpus: Path
     index_dir: Path
-    host: str = "127.0.0.1"
     redis: bool = True
     llm_url: str | None = None
     """An external OpenAI-compatible endpoint (e.g. vLLM); None = start llama.cpp with SmolLM2."""
@@ -180,47 +179,43 @@ class StackOptions:
     llm_api_key: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
     """The llama.cpp processes started here require it; the services send it (`*_LLM__API_KEY`,
     `SEARCHER_POLICY__API_KEY`). Not sent to an external `llm_url`."""
-    python: str = sys.executable
     log_level: str = "INFO"
 
     def url(self, name: str) -> str:
-        return f"http://{self.host}:{self.ports[name]}"
+        return f"http://127.0.0.1:{self.ports[name]}"
 
     def llm_base_url(self) -> str:
         return self.llm_url or f"{self.url('llm')}/v1"
 
 
-def service_spec(name: str, port: int, env: dict[str, str], *, redis: str | None = None, host: str = "127.0.0.1",
-                 python: str = sys.executable) -> ProcessSpec:
-    """`python -m services.<name>` on host:port with `env` (names without the `<NAME>_` prefix) and, given a
-    Redis URL without a database, its cache database of `REDIS_DB`; ready when `/health/ready` answers 200."""
-    env = {"HOST": host, "PORT": str(port), **env}
+def service_spec(name: str, port: int, env: dict[str, str], *, redis: str | None = None) -> ProcessSpec:
+    """`python -m services.<name>` on port with `env` (names without the `<NAME>_` prefix) and, given a Redis
+    URL without a database, its cache database of `REDIS_DB`; ready when `/health/ready` answers 200."""
+    env = {"HOST": "127.0.0.1", "PORT": str(port), **env}
     if redis and name in REDIS_DB:
         env["REDIS_URL"] = f"{redis}/{REDIS_DB[name]}"
-    return ProcessSpec(name, [python, "-m", f"services.{name}"], env={f"{name.upper()}_{k}": v for k, v in env.items()},
-                       ready_url=f"http://{host}:{port}/health/ready", port=port)
+    return ProcessSpec(name, [sys.executable, "-m", f"services.{name}"],
+                       env={f"{name.upper()}_{k}": v for k, v in env.items()},
+                       ready_url=f"http://127.0.0.1:{port}/health/ready", port=port)
 
 
 def build_specs(options: StackOptions, *, redis_server: str | None = None) -> list[ProcessSpec]:
     """The process table: Redis, LLM, then the services in dependency order."""
-    py = options.python
-    host = options.host
     specs: list[ProcessSpec] = []
     redis = None
     if options.redis and redis_server:
         # Redis and llama.cpp get their secrets through the environment (never a command line, which every
         # local user can list): only the services started here can read a cached trace or use the LLM.
         port = options.ports["redis"]
-        specs.append(redis_spec(port, options.redis_password, host=host, redis_server=redis_server, python=py))
-        redis = redis_url(host, port, options.redis_password)
+        specs.append(redis_spec(port, options.redis_password, redis_server=redis_server))
+        redis = redis_url("127.0.0.1", port, options.redis_password)
 
     def llama(name: str, extra: Sequence[str] = ()) -> ProcessSpec:
-        return llama_spec(name, options.ports[name], options.llm_api_key, host=host, threads=options.llm_threads,
-                          prompt_cache_mb=options.llm_prompt_cache_mb, extra=extra, python=py)
+        return llama_spec(name, options.ports[name], options.llm_api_key, threads=options.llm_threads,
+                          prompt_cache_mb=options.llm_prompt_cache_mb, extra=extra)
 
     def service(name: str, extra: dict[str, str]) -> ProcessSpec:
-        env = {"LOG_LEVEL": options.log_level, **extra}
-        return service_spec(name, options.ports[name], env, redis=redis, host=host, python=py)
+        return service_spec(name, options.ports[name], {"LOG_LEVEL": options.log_level, **extra}, redis=redis)
 
     if options.llm_url is None:
         specs.append(llama("llm"))
@@ -259,7 +254,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
 def index_command(options: StackOptions) -> tuple[list[str], dict[str, str]]:
     """`plugsearch-index build` for the retriever's settings (a no-op when the index is up to date)."""
     env = {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir)}
-    return [options.python, "-m", "services.retriever.cli", "build"], env
+    return [sys.executable, "-m", "services.retriever.cli", "build"], env
 
 
 def curl_example(options: StackOptions) -> str:

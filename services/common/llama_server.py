@@ -91,16 +91,15 @@ def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: in
     return [*cmd, *extra_args]
 
 
-def llama_spec(name: str, port: int, api_key: str | None, *, host: str = "127.0.0.1", threads: int | None = None,
-               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra: Sequence[str] = (),
-               python: str = sys.executable) -> ProcessSpec:
-    """This module's server as a process requiring `api_key` (given through the environment), ready when
-    `GET /v1/models` answers 200 with that key."""
-    argv = [python, "-m", "services.common.llama_server", "--host", host, "--port", str(port)]
+def llama_spec(name: str, port: int, api_key: str | None, *, threads: int | None = None,
+               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra: Sequence[str] = ()) -> ProcessSpec:
+    """This module's server on a loopback port, requiring `api_key` (given through the environment), ready
+    when `GET /v1/models` answers 200 with that key."""
+    argv = [sys.executable, "-m", "services.common.llama_server", "--host", "127.0.0.1", "--port", str(port)]
     if threads is not None:
         argv += ["--n-threads", str(threads)]
     argv += ["--prompt-cache-mb", str(prompt_cache_mb), *extra]
-    return ProcessSpec(name, argv, env={API_KEY_ENV: api_key or ""}, ready_url=f"http://{host}:{port}/v1/models",
+    return ProcessSpec(name, argv, env={API_KEY_ENV: api_key or ""}, ready_url=f"http://127.0.0.1:{port}/v1/models",
                        port=port, ready_secret=api_key)
 
 

@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -81,18 +80,13 @@ def http_ok(url: str, bearer: str | None = None, timeout_s: float = 3.0) -> bool
 
 
 def redis_ping(host: str, port: int, password: str | None = None) -> bool:
-    auth = b"" if password is None else b"AUTH " + password.encode() + b"\r\n"
+    import redis
+
     try:
-        with socket.create_connection((host, port), timeout=1.0) as sock:
-            sock.sendall(auth + b"PING\r\n")
-            reply = b""
-            while b"PONG" not in reply and not reply.startswith(b"-") and len(reply) < 64:
-                chunk = sock.recv(64)
-                if not chunk:
-                    break
-                reply += chunk
-            return reply.startswith(b"+OK\r\n+PONG" if auth else b"+PONG")
-    except OSError:
+        with redis.Redis(host=host, port=port, password=password, socket_timeout=1.0,
+                         socket_connect_timeout=1.0) as client:
+            return bool(client.ping())
+    except redis.RedisError:
         return False
 
 
@@ -171,7 +165,6 @@ class ProcessGroup:
                 self.output.line(self.label, line)
 
     def tail(self, name: str, chars: int = 2000) -> str:
-        """The end of a process's output."""
         if name in self._tails:
             return "\n".join(list(self._tails[name]))[-chars:]  # a copy: the reader thread appends
         log = self._logs.get(name)
@@ -216,8 +209,7 @@ class ProcessGroup:
 
     # --------------------------------------------------------------------------------------- processes
     def add(self, *specs: ProcessSpec) -> None:
-        for spec in specs:
-            self.specs[spec.name] = spec
+        self.specs.update((spec.name, spec) for spec in specs)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen[bytes]:
         running = self.procs.get(spec.name)

@@ -29,11 +29,10 @@ def redis_url(host: str, port: int, password: str | None) -> str:
     return f"redis://{auth}{host}:{port}"
 
 
-def redis_spec(port: int, password: str, *, host: str = "127.0.0.1", redis_server: str | None = None,
-               python: str = sys.executable) -> ProcessSpec:
-    """Redis started through this module with `password` (given through the environment), ready when it
-    answers PING after AUTH."""
-    argv = [python, "-m", "services.common.redis_server", "--port", str(port), "--bind", host]
+def redis_spec(port: int, password: str, *, redis_server: str | None = None) -> ProcessSpec:
+    """Redis on a loopback port, started through this module with `password` (given through the environment),
+    ready when it answers PING after AUTH."""
+    argv = [sys.executable, "-m", "services.common.redis_server", "--port", str(port), "--bind", "127.0.0.1"]
     if redis_server:
         argv += ["--redis-server", redis_server]
     return ProcessSpec("redis", argv, env={PASSWORD_ENV: password}, port=port, ready_secret=password)
