@@ -92,9 +92,8 @@ def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
 
 
 # ------------------------------------------------------------------------------------------ corpus
-def default_data_dir(cwd: Path | None = None) -> Path:
-    env = os.environ.get("PLUGSEARCH_DATA")
-    return Path(env) if env else (cwd or Path.cwd()) / ".." / "shared" / "data"
+def default_data_dir() -> Path:
+    return Path(os.environ.get("PLUGSEARCH_DATA") or Path.cwd() / ".." / "shared" / "data")
 
 
 def check_corpus_file(path: Path) -> None:
@@ -288,8 +287,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--llm-threads", type=int, default=default_llm_threads(),
                         help="llama.cpp threads (default: 1 on a 2-core machine, where more threads "
                         "contend with the services; else half the cores, at most 4)")
-    parser.add_argument("--llm-prompt-cache-mb", dest="llm_prompt_cache_mb", type=int,
-                        default=DEFAULT_PROMPT_CACHE_MB,
+    parser.add_argument("--llm-prompt-cache-mb", type=int, default=DEFAULT_PROMPT_CACHE_MB,
                         help="RAM for llama.cpp's cached states that concurrent multi-turn searches resume from "
                         "(0 = off; each state also holds a 96 MiB logits copy: ~2.7 GB peak RSS at the default)")
     parser.add_argument("--policy", choices=["auto", "trained", "base"], default="auto",
@@ -386,7 +384,7 @@ def _exit_code(code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    width = max(len(name) for name in (*SERVICES, *DEFAULT_PORTS, "index", "stack"))
+    width = max(len(name) for name in (*DEFAULT_PORTS, "index", "stack"))
     group = ProcessGroup(output=Output(sys.stdout, colour=not args.no_color, width=width), label="stack")
     say = group.say
     var_dir = args.var_dir.resolve()

@@ -13,7 +13,6 @@ import secrets
 import shutil
 import sys
 from pathlib import Path
-from types import TracebackType
 
 from services.common.http import ClientSettings
 from services.common.llama_server import DEFAULT_MODEL_ALIAS, llama_spec
@@ -134,6 +133,5 @@ class LocalServices:
     def __enter__(self) -> LocalServices:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

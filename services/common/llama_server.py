@@ -32,7 +32,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from services.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
 from services.common.workers import free_port
@@ -148,8 +147,7 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

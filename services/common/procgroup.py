@@ -291,25 +291,9 @@ class ProcessGroup:
                 return gone
         return None
 
-    def _reap(self, name: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing is left in its group
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        reader = self._readers.pop(name, None)
-        if reader is not None:
-            reader.join(timeout=5)
-        self.say(f"{name} stopped (rc={proc.returncode})")
-
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         """Stop one member: `sig` to it, then (after up to `grace_s`) SIGKILL to its process group."""
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(sig)
-        self._reap(name, proc, time.monotonic() + self.grace_s)
+        self._stop([name], sig)
 
     def revive(self, timeout_s: float = 120.0) -> None:
         """Start again every member that is not running, and wait until they are ready."""
@@ -322,17 +306,27 @@ class ProcessGroup:
 
     def close(self) -> None:
         """Stop every member at once (SIGTERM, a shared grace period, then SIGKILL to each process group)."""
-        procs = list(reversed(self.procs.items()))
-        self.procs.clear()
-        for _name, proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        for name, proc in procs:
-            self._reap(name, proc, deadline)
+        self._stop(list(reversed(self.procs)))
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+
+    def _stop(self, names: Sequence[str], sig: int = signal.SIGTERM) -> None:
+        procs = [(name, self.procs.pop(name)) for name in names if name in self.procs]
+        for _name, proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        deadline = time.monotonic() + self.grace_s
+        for name, proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing is left in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            reader = self._readers.pop(name, None)
+            if reader is not None:
+                reader.join(timeout=5)
+            self.say(f"{name} stopped (rc={proc.returncode})")
 
     def __enter__(self) -> Self:
         return self
