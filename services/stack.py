@@ -48,9 +48,8 @@ SERVICES = ("retriever", "generator", "judge", "searcher")
 
 DEFAULT_PORTS = {"searcher": 8000, "retriever": 8001, "generator": 8002, "judge": 8003, "llm": 8080,
                  "redis": 6379, "policy": 8081}
-BASE_OFFSETS = {"searcher": 0, "retriever": 1, "generator": 2, "judge": 3, "llm": 4, "redis": 5, "policy": 6}
-"""With `--base-port B`: searcher B, retriever B+1, generator B+2, judge B+3, LLM B+4, Redis B+5, the trained
-searcher's policy LLM B+6."""
+BASE_OFFSETS = {name: offset for offset, name in enumerate(DEFAULT_PORTS)}
+"""With `--base-port B`: searcher B, retriever B+1, ..., the trained searcher's policy LLM B+6."""
 
 # the retriever keeps no result cache: no Redis database for it
 REDIS_DB = {"generator": 1, "judge": 2, "searcher": 3}
@@ -67,7 +66,6 @@ class StackError(RuntimeError):
     """The stack cannot start (bad option, busy port, missing corpus, failed index build)."""
 
 
-# ------------------------------------------------------------------------------------------- ports
 def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
                    host: str = "127.0.0.1") -> dict[str, int]:
     """Ports of every process; refuses busy ones with a message that says what to do."""
@@ -91,7 +89,6 @@ def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
     return ports
 
 
-# ------------------------------------------------------------------------------------------ corpus
 def default_data_dir() -> Path:
     return Path(os.environ.get("PLUGSEARCH_DATA") or Path.cwd() / ".." / "shared" / "data")
 
@@ -157,7 +154,6 @@ def index_dir_for(corpus: Path, var_dir: Path) -> Path:
     return (var_dir / "indexes" / f"{corpus.stem}-{digest[:12]}").resolve()
 
 
-# ----------------------------------------------------------------------------------------- processes
 @dataclass
 class StackOptions:
     ports: dict[str, int]
@@ -239,8 +235,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
         searcher.update({"POLICY__BASE_URL": f"{options.url('policy')}/v1", "POLICY__MODEL": trained.model_alias,
                          **trained.searcher_env()})
     elif options.llm_url is None:
-        # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (20 HotpotQA
-        # questions, tests/e2e/test_searcher_e2e.py: all actions valid in 100% of searches constrained, 0% free).
+        # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (tests/e2e/test_searcher_e2e.py).
         searcher["CONSTRAINED"] = "true"
     if options.api_key:
         # Public auth on; the internal token is accepted too (the trainer calls the searcher with it).
@@ -264,7 +259,6 @@ def curl_example(options: StackOptions) -> str:
             f"-d '{body}'")
 
 
-# ------------------------------------------------------------------------------------------------ run
 def default_llm_threads(cpus: int | None = None) -> int:
     cpus = cpus or os.cpu_count() or 1
     return 1 if cpus <= 2 else min(4, cpus // 2)

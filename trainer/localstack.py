@@ -1,9 +1,7 @@
 """The services a local training/eval run needs, as real processes on free ports: Redis (when
-`redis-server` exists), the retriever (BM25 over `../shared/data/corpus/combined.jsonl`, index built
-once under `var/indexes/`, keyed by the corpus content), the generator and judge (on an
-OpenAI-compatible LLM: a given URL, else a llama.cpp SmolLM2 server started here) and optionally the
-searcher. Used by `bench/train_step.py`, the eval run and the e2e tests; `plugsearch-stack` is the
-user-facing way to run the same stack.
+`redis-server` exists), the retriever (BM25, index built once under `var/indexes/`, keyed by the corpus
+content), the generator and judge (on an OpenAI-compatible LLM: a given URL, else a llama.cpp SmolLM2
+server started here) and optionally the searcher. `plugsearch-stack` is the user-facing way to run them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """One way to run local processes: start commands with their env, wait until they are ready, log their output
 (prefixed lines on one stream, or a file each), stop them, revive one.
 
-Used by `plugsearch-stack`, the trainer's local services, `LlamaServer`, the e2e fixtures and the benches.
-
 - Every process starts in its own session, so its process group holds it and whatever it starts (a service's
   worker processes). A terminal's Ctrl-C reaches only the supervisor, which stops the group.
 - Stop: SIGTERM (or the signal asked for) to the process, up to `grace_s` to exit, then SIGKILL to its whole
@@ -99,28 +97,6 @@ def probe(spec: ProcessSpec, host: str = "127.0.0.1") -> bool:
     return http_ok(spec.ready_url, spec.ready_secret)
 
 
-def wait_ready(specs: Sequence[ProcessSpec], *, timeout_s: float, stop: threading.Event | None = None,
-               on_ready: Callable[[str, float], None] | None = None, interval_s: float = 0.25,
-               host: str = "127.0.0.1", check: Callable[[], None] | None = None) -> list[str]:
-    """Poll every process until all are ready; return the names still not ready (empty = all ready) when that
-    happens, when `stop` is set, or when the timeout passes. `check` runs before each round (it raises to give
-    up, e.g. when a process died)."""
-    t0 = time.monotonic()
-    pending = {spec.name: spec for spec in specs}
-    stop = stop or threading.Event()
-    while pending:
-        if check is not None:
-            check()
-        for name, spec in list(pending.items()):
-            if probe(spec, host):
-                del pending[name]
-                if on_ready is not None:
-                    on_ready(name, time.monotonic() - t0)
-        if not pending or time.monotonic() - t0 > timeout_s or stop.wait(interval_s):
-            break
-    return list(pending)
-
-
 class Output:
     """Log lines of many processes on one stream: `HH:MM:SS name | line`, names padded to `width`."""
 
@@ -157,7 +133,6 @@ class ProcessGroup:
         self._tails: dict[str, deque[str]] = {}
         self._readers: dict[str, threading.Thread] = {}
 
-    # ------------------------------------------------------------------------------------------ output
     def say(self, text: str) -> None:
         """The supervisor's own lines (prefixed with `label`; printed only with an `output`)."""
         if self.output is not None:
@@ -207,7 +182,6 @@ class ProcessGroup:
                 self._tails[name].append(line)
                 self.output.line(name, line)
 
-    # --------------------------------------------------------------------------------------- processes
     def add(self, *specs: ProcessSpec) -> None:
         self.specs.update((spec.name, spec) for spec in specs)
 
@@ -265,13 +239,23 @@ class ProcessGroup:
 
     def wait_ready(self, *names: str, timeout_s: float = 300.0, stop: threading.Event | None = None,
                    on_ready: Callable[[str, float], None] | None = None, interval_s: float = 0.1) -> None:
-        """Until these members (default: every started one) are ready. Raises `ProcessExited` when one exits
-        first, `NotReady` when the timeout passes; returns early when `stop` is set."""
+        """Poll these members (default: every started one) until all are ready, calling `on_ready(name, seconds)`
+        for each. Raises `ProcessExited` when one exits first, `NotReady` when the timeout passes; returns early
+        when `stop` is set."""
         names = names or tuple(self.procs)
-        pending = wait_ready([self.specs[name] for name in names], timeout_s=timeout_s, stop=stop,
-                             on_ready=on_ready, interval_s=interval_s, host=self.host,
-                             check=lambda: self._check(names))
-        if pending and not (stop is not None and stop.is_set()):
+        t0 = time.monotonic()
+        pending = list(names)
+        stop = stop or threading.Event()
+        while pending:
+            self._check(names)
+            for name in list(pending):
+                if probe(self.specs[name], self.host):
+                    pending.remove(name)
+                    if on_ready is not None:
+                        on_ready(name, time.monotonic() - t0)
+            if not pending or time.monotonic() - t0 > timeout_s or stop.wait(interval_s):
+                break
+        if pending and not stop.is_set():
             tails = "" if self.output is not None else "\n".join(f"{n}: {self.tail(n)}" for n in pending)
             raise NotReady(pending, timeout_s, tails)
 
