@@ -118,31 +118,28 @@ class LlamaServer:
         self.spec = llama_spec("llm", self.port, None, threads=n_threads,
                                extra=["--model", str(self.model), "--model-alias", model_alias, *extra_args])
         self.spec.log = Path(log_path) if log_path is not None else None
-        self._group: ProcessGroup | None = None
+        # from the folder that holds this package, so that `-m` runs this very module
+        self._group = ProcessGroup(cwd=Path(__file__).resolve().parents[2])
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
-        return None if self._group is None else self._group.procs.get("llm")
+        return self._group.procs.get("llm")
 
     def start(self) -> LlamaServer:
-        if self._group is not None:
+        if self.process is not None:
             raise LlamaServerError("server already started")
         if importlib.util.find_spec("llama_cpp") is None:
             raise LlamaServerError("llama-cpp-python is not installed (pip install 'plugsearch[llm]')")
         logger.info("starting llama.cpp server on port %s with %s", self.port, self.model.name)
-        # from the folder that holds this package, so that `-m` runs this very module
-        group = ProcessGroup(cwd=Path(__file__).resolve().parents[2])
         try:
-            self._group = group.up(self.spec, timeout_s=self.startup_timeout_s)
+            self._group.up(self.spec, timeout_s=self.startup_timeout_s)
         except ProcessGroupError as exc:
             raise LlamaServerError(f"llama.cpp server: {exc}") from exc
         logger.info("llama.cpp server ready at %s", self.base_url)
         return self
 
     def stop(self) -> None:
-        group, self._group = self._group, None
-        if group is not None:
-            group.close()
+        self._group.close()
 
     def __enter__(self) -> LlamaServer:
         return self.start()
