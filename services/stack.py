@@ -1,21 +1,18 @@
 """`plugsearch-stack`: the whole local stack as supervised processes (the README's first command).
 
-Starts Redis (a real `redis-server` when one is on PATH, else the services' in-process cache), the
-llama.cpp server with SmolLM2 (`services.common.llama_server`), the retriever (after building its
-default BM25 index into `var/indexes/` on first run), the generator, the judge and the searcher,
-each as `python -m services.<svc>` with the same `<SVC>_*` settings the containers use, supervised as one
-`services.common.procgroup.ProcessGroup`: logs stream prefixed with the service name, one process dying
-stops the others, Ctrl-C (SIGINT) or SIGTERM stops everything. Once every readiness check passes, it prints the URL and
-a ready-to-copy `curl` for `POST /search`.
+Redis (when `redis-server` is on PATH, else the services' in-process caches), llama.cpp with SmolLM2, the
+retriever (its BM25 index built into `var/indexes/` on first run), the generator, the judge and the searcher,
+each as `python -m services.<svc>` with the `<SVC>_*` settings the containers use, as one `ProcessGroup`: logs
+prefixed with the service name, one process dying stops the others, Ctrl-C (SIGINT) or SIGTERM stops
+everything. Once every readiness check passes, it prints the URL and a ready-to-copy `curl` for `POST /search`.
 
     plugsearch-stack                         # canonical ports: searcher 8000 ... LLM 8080, Redis 6379
     plugsearch-stack --free-ports            # any free ports (tests, a second stack beside the first)
     plugsearch-stack --base-port 9000        # searcher 9000, retriever 9001, ..., LLM 9004, Redis 9005
     plugsearch-stack --corpus my.jsonl       # any JSONL corpus (id + title/text, or id + contents)
 
-Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data)
-when it exists, otherwise FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into
-`var/corpus/`.
+Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data), else
+FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into `var/corpus/`.
 """
 
 from __future__ import annotations
@@ -179,9 +176,6 @@ class StackOptions:
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
 
-    def llm_base_url(self) -> str:
-        return self.llm_url or f"{self.url('llm')}/v1"
-
 
 def service_spec(name: str, port: int, env: dict[str, str], *, redis: str | None = None) -> ProcessSpec:
     """`python -m services.<name>` on port with `env` (names without the `<NAME>_` prefix) and, given a Redis
@@ -212,10 +206,9 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     def service(name: str, extra: dict[str, str]) -> ProcessSpec:
         return service_spec(name, options.ports[name], {"LOG_LEVEL": options.log_level, **extra}, redis=redis)
 
+    llm = {"BASE_URL": options.llm_url or f"{options.url('llm')}/v1"}
     if options.llm_url is None:
         specs.append(llama("llm"))
-    llm = {"BASE_URL": options.llm_base_url()}
-    if options.llm_url is None:
         llm["API_KEY"] = options.llm_api_key
     if options.llm_model:
         llm["MODEL"] = options.llm_model

