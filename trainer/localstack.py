@@ -25,17 +25,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 class LocalServices:
     def __init__(self, var_dir: Path, *, corpus: Path, llm_url: str | None = None, searcher: bool = False,
-                 redis: bool = True, llm_threads: int = 1, log_dir: Path | None = None,
-                 ready_timeout_s: float = 300.0, answering: bool = True) -> None:
+                 llm_threads: int = 1, log_dir: Path | None = None, answering: bool = True) -> None:
         """`answering=False`: no LLM, generator or judge (the LLM-free `recall` reward needs only retrieval)."""
         self.var_dir = var_dir.resolve()
         self.corpus = corpus.resolve()
         self.llm_url = llm_url
         self.with_searcher = searcher
         self.answering = answering or searcher
-        self.with_redis = redis and shutil.which("redis-server") is not None
+        self.with_redis = shutil.which("redis-server") is not None
         self.llm_threads = llm_threads
-        self.ready_timeout_s = ready_timeout_s
+        self.ready_timeout_s = 300.0
         self.urls: dict[str, str] = {}
         self.redis_url: str | None = None
         self.group = ProcessGroup(log_dir=log_dir or self.var_dir / "logs" / f"trainer-stack-{os.getpid()}", cwd=REPO)

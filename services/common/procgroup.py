@@ -77,24 +77,20 @@ def http_ok(url: str, bearer: str | None = None, timeout_s: float = 3.0) -> bool
         return False
 
 
-def redis_ping(host: str, port: int, password: str | None = None) -> bool:
+def probe(spec: ProcessSpec) -> bool:
+    """One readiness check of `spec` (see the module's docstring)."""
+    if spec.ready is not None:
+        return spec.ready()
+    if spec.ready_url is not None:
+        return http_ok(spec.ready_url, spec.ready_secret)
     import redis
 
     try:
-        with redis.Redis(host=host, port=port, password=password, socket_timeout=1.0,
+        with redis.Redis(host="127.0.0.1", port=spec.port, password=spec.ready_secret, socket_timeout=1.0,
                          socket_connect_timeout=1.0) as client:
             return bool(client.ping())
     except redis.RedisError:
         return False
-
-
-def probe(spec: ProcessSpec, host: str = "127.0.0.1") -> bool:
-    """One readiness check of `spec` (see the module's docstring)."""
-    if spec.ready is not None:
-        return spec.ready()
-    if spec.ready_url is None:
-        return redis_ping(host, spec.port, spec.ready_secret)
-    return http_ok(spec.ready_url, spec.ready_secret)
 
 
 class Output:
@@ -123,9 +119,8 @@ class ProcessGroup:
     temporary file). A context manager: `close()` on exit stops everything."""
 
     def __init__(self, *, output: Output | None = None, log_dir: Path | None = None, cwd: Path | None = None,
-                 host: str = "127.0.0.1", grace_s: float = 15.0, label: str = "stack") -> None:
-        self.output, self.log_dir, self.cwd, self.label = output, log_dir, cwd, label
-        self.host, self.grace_s = host, grace_s
+                 grace_s: float = 15.0, label: str = "stack") -> None:
+        self.output, self.log_dir, self.cwd, self.label, self.grace_s = output, log_dir, cwd, label, grace_s
         self.specs: dict[str, ProcessSpec] = {}
         """The members, in start order (stopped in reverse)."""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -249,7 +244,7 @@ class ProcessGroup:
         while pending:
             self._check(names)
             for name in list(pending):
-                if probe(self.specs[name], self.host):
+                if probe(self.specs[name]):
                     pending.remove(name)
                     if on_ready is not None:
                         on_ready(name, time.monotonic() - t0)
