@@ -40,9 +40,6 @@ from services.common.workers import free_port, port_is_free
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
 from services.searcher.trained import TrainedSearcher, TrainedSearcherError
 
-SERVICES = ("retriever", "generator", "judge", "searcher")
-"""The plugsearch services, each run as `python -m services.<name>` (console script `plugsearch-<name>`)."""
-
 DEFAULT_PORTS = {"searcher": 8000, "retriever": 8001, "generator": 8002, "judge": 8003, "llm": 8080,
                  "redis": 6379, "policy": 8081}
 BASE_OFFSETS = {name: offset for offset, name in enumerate(DEFAULT_PORTS)}

@@ -32,7 +32,6 @@ class LocalServices:
         self.llm_url = llm_url
         self.with_searcher = searcher
         self.answering = answering or searcher
-        self.with_redis = shutil.which("redis-server") is not None
         self.llm_threads = llm_threads
         self.ready_timeout_s = 300.0
         self.urls: dict[str, str] = {}
@@ -54,7 +53,7 @@ class LocalServices:
         return self
 
     def _start(self) -> None:
-        if self.with_redis:
+        if shutil.which("redis-server"):
             port = free_port()
             self.group.up(redis_spec(port, self._redis_password), timeout_s=self.ready_timeout_s)
             self.redis_url = redis_url("127.0.0.1", port, self._redis_password)

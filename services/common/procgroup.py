@@ -254,20 +254,13 @@ class ProcessGroup:
             tails = "" if self.output is not None else "\n".join(f"{n}: {self.tail(n)}" for n in pending)
             raise NotReady(pending, timeout_s, tails)
 
-    def exited(self) -> tuple[str, int] | None:
-        """The first member (in start order) that is no longer running, with its exit code."""
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                return name, code
-        return None
-
     def supervise(self, stop: threading.Event, interval_s: float = 0.25) -> tuple[str, int] | None:
-        """Until `stop` is set (None) or a member exits (its name and exit code)."""
+        """Until `stop` is set (None) or a member exits: the first (in start order) that is no longer running,
+        with its exit code."""
         while not stop.wait(interval_s):
-            gone = self.exited()
-            if gone is not None:
-                return gone
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    return name, proc.returncode
         return None
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:

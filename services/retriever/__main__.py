@@ -37,8 +37,7 @@ def main() -> None:
 
 
 def worker_app() -> FastAPI:
-    """Settings, logging, the index check, then the app (with RETRIEVER_WORKERS > 1: each worker's, each
-    loading its own indexes)."""
+    """Settings, logging, the index check, the app (RETRIEVER_WORKERS > 1: each worker loads its own indexes)."""
     from services.retriever.api import create_app
     from services.retriever.serving import check_indexes
     from services.retriever.settings import RetrieverSettings

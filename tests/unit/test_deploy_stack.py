@@ -22,6 +22,7 @@ from services import stack
 from services.common import procgroup
 from tests.support.http import QuietHandler, http_server
 from tests.unit.test_deploy_config import (
+    SERVICES,
     console_scripts,
     env_names,
     env_prefix,
@@ -101,7 +102,7 @@ def test_default_llm_threads() -> None:
 
 
 # --------------------------------------------------------------------------------- process table
-@pytest.mark.parametrize("service", stack.SERVICES)
+@pytest.mark.parametrize("service", SERVICES)
 def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     options = make_options(tmp_path, api_key="public-key-123")
