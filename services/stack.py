@@ -1,21 +1,18 @@
 """`plugsearch-stack`: the whole local stack as supervised processes (the README's first command).
 
-Starts Redis (a real `redis-server` when one is on PATH, else the services' in-process cache), the
-llama.cpp server with SmolLM2 (`services.common.llama_server`), the retriever (after building its
-default BM25 index into `var/indexes/` on first run), the generator, the judge and the searcher,
-each as `python -m services.<svc>` with the same `<SVC>_*` settings the containers use, supervised as one
-`services.common.procgroup.ProcessGroup`: logs stream prefixed with the service name, one process dying
-stops the others, Ctrl-C (SIGINT) or SIGTERM stops everything. Once every readiness check passes, it prints the URL and
-a ready-to-copy `curl` for `POST /search`.
+Redis (when `redis-server` is on PATH, else the services' in-process caches), llama.cpp with SmolLM2, the
+retriever (its BM25 index built into `var/indexes/` on first run), the generator, the judge and the searcher,
+each as `python -m services.<svc>` with the `<SVC>_*` settings the containers use, as one `ProcessGroup`: logs
+prefixed with the service name, one process dying stops the others, Ctrl-C (SIGINT) or SIGTERM stops
+everything. Once every readiness check passes, it prints the URL and a ready-to-copy `curl` for `POST /search`.
 
     plugsearch-stack                         # canonical ports: searcher 8000 ... LLM 8080, Redis 6379
     plugsearch-stack --free-ports            # any free ports (tests, a second stack beside the first)
     plugsearch-stack --base-port 9000        # searcher 9000, retriever 9001, ..., LLM 9004, Redis 9005
     plugsearch-stack --corpus my.jsonl       # any JSONL corpus (id + title/text, or id + contents)
 
-Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data)
-when it exists, otherwise FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into
-`var/corpus/`.
+Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data), else
+FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into `var/corpus/`.
 """
 
 from __future__ import annotations
@@ -36,21 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.llama_server import API_KEY_ENV, DEFAULT_PROMPT_CACHE_MB
+from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB, llama_spec
 from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
-from services.common.redis_server import PASSWORD_ENV, redis_argv, redis_url
+from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
 from services.searcher.trained import TrainedSearcher, TrainedSearcherError
 
-SERVICES = ("retriever", "generator", "judge", "searcher")
-"""The plugsearch services, each run as `python -m services.<name>` (console script `plugsearch-<name>`)."""
-
 DEFAULT_PORTS = {"searcher": 8000, "retriever": 8001, "generator": 8002, "judge": 8003, "llm": 8080,
                  "redis": 6379, "policy": 8081}
-BASE_OFFSETS = {"searcher": 0, "retriever": 1, "generator": 2, "judge": 3, "llm": 4, "redis": 5, "policy": 6}
-"""With `--base-port B`: searcher B, retriever B+1, generator B+2, judge B+3, LLM B+4, Redis B+5, the trained
-searcher's policy LLM B+6."""
+BASE_OFFSETS = {name: offset for offset, name in enumerate(DEFAULT_PORTS)}
+"""With `--base-port B`: searcher B, retriever B+1, ..., the trained searcher's policy LLM B+6."""
 
 # the retriever keeps no result cache: no Redis database for it
 REDIS_DB = {"generator": 1, "judge": 2, "searcher": 3}
@@ -67,19 +60,16 @@ class StackError(RuntimeError):
     """The stack cannot start (bad option, busy port, missing corpus, failed index build)."""
 
 
-# ------------------------------------------------------------------------------------------- ports
 def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
                    host: str = "127.0.0.1") -> dict[str, int]:
     """Ports of every process; refuses busy ones with a message that says what to do."""
     if base_port is not None and free_ports:
         raise StackError("--base-port and --free-ports are exclusive")
     if free_ports:
-        ports: dict[str, int] = {}
-        while len(ports) < len(DEFAULT_PORTS):
-            port = free_port(host)
-            if port not in ports.values():
-                ports[next(name for name in DEFAULT_PORTS if name not in ports)] = port
-        return ports
+        picked: dict[int, None] = {}  # distinct ports, in the order they were picked
+        while len(picked) < len(DEFAULT_PORTS):
+            picked[free_port(host)] = None
+        return dict(zip(DEFAULT_PORTS, picked, strict=True))
     if base_port is not None:
         if not 1024 <= base_port <= 65535 - max(BASE_OFFSETS.values()):
             raise StackError(f"--base-port must be between 1024 and {65535 - max(BASE_OFFSETS.values())}")
@@ -93,10 +83,8 @@ def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
     return ports
 
 
-# ------------------------------------------------------------------------------------------ corpus
-def default_data_dir(cwd: Path | None = None) -> Path:
-    env = os.environ.get("PLUGSEARCH_DATA")
-    return Path(env) if env else (cwd or Path.cwd()) / ".." / "shared" / "data"
+def default_data_dir() -> Path:
+    return Path(os.environ.get("PLUGSEARCH_DATA") or Path.cwd() / ".." / "shared" / "data")
 
 
 def check_corpus_file(path: Path) -> None:
@@ -160,13 +148,11 @@ def index_dir_for(corpus: Path, var_dir: Path) -> Path:
     return (var_dir / "indexes" / f"{corpus.stem}-{digest[:12]}").resolve()
 
 
-# ----------------------------------------------------------------------------------------- processes
 @dataclass
 class StackOptions:
     ports: dict[str, int]
     corpus: Path
     index_dir: Path
-    host: str = "127.0.0.1"
     redis: bool = True
     llm_url: str | None = None
     """An external OpenAI-compatible endpoint (e.g. vLLM); None = start llama.cpp with SmolLM2."""
@@ -182,77 +168,53 @@ class StackOptions:
     llm_api_key: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
     """The llama.cpp processes started here require it; the services send it (`*_LLM__API_KEY`,
     `SEARCHER_POLICY__API_KEY`). Not sent to an external `llm_url`."""
-    python: str = sys.executable
     log_level: str = "INFO"
 
     def url(self, name: str) -> str:
-        return f"http://{self.host}:{self.ports[name]}"
-
-    def llm_base_url(self) -> str:
-        return self.llm_url or f"{self.url('llm')}/v1"
+        return f"http://127.0.0.1:{self.ports[name]}"
 
 
-def redis_spec(port: int, password: str, *, host: str = "127.0.0.1", redis_server: str | None = None,
-               python: str = sys.executable) -> ProcessSpec:
-    """Redis with a password (given through the environment), ready when it answers PING after AUTH."""
-    return ProcessSpec("redis", redis_argv(port, host=host, redis_server=redis_server, python=python),
-                       env={PASSWORD_ENV: password}, port=port, ready_secret=password)
-
-
-def llama_spec(name: str, port: int, api_key: str, *, host: str = "127.0.0.1", threads: int | None = None,
-               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra: Sequence[str] = (),
-               python: str = sys.executable) -> ProcessSpec:
-    """llama.cpp with SmolLM2 (`services.common.llama_server`) requiring `api_key` (given through the
-    environment), ready when `GET /v1/models` answers 200 with that key."""
-    argv = [python, "-m", "services.common.llama_server", "--host", host, "--port", str(port)]
-    if threads is not None:
-        argv += ["--n-threads", str(threads)]
-    argv += ["--prompt-cache-mb", str(prompt_cache_mb), *extra]
-    return ProcessSpec(name, argv, env={API_KEY_ENV: api_key}, ready_url=f"http://{host}:{port}/v1/models",
-                       port=port, ready_secret=api_key)
+def service_spec(name: str, port: int, env: dict[str, str], *, redis: str | None = None) -> ProcessSpec:
+    """`python -m services.<name>` on port with `env` (names without the `<NAME>_` prefix) and, given a Redis
+    URL without a database, its cache database of `REDIS_DB`; ready when `/health/ready` answers 200."""
+    env = {"HOST": "127.0.0.1", "PORT": str(port), **env}
+    if redis and name in REDIS_DB:
+        env["REDIS_URL"] = f"{redis}/{REDIS_DB[name]}"
+    return ProcessSpec(name, [sys.executable, "-m", f"services.{name}"],
+                       env={f"{name.upper()}_{k}": v for k, v in env.items()},
+                       ready_url=f"http://127.0.0.1:{port}/health/ready", port=port)
 
 
 def build_specs(options: StackOptions, *, redis_server: str | None = None) -> list[ProcessSpec]:
     """The process table: Redis, LLM, then the services in dependency order."""
-    py = options.python
-    host = options.host
     specs: list[ProcessSpec] = []
-    redis_urls: dict[str, str] = {}
+    redis = None
     if options.redis and redis_server:
         # Redis and llama.cpp get their secrets through the environment (never a command line, which every
         # local user can list): only the services started here can read a cached trace or use the LLM.
         port = options.ports["redis"]
-        specs.append(redis_spec(port, options.redis_password, host=host, redis_server=redis_server, python=py))
-        redis_urls = {svc: redis_url(host, port, db, options.redis_password) for svc, db in REDIS_DB.items()}
+        specs.append(redis_spec(port, options.redis_password, redis_server=redis_server))
+        redis = redis_url("127.0.0.1", port, options.redis_password)
 
     def llama(name: str, extra: Sequence[str] = ()) -> ProcessSpec:
-        return llama_spec(name, options.ports[name], options.llm_api_key, host=host, threads=options.llm_threads,
-                          prompt_cache_mb=options.llm_prompt_cache_mb, extra=extra, python=py)
+        return llama_spec(name, options.ports[name], options.llm_api_key, threads=options.llm_threads,
+                          prompt_cache_mb=options.llm_prompt_cache_mb, extra=extra)
 
+    def service(name: str, extra: dict[str, str]) -> ProcessSpec:
+        return service_spec(name, options.ports[name], {"LOG_LEVEL": options.log_level, **extra}, redis=redis)
+
+    llm = {"BASE_URL": options.llm_url or f"{options.url('llm')}/v1"}
     if options.llm_url is None:
         specs.append(llama("llm"))
-    llm = {"BASE_URL": options.llm_base_url()}
-    if options.llm_url is None:
         llm["API_KEY"] = options.llm_api_key
     if options.llm_model:
         llm["MODEL"] = options.llm_model
     token = options.internal_token
-
-    def service(name: str, extra: dict[str, str]) -> ProcessSpec:
-        prefix = f"{name.upper()}_"
-        env = {f"{prefix}HOST": host, f"{prefix}PORT": str(options.ports[name]),
-               f"{prefix}LOG_LEVEL": options.log_level}
-        if name in redis_urls:
-            env[f"{prefix}REDIS_URL"] = redis_urls[name]
-        env.update({f"{prefix}{key}": value for key, value in extra.items()})
-        return ProcessSpec(name, [py, "-m", f"services.{name}"], env=env,
-                           ready_url=f"{options.url(name)}/health/ready", port=options.ports[name])
-
+    answering = {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}
     specs.append(service("retriever", {"CORPUS": str(options.corpus), "INDEX_DIR": str(options.index_dir),
                                        "INTERNAL_TOKEN": token}))
-    specs.append(service("generator", {"INTERNAL_TOKEN": token,
-                                       **{f"LLM__{k}": v for k, v in llm.items()}}))
-    specs.append(service("judge", {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}))
+    specs.append(service("generator", answering))
+    specs.append(service("judge", answering))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
                                 "UI": "true", **{f"POLICY__{k}": v for k, v in llm.items()}}
     if options.trained is not None and options.llm_url is None:
@@ -263,8 +225,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
         searcher.update({"POLICY__BASE_URL": f"{options.url('policy')}/v1", "POLICY__MODEL": trained.model_alias,
                          **trained.searcher_env()})
     elif options.llm_url is None:
-        # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (20 HotpotQA
-        # questions, tests/e2e/test_searcher_e2e.py: all actions valid in 100% of searches constrained, 0% free).
+        # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (tests/e2e/test_searcher_e2e.py).
         searcher["CONSTRAINED"] = "true"
     if options.api_key:
         # Public auth on; the internal token is accepted too (the trainer calls the searcher with it).
@@ -277,7 +238,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
 def index_command(options: StackOptions) -> tuple[list[str], dict[str, str]]:
     """`plugsearch-index build` for the retriever's settings (a no-op when the index is up to date)."""
     env = {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir)}
-    return [options.python, "-m", "services.retriever.cli", "build"], env
+    return [sys.executable, "-m", "services.retriever.cli", "build"], env
 
 
 def curl_example(options: StackOptions) -> str:
@@ -288,7 +249,6 @@ def curl_example(options: StackOptions) -> str:
             f"-d '{body}'")
 
 
-# ------------------------------------------------------------------------------------------------ run
 def default_llm_threads(cpus: int | None = None) -> int:
     cpus = cpus or os.cpu_count() or 1
     return 1 if cpus <= 2 else min(4, cpus // 2)
@@ -311,8 +271,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--llm-threads", type=int, default=default_llm_threads(),
                         help="llama.cpp threads (default: 1 on a 2-core machine, where more threads "
                         "contend with the services; else half the cores, at most 4)")
-    parser.add_argument("--llm-prompt-cache-mb", dest="llm_prompt_cache_mb", type=int,
-                        default=DEFAULT_PROMPT_CACHE_MB,
+    parser.add_argument("--llm-prompt-cache-mb", type=int, default=DEFAULT_PROMPT_CACHE_MB,
                         help="RAM for llama.cpp's cached states that concurrent multi-turn searches resume from "
                         "(0 = off; each state also holds a 96 MiB logits copy: ~2.7 GB peak RSS at the default)")
     parser.add_argument("--policy", choices=["auto", "trained", "base"], default="auto",
@@ -409,7 +368,7 @@ def _exit_code(code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    width = max(len(name) for name in (*SERVICES, *DEFAULT_PORTS, "index", "stack"))
+    width = max(len(name) for name in (*DEFAULT_PORTS, "index", "stack"))
     group = ProcessGroup(output=Output(sys.stdout, colour=not args.no_color, width=width), label="stack")
     say = group.say
     var_dir = args.var_dir.resolve()

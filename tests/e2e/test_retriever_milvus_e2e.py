@@ -8,13 +8,14 @@ and readiness 503.
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from services.common.procgroup import ProcessGroup, ProcessSpec, listening
+from services.common.procgroup import ProcessGroup, ProcessSpec
 from services.common.workers import free_port
 from services.retriever.bm25 import Bm25sRetriever
 from services.retriever.corpus import Corpus
@@ -25,6 +26,14 @@ from tests.api.test_retriever_milvus import tiny  # noqa: F401 - the fixture: ti
 from tests.e2e.test_retriever_e2e import Served, questions, served_ids  # noqa: F401 - `questions` is a fixture
 
 pytestmark = pytest.mark.e2e
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
 
 
 def start_milvus(data_dir: Path, port: int) -> ProcessGroup:

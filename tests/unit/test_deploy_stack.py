@@ -22,6 +22,7 @@ from services import stack
 from services.common import procgroup
 from tests.support.http import QuietHandler, http_server
 from tests.unit.test_deploy_config import (
+    SERVICES,
     console_scripts,
     env_names,
     env_prefix,
@@ -101,7 +102,7 @@ def test_default_llm_threads() -> None:
 
 
 # --------------------------------------------------------------------------------- process table
-@pytest.mark.parametrize("service", stack.SERVICES)
+@pytest.mark.parametrize("service", SERVICES)
 def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     options = make_options(tmp_path, api_key="public-key-123")
@@ -315,19 +316,22 @@ def test_wait_ready_polls_until_every_check_passes() -> None:
             self.send_response(200 if state["calls"] >= 3 else 503)
             self.end_headers()
 
-    with http_server(Handler) as base:
-        spec = procgroup.ProcessSpec("svc", [], ready_url=f"{base}/health/ready")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with http_server(Handler) as base, procgroup.ProcessGroup() as group:
+        group.add(procgroup.ProcessSpec("svc", sleeper, ready_url=f"{base}/health/ready"),
+                  procgroup.ProcessSpec("down", sleeper, ready_url=f"http://127.0.0.1:{stack.free_port()}/x"))
+        group.start()
         ready: list[str] = []
-        assert procgroup.wait_ready([spec], timeout_s=30, stop=threading.Event(),
-                                on_ready=lambda name, _s: ready.append(name), interval_s=0.01) == []
+        group.wait_ready("svc", timeout_s=30, stop=threading.Event(), on_ready=lambda name, _s: ready.append(name),
+                         interval_s=0.01)
         assert ready == ["svc"] and state["calls"] == 3
-        down = procgroup.ProcessSpec("down", [], ready_url=f"http://127.0.0.1:{stack.free_port()}/x")
-        assert procgroup.wait_ready([down, spec], timeout_s=0.2, stop=threading.Event(),
-                                on_ready=lambda name, _s: ready.append(name), interval_s=0.01) == ["down"]
-        assert ready == ["svc", "svc"]
+        with pytest.raises(procgroup.NotReady) as late:
+            group.wait_ready("down", "svc", timeout_s=0.2, stop=threading.Event(),
+                             on_ready=lambda name, _s: ready.append(name), interval_s=0.01)
+        assert late.value.names == ["down"] and ready == ["svc", "svc"]
         stop = threading.Event()
         stop.set()
-        assert procgroup.wait_ready([down], timeout_s=30, stop=stop, on_ready=lambda *_: None) == ["down"]
+        group.wait_ready("down", timeout_s=30, stop=stop, on_ready=lambda *_: None)  # returns at once, not ready
 
 
 def test_redis_probe_uses_ping(redis_url: str) -> None:

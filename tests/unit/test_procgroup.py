@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def test_wait_ready_reports_an_early_exit_and_a_timeout() -> None:
         with pytest.raises(NotReady, match="not ready within 0.2 s: slow") as late:
             group.wait_ready("slow", timeout_s=0.2, interval_s=0.02)
         assert late.value.names == ["slow"]
-        assert group.exited() == ("dies", 2)
+        assert group.supervise(threading.Event(), interval_s=0.01) == ("dies", 2)
 
 
 def test_revive_starts_again_what_was_killed() -> None:
