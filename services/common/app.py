@@ -1,17 +1,11 @@
 """App factory pieces every service uses: the guard middleware, route wiring, health, version, metrics.
 
-The guard is one pure-ASGI middleware (cheap on the hot path) made of small steps, each doing one thing,
-in this order: `request_id_of` (accept or mint `X-Request-ID`); open paths (health, metrics, docs) pass
-untouched; `single_headers` (a header given twice: 400); `KeyCheck` (auth: 401, and who the caller is,
-`services.common.admission.Caller` in the scope's state); `BodyReader` (the body over the limit: 413, not
-received in time: 408, before the request counts as in flight); `body_refusal` (not JSON: 415, absurd
-JSON: 422); `Admission` (the adaptive in-flight limit: 429 + Retry-After); `GuardMiddleware._respond`
-(the deadline: 504, a client that hangs up cancels its work: 499, a bug: 500); `record_request` (metrics).
-
-Every service wires its routes one way: a module-level `service_router(tag)` whose handlers read what the
-lifespan built through `from_state(request, name, Kind)` (503 until it is there), included by
-`create_app`. Errors are documented in OpenAPI only through route `responses` (`error_responses`): the
-guard's on every guarded route (`GUARD_ERRORS`, by the router), each route's own beside them.
+The guard is one pure-ASGI middleware (cheap on the hot path) of small steps, in this order: `request_id_of`;
+open paths pass untouched; `single_headers` (400); `KeyCheck` (401; the `Caller` into the scope's state);
+`BodyReader` (413, 408; before the request counts as in flight); `body_refusal` (415, 422); `Admission`
+(429 + Retry-After); `GuardMiddleware._respond` (504, 499 for a client that hangs up, 500); `record_request`.
+Routes: a module-level `service_router(tag)` per service, state read through `from_state` (503 until the
+lifespan built it); errors are documented only through route `responses` (`error_responses`).
 """
 
 from __future__ import annotations
@@ -565,9 +559,7 @@ def build_app(
 
 
 def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
-    """How every service runs under uvicorn: its address, quiet logs, the keep-alive timeout, and the
-    guarded HTTP protocol (`services.common.protocol`: header timeouts and size limit, enveloped parse
-    errors)."""
+    """How every service runs under uvicorn (with the guarded HTTP protocol, `services.common.protocol`)."""
     from services.common.protocol import GuardedHttpToolsProtocol
 
     return dict(host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False,
@@ -576,16 +568,10 @@ def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
 
 
 def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> None:
-    """Run one service with uvicorn (used by every `python -m services.X` entrypoint).
-
-    `settings.workers` > 1: that many worker processes on the port, each with its own SO_REUSEPORT socket
-    so the kernel spreads connections evenly (`services.common.workers`: one that dies is replaced; on
-    other systems than Linux uvicorn's supervisor and its one shared socket), each
-    built by `worker_factory` ("module:function", no arguments, settings from the same environment), each
-    with its own state (a retriever loads its index in every worker: RAM x workers). Their metrics go
-    through prometheus_client's multiprocess mode, so `/metrics` from any worker reports the sum over all
-    of them. `app` serves alone when `workers` is 1.
-    """
+    """Run one service with uvicorn: `app` alone, or `settings.workers` processes each built by
+    `worker_factory` ("module:function", no arguments; its own state: RAM x workers) on their own
+    SO_REUSEPORT sockets (`services.common.workers`; elsewhere than Linux uvicorn's shared socket), their
+    metrics summed through prometheus_client's multiprocess mode."""
     import uvicorn
 
     options = uvicorn_options(settings)
@@ -612,13 +598,9 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
         sys.exit(code)
 
 
-
-
 def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]:
-    """`(worker_app, main)` of `services.<service>.__main__`: settings (`<Service>Settings` from
-    `services.<service>.settings`, read from the environment) and logging, then `create_app` from
-    `services.<service>.api`; `main` serves it, and with `<SERVICE>_WORKERS` > 1 every worker rebuilds it
-    through `worker_app`."""
+    """`(worker_app, main)` of `services.<service>.__main__`: `<Service>Settings` from the environment,
+    logging, `create_app` of `services.<service>.api`; `main` serves it, each worker rebuilds it."""
 
     def build() -> tuple[FastAPI, ServiceSettings]:
         import importlib

@@ -55,8 +55,7 @@ def normalize_query(query: str) -> str:
 
 
 def _clean_query(text: str) -> str:
-    text = " ".join(text.split())
-    return text[:MAX_QUERY_CHARS]
+    return " ".join(text.split())[:MAX_QUERY_CHARS]
 
 
 def parse_query_payload(raw: str) -> tuple[str, bool]:
@@ -106,10 +105,7 @@ class Selection:
 
 def parse_selection(raw: str, n_docs: int, select_k: int) -> Selection:
     raw_ids = [int(n) for n in _INT.findall(raw) if len(n) <= 6]
-    ids: list[int] = []
-    for doc_id in raw_ids:
-        if 1 <= doc_id <= n_docs and doc_id not in ids:
-            ids.append(doc_id)
+    ids = list(dict.fromkeys(i for i in raw_ids if 1 <= i <= n_docs))  # deduplicated, order kept
     return Selection(ids=ids[:select_k], raw_ids=raw_ids)
 
 
@@ -127,11 +123,7 @@ class S3Action:
 
     @property
     def kind(self) -> str:
-        if self.complete:
-            return "complete"
-        if self.query:
-            return "search"
-        return "invalid"
+        return "complete" if self.complete else "search" if self.query else "invalid"
 
 
 def postprocess_s3(raw: str, *, stopped: bool) -> str:
@@ -176,11 +168,7 @@ class QAgentAction:
 
     @property
     def kind(self) -> str:
-        if self.queries:
-            return "search"
-        if self.answer is not None:
-            return "complete"
-        return "invalid"
+        return "search" if self.queries else "complete" if self.answer is not None else "invalid"
 
 
 def postprocess_qagent(raw: str, *, stopped: bool) -> str:
@@ -233,7 +221,4 @@ def format_documents(docs: Sequence[Document], *, max_chars: int | None = None) 
 
 def format_query_blocks(blocks: Sequence[tuple[str, Sequence[Document]]], *, max_chars: int | None = None) -> str:
     """QAgent's information: the results of every query of a round, numbered per query."""
-    parts = []
-    for query, docs in blocks:
-        parts.append(f"Query: {query}\n{format_documents(docs, max_chars=max_chars)}")
-    return "".join(parts)
+    return "".join(f"Query: {query}\n{format_documents(docs, max_chars=max_chars)}" for query, docs in blocks)
