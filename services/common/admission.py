@@ -217,10 +217,6 @@ class RateLimiter:
                                             retry_on_timeout=False)
             self._script = self._redis.register_script(_TAKE_SCRIPT)
 
-    @property
-    def shared(self) -> bool:
-        return self._redis is not None
-
     async def take(self, caller: str, cost: float) -> float:
         if cost > self.burst:
             return math.inf  # never affordable: the request's own bound should have refused it
