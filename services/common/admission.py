@@ -13,14 +13,11 @@ requests and `WINDOW_S`) the mean of all samples is compared with it:
     requests refused while latency is fine: limit += sqrt(limit)        (probe upwards)
     nobody refused, latency fine:           limit <= max(floor, 1.5 * peak in flight + 2)   (headroom)
 
-within [min_limit, max_limit]; `floor` is an eighth of the ceiling, so bursts of that size are always
-admitted. After a decrease, only requests admitted under the new limit count (those admitted before still
-report the latency of the old one), so one overload does not shrink the limit again and again while its
-backlog drains. Because the baseline comes from low load only, a sustained overload cannot drag it up with
-the latency it is meant to hold (Gradient2's long-term average drifts so). Envoy re-measures its minimum by
-forcing concurrency down now and then; here the baseline moves whenever low-load requests happen, and a
-service that never sees low load keeps the baseline it started with (or the lower means it has seen).
-`max_limit` (`MAX_IN_FLIGHT`) stays the ceiling.
+within [min_limit, max_limit] (`MAX_IN_FLIGHT`); `floor`, an eighth of the ceiling, is always admitted.
+After a decrease only requests admitted under the new limit count, so one overload does not shrink the limit
+again and again while its backlog drains. A baseline from low load only cannot be dragged up by a sustained
+overload (Gradient2's long-term average drifts so); a service that never sees low load keeps the baseline
+it started with (or the lower means it has seen).
 
 `TokenBucket` / `RateLimiter`: a cost budget per caller (API key), refilled at `rate` units per second up
 to `burst`, kept in Redis when there is one (a Lua script, so every replica and worker spends from the

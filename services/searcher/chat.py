@@ -1,12 +1,10 @@
 """The OpenAI-compatible answering proxy (opt-in): search on the last user message, put the context into
 the conversation, forward to the answer LLM, return (or stream) its completion.
 
-Any OpenAI client or chat UI pointed at the searcher's `/v1` becomes search-augmented. The last user
-message is replaced by the configured template filled with `$context` (the documents found, formatted as
-`/search` returns them) and `$question` (the message); everything else of the request (other messages,
-sampling parameters, `stream`) goes to the answer LLM as it came, with the configured model. Failures keep
-their meaning: a bad request is a 4xx, the retriever down a 503, the answer LLM failing a 502 / 504 (before
-the first streamed chunk: as that status; after it: an `error` event, then the stream ends).
+The last user message is replaced by the configured template filled with `$context` and `$question`; the
+rest of the request goes to the answer LLM as it came, with the configured model. A bad request is a 4xx,
+the retriever down a 503, the answer LLM failing a 502 / 504 (after the first streamed chunk: an `error`
+event, then the stream ends).
 """
 
 from __future__ import annotations
