@@ -514,7 +514,7 @@ def build_app(
     install_error_handlers(app)
     unguarded = OPEN_PATHS | set(open_paths)
     app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics, open_paths=unguarded)
-    if settings.accepted_tokens():
+    if settings.api_keys or settings.internal_token is not None:  # keys checked: document them
         default_openapi = app.openapi
 
         def openapi() -> dict[str, Any]:

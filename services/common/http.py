@@ -36,7 +36,7 @@ from services.common.errors import (
 )
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, Response, StreamResponse, as_response, make_wire
+from services.common.transport import HttpTransport, Response, StreamResponse, make_wire
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -293,7 +293,8 @@ class ServiceClient:
                             self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
                     failed = response.status_code >= 400
                     if failed and not read:
-                        response = as_response(response, await response.aread())
+                        response = Response(response.status_code, response.headers, await response.aread(),
+                                            response.reason_phrase)
                 except httpx.RequestError as exc:
                     last = self._no_answer(exc, time.perf_counter() - t0, timeout)
                 else:

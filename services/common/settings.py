@@ -73,9 +73,3 @@ class ServiceSettings(BaseSettings):
 
     def redis_dsn(self) -> str | None:
         return None if self.redis_url is None else self.redis_url.get_secret_value()
-
-    def accepted_tokens(self) -> list[bytes]:
-        tokens = [k.get_secret_value().encode() for k in self.api_keys]
-        if self.internal_token is not None:
-            tokens.append(self.internal_token.get_secret_value().encode())
-        return tokens

@@ -79,11 +79,6 @@ class Wire(Protocol):
     async def aclose(self) -> None: ...
 
 
-def as_response(stream: StreamResponse, content: bytes) -> Response:
-    """A streamed response read to the end."""
-    return Response(stream.status_code, stream.headers, content, stream.reason_phrase)
-
-
 def dumps(body: Any) -> bytes:
     """Request JSON with orjson (NaN and infinities become null); the standard library for what orjson
     refuses (integers over 64 bits)."""
@@ -105,7 +100,8 @@ class HttpxWire:
                  timeout: float | None) -> httpx.Request:
         if json is not None:
             headers = {"content-type": "application/json", **(headers or {})}
-        return self.client.build_request(method, path, headers=headers, content=None if json is None else dumps(json),
+        return self.client.build_request(method, path, headers=headers,
+                                         content=None if json is None else dumps(json),
                                          timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
 
     async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,

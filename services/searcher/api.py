@@ -18,9 +18,7 @@ from services.common.clients import RetrieverClient
 from services.common.errors import ErrorEnvelope, error_responses
 from services.common.llm import LLMBackend, OpenAIChatClient
 from services.common.schemas.searcher import (
-    ActionEvent,
-    EndEvent,
-    RetrievalEvent,
+    STREAM_EVENT_MODELS,
     SearchBatchRequest,
     SearchBatchResponse,
     SearchRequest,
@@ -44,9 +42,7 @@ STREAM_DESCRIPTION = (
     "`retrieval` (RetrievalEvent), `action` (ActionEvent), `end` (EndEvent), then `result` (this same "
     "SearchResponse), or `error` (ErrorEnvelope) when the search fails after the stream began. A cache hit "
     "sends `result` alone; closing the connection cancels the search.")
-STREAM_EVENTS: dict[str, type[BaseModel]] = {
-    "retrieval": RetrievalEvent, "action": ActionEvent, "end": EndEvent, "result": SearchResponse,
-    "error": ErrorEnvelope}
+STREAM_EVENTS: dict[str, type[BaseModel]] = {**STREAM_EVENT_MODELS, "error": ErrorEnvelope}
 
 
 def event_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
@@ -129,14 +125,14 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                 client = owned(RetrieverClient(settings.retriever, metrics=metrics))
                 the_retriever = ServiceRetriever(client, max_batch=settings.retriever_max_batch)
             the_cache = cache if cache is not None else owned(make_cache(
-                settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s, max_items=settings.cache_max_items,
-                metrics=metrics))
+                settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s,
+                max_items=settings.cache_max_items, metrics=metrics))
             limiter = None if settings.rate_limit_per_s <= 0 else owned(RateLimiter(
                 settings.rate_limit_per_s, settings.rate_limit_burst, redis_url=settings.redis_dsn()))
-            app.state.service = SearchService(
-                settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
-                metrics=SearcherMetrics(metrics.registry), rate_limiter=limiter,
-                index_identity=None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s))
+            identity = None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s)
+            app.state.service = SearchService(settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
+                                              metrics=SearcherMetrics(metrics.registry), index_identity=identity,
+                                              rate_limiter=limiter)
             if settings.chat is not None:
                 the_answer = answer if answer is not None else owned(
                     OpenAIChatClient(settings.chat.answer, name="answer", metrics=metrics))

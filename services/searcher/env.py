@@ -279,7 +279,8 @@ class SearchEnv:
             return None
 
     def _invalid(self, kind: str, reprompt: str) -> None:
-        """An invalid (or repeated) action: re-prompt, or end after `max_invalid` in a row."""
+        """An invalid (or repeated) action: a turn spent (as in s3); re-prompt, or end after `max_invalid`."""
+        self._steps += 1
         self.invalid += 1
         self._in_a_row += 1
         self._emit("action", kind=kind)
@@ -314,11 +315,9 @@ class SearchEnv:
             return
         query = action.query
         if query is not None and parsing.normalize_query(query) in self.seen_queries:
-            self._steps += 1  # a wasted turn, as in s3 where every step counts
             self._invalid("duplicate", self.prompts.render("s3", "duplicate", query=query))
             return
         if query is None:
-            self._steps += 1
             self._invalid("invalid", self.prompts.render("s3", "invalid"))
             return
         self.valid += 1
@@ -346,7 +345,6 @@ class SearchEnv:
             return
         new = [q for q in action.queries if parsing.normalize_query(q) not in self.seen_queries]
         if not new:
-            self._steps += 1
             part = "duplicate" if action.queries else "invalid"
             self._invalid(part, self.prompts.render("qagent", part))
         else:

@@ -122,9 +122,10 @@ class SearchService:
         self.prompts = PromptSet.load(settings.prompts_dir)
 
     def params_for(self, request: SearchRequest) -> SearchParams:
-        return SearchParams(**{**self.settings.model_dump(include=SETTINGS_PARAMS),
+        s = self.settings
+        return SearchParams(**{**s.model_dump(include=SETTINGS_PARAMS),
                                **request.model_dump(include=REQUEST_PARAMS, exclude_none=True)},
-                            mode=request.mode, method=request.method, timeout_s=self.settings.search_timeout_s)
+                            mode=request.mode, method=request.method, timeout_s=s.search_timeout_s)
 
     def key(self, question: str, params: SearchParams, index_id: str | None = None) -> str:
         payload: dict[str, Any] = {

@@ -25,12 +25,8 @@ HEADERS = {
 }
 
 
-def _read(name: str) -> bytes:
-    return resources.files("services.searcher.static").joinpath(name).read_bytes()
-
-
 def _endpoint(name: str, media_type: str) -> Callable[[], Awaitable[Response]]:
-    body = _read(name)  # once, when the app is built
+    body = resources.files("services.searcher.static").joinpath(name).read_bytes()  # once, at build time
 
     async def serve_file() -> Response:
         return Response(body, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)

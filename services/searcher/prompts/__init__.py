@@ -62,7 +62,7 @@ class PromptSet:
         self.texts = dict(texts)
         self.source = source
         self._templates = {name: Template(text) for name, text in texts.items()}
-        digest = hashlib.sha256(b"".join(name.encode() + b"\0" + texts[name].encode() for name in sorted(texts)))
+        digest = hashlib.sha256(b"".join(n.encode() + b"\0" + texts[n].encode() for n in sorted(texts)))
         self.version = f"{version_label}-{digest.hexdigest()[:8]}"
 
     def render(self, mode: str, part: str, **values: object) -> str:
