@@ -96,8 +96,7 @@ class AsyncSearchClient:
 
     async def version(self) -> dict[str, Any]:
         """The searcher's `GET /version`: version, prompt version, policy model and search defaults."""
-        response = await self._client.request("GET", "/version")
-        body: dict[str, Any] = response.json()
+        body: dict[str, Any] = (await self._client.request("GET", "/version")).json()
         return body
 
     async def aclose(self) -> None:

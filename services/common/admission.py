@@ -165,12 +165,8 @@ class TokenBucket:
         now = self.clock()
         tokens, at = self._buckets.get(caller, (self.burst, now))
         tokens = min(self.burst, tokens + (now - at) * self.rate)
-        wait = 0.0
-        if tokens >= cost:
-            tokens -= cost
-        else:
-            wait = (cost - tokens) / self.rate
-        self._buckets[caller] = (tokens, now)
+        wait = 0.0 if tokens >= cost else (cost - tokens) / self.rate
+        self._buckets[caller] = (tokens - cost if tokens >= cost else tokens, now)
         self._buckets.move_to_end(caller)
         while len(self._buckets) > self.max_callers:
             self._buckets.popitem(last=False)
@@ -219,9 +215,8 @@ class RateLimiter:
             return math.inf  # never affordable: the request's own bound should have refused it
         if self._script is not None:
             try:
-                wait = await self._script(keys=[f"plugsearch:ratelimit:{self.namespace}:{caller}"],
-                                          args=[self.rate, self.burst, cost])
-                return float(wait)
+                return float(await self._script(keys=[f"plugsearch:ratelimit:{self.namespace}:{caller}"],
+                                                args=[self.rate, self.burst, cost]))
             except Exception as exc:  # Redis down or slow: this process's buckets stand in
                 logger.warning("rate limit store unreachable, using local buckets: %s", type(exc).__name__)
         return self.local.take(caller, cost)

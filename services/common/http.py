@@ -142,9 +142,7 @@ def parse_retry_after(value: str | None) -> float | None:
         seconds = float(value)
     except ValueError:
         return None
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
 
 
 def _envelope(body: Any) -> tuple[str | None, str | None, str | None]:
@@ -190,9 +188,7 @@ def decode_error_event(name: str, data: str) -> ServiceError:
         type_, message, param = _envelope(orjson.loads(data))
     except orjson.JSONDecodeError:
         type_, message, param = None, None, None
-    classes: tuple[type[ServiceError], ...] = (*ERROR_CLASSES, UpstreamUnavailable)
-    by_type = {cls.type: cls for cls in classes}
-    cls = by_type.get(type_ or "", UpstreamError)
+    cls = next((c for c in (*ERROR_CLASSES, UpstreamUnavailable) if c.type == type_), UpstreamError)
     return cls(f"{name}: {(message or 'the stream failed')[:1000]}", param=param)
 
 

@@ -22,7 +22,7 @@ from services.common import sse
 from services.common.admission import Caller
 from services.common.errors import BadRequest, ServiceError
 from services.common.schemas.chat import ChatCompletionRequest, ChatMessageIn, SearchSummary
-from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest, SearchResponse
+from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest
 from services.searcher.serving import SearchService
 from services.searcher.settings import ChatProxySettings
 
@@ -91,7 +91,9 @@ class ChatProxy:
                 context=found.context, question=question))
         body = request.model_dump(exclude={"search", "stream", "messages"}, exclude_none=True)
         body.update(messages=messages, model=self.settings.answer.model)
-        return body, summarize(found)
+        return body, SearchSummary(mode=found.mode, queries=found.queries, cached=found.cached,
+                                   document_ids=[d.id for d in found.documents],
+                                   titles=[d.title for d in found.documents], degraded=found.degraded)
 
     async def complete(self, request: ChatCompletionRequest, caller: Caller | None = None) -> dict[str, Any]:
         body, summary = await self.prepare(request, caller)
@@ -126,8 +128,3 @@ class ChatProxy:
                     logger.warning("answer stream failed after it began: %s", exc.message)
                     yield event({"error": {"type": exc.type, "message": exc.message}})
             yield DONE
-
-
-def summarize(found: SearchResponse) -> SearchSummary:
-    return SearchSummary(mode=found.mode, queries=found.queries, document_ids=[d.id for d in found.documents],
-                         titles=[d.title for d in found.documents], cached=found.cached, degraded=found.degraded)

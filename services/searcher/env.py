@@ -293,7 +293,7 @@ class SearchEnv:
         p = self.params
         allow_search = self.can_search
         current = self.blocks[-1]
-        text = parsing.postprocess_s3(output, stopped=stopped)
+        text = parsing.postprocess(output, "query", stopped=stopped)
         self.messages.append(ChatMessage(role="assistant", content=text))
         action = parsing.parse_s3(text, n_docs=len(current.documents), select_k=p.select_k)
         if action.selection is not None and current.selected is None:
@@ -335,7 +335,7 @@ class SearchEnv:
 
     async def _step_qagent(self, output: str, *, stopped: bool) -> None:
         p = self.params
-        text = parsing.postprocess_qagent(output, stopped=stopped)
+        text = parsing.postprocess(output, "search", stopped=stopped)
         self.messages.append(ChatMessage(role="assistant", content=text))
         action = parsing.parse_qagent(text, max_queries=p.max_queries_per_round)
         if action.kind == "complete":

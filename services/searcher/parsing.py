@@ -35,16 +35,12 @@ _INT = re.compile(r"\d+")
 _TRUE = frozenset({"true", "yes", "1", "y"})
 
 
-def close_open_tag(text: str, tag: str) -> str:
-    """Re-append `</tag>` when the output opened `<tag>` last and a stop sequence ate its closing tag."""
-    open_at = text.rfind(f"<{tag}>")
-    if open_at >= 0 and text.find(f"</{tag}>", open_at) < 0:
-        return text.rstrip() + f"</{tag}>"
-    return text
-
-
-def cut_after(text: str, closing: str) -> str:
-    """Keep the output up to and including its first `closing` tag (s3 cuts after `</query>`)."""
+def postprocess(raw: str, tag: str, *, stopped: bool) -> str:
+    """The transcript text of an output (`tag`: s3's `query`, QAgent's `search`): `</tag>` re-appended when
+    a stop sequence ate it (`<tag>` opened last, never closed), then cut after the first `</tag>`."""
+    closing = f"</{tag}>"
+    open_at = raw.rfind(f"<{tag}>")
+    text = raw.rstrip() + closing if stopped and open_at >= 0 and raw.find(closing, open_at) < 0 else raw
     at = text.find(closing)
     return text if at < 0 else text[:at + len(closing)]
 
@@ -126,12 +122,6 @@ class S3Action:
         return "complete" if self.complete else "search" if self.query else "invalid"
 
 
-def postprocess_s3(raw: str, *, stopped: bool) -> str:
-    """The transcript text of an s3 output: closing tag restored when a stop sequence hit, cut after it."""
-    text = close_open_tag(raw, "query") if stopped else raw
-    return cut_after(text, "</query>")
-
-
 def parse_s3(text: str, *, n_docs: int, select_k: int) -> S3Action:
     """Parse one (post-processed) s3 output against the current information block of `n_docs` docs."""
     action = S3Action(text=text)
@@ -169,11 +159,6 @@ class QAgentAction:
     @property
     def kind(self) -> str:
         return "search" if self.queries else "complete" if self.answer is not None else "invalid"
-
-
-def postprocess_qagent(raw: str, *, stopped: bool) -> str:
-    text = close_open_tag(raw, "search") if stopped else raw
-    return cut_after(text, "</search>")
 
 
 def parse_qagent(text: str, *, max_queries: int) -> QAgentAction:
