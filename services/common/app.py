@@ -151,9 +151,7 @@ class KeyCheck:
         # Compare fixed-size digests against every key: the time depends neither on which key matched
         # nor on how long the presented or the accepted keys are.
         digest = hashlib.sha256(presented).digest()
-        public = False
-        for key_digest in self.key_digests:
-            public |= hmac.compare_digest(digest, key_digest)
+        public = any([hmac.compare_digest(digest, key) for key in self.key_digests])  # a list: compare all
         if self.internal_digest is not None and hmac.compare_digest(digest, self.internal_digest):
             return Caller("internal", "internal")
         return Caller("key", key_id(digest)) if public else None

@@ -130,9 +130,9 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             limiter = None if settings.rate_limit_per_s <= 0 else owned(RateLimiter(
                 settings.rate_limit_per_s, settings.rate_limit_burst, redis_url=settings.redis_dsn()))
             identity = None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s)
-            app.state.service = SearchService(settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
-                                              metrics=SearcherMetrics(metrics.registry), index_identity=identity,
-                                              rate_limiter=limiter)
+            app.state.service = SearchService(
+                settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
+                metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter)
             if settings.chat is not None:
                 the_answer = answer if answer is not None else owned(
                     OpenAIChatClient(settings.chat.answer, name="answer", metrics=metrics))
