@@ -188,7 +188,8 @@ def decode_error_event(name: str, data: str) -> ServiceError:
         type_, message, param = _envelope(orjson.loads(data))
     except orjson.JSONDecodeError:
         type_, message, param = None, None, None
-    cls = next((c for c in (*ERROR_CLASSES, UpstreamUnavailable) if c.type == type_), UpstreamError)
+    classes: list[type[ServiceError]] = [*ERROR_CLASSES, UpstreamUnavailable]
+    cls = next((c for c in classes if c.type == type_), UpstreamError)
     return cls(f"{name}: {(message or 'the stream failed')[:1000]}", param=param)
 
 
