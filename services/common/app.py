@@ -158,12 +158,9 @@ class KeyCheck:
 
 
 class BodyReader:
-    """The whole request body, at most `max_bytes` of it, within `timeout_s`.
-
-    Buffering here (instead of counting inside the app's receive) means a chunked body over the limit gets
-    the same 413 as one with a large Content-Length; the framework never sees it. A client that trickles
-    its body holds no in-flight slot (admission comes after) and gets 408 past the timeout.
-    """
+    """The whole request body, at most `max_bytes` of it, within `timeout_s`. Buffered here, a chunked body
+    over the limit gets the same 413 as a large Content-Length; a client that trickles its body holds no
+    in-flight slot (admission comes after) and gets 408 past the timeout."""
 
     def __init__(self, max_bytes: int, timeout_s: float) -> None:
         self.max_bytes = max_bytes
@@ -495,12 +492,9 @@ def build_app(
     version_details: Callable[[FastAPI], dict[str, Any]] | None = None,
     open_paths: Iterable[str] = (),
 ) -> FastAPI:
-    """A FastAPI app with the shared middleware, error handlers and operational endpoints.
-
-    The service's lifespan must set `app.state.readiness` (a ReadinessCheck) once it can answer, and may
-    set `app.state.startup_error` (why it cannot; `from_state` answers it).
-    `open_paths`: more paths served without auth or request limits (static pages), besides `OPEN_PATHS`.
-    """
+    """A FastAPI app with the shared middleware, error handlers and operational endpoints. The lifespan
+    must set `app.state.readiness` (a ReadinessCheck) once it can answer, and may set
+    `app.state.startup_error`. `open_paths`: more paths without auth or limits, besides `OPEN_PATHS`."""
     forget_dead_workers()
     metrics = ServiceMetrics(service)
     app = FastAPI(title=f"plugsearch {service}", description=description, version=services.__version__,

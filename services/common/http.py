@@ -54,9 +54,8 @@ class UpstreamUnavailable(UpstreamError):
 
 
 class CallSettings(BaseModel):
-    """How to call one upstream: timeouts, retries, breaker and wire. The base of `ClientSettings` (our
-    services) and `LLMSettings` (an OpenAI-compatible API), so both read the same env names
-    (`..._TIMEOUT_S`, `..._MAX_RETRIES`, `..._BREAKER_FAILURES` ...)."""
+    """How to call one upstream: the base of `ClientSettings` (our services) and `LLMSettings` (an
+    OpenAI-compatible API), so both read the same env names (`..._TIMEOUT_S`, `..._MAX_RETRIES` ...)."""
 
     timeout_s: float = Field(30.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
@@ -198,9 +197,8 @@ Refusal = Callable[[ServiceError], ServiceError]
 
 
 class ServiceClient:
-    """One upstream behind the one call policy (module docstring). The typed clients (`RetrieverClient`,
-    `GeneratorClient`, ...) subclass it; `OpenAIChatClient` holds one. `sleep` (the pause between attempts)
-    and `breaker` are attributes, so tests can replace them."""
+    """One upstream behind the one call policy (module docstring); the typed clients subclass it. `sleep`
+    (the pause between attempts) and `breaker` are attributes, so tests can replace them."""
 
     name = "service"
 
