@@ -6,20 +6,10 @@
         result = client.search("who wrote the call of the wild", mode="s3")
         prompt = f"{result.context}\\n\\nQuestion: {result.question}"
 
-Both return the searcher's own pydantic models (`SearchResponse` with `documents`, `context`, `queries`,
-`timings`, ...). Both send the API key as `Authorization: Bearer`, time out (`timeout` per request,
-`connect_timeout` to connect), and retry connection errors, timeouts and 429/502/503/504 answers
-(`max_retries`, full-jitter backoff, a server's Retry-After honoured), through the same `ServiceClient`
-the services use between themselves. Errors raise `plugsearch.ServiceError` subclasses carrying the
-server's status, message and parameter: `BadRequest` (400, or a request refused before sending),
-`ValidationFailed` (422), `Unauthorized` (401), `Overloaded` (429), `UpstreamUnavailable` (503, or the
-searcher unreachable), `UpstreamTimeout` (504, or no answer within `timeout`).
-
-`search_stream` yields the search as it goes (server-sent events: documents retrieved, the policy's
-actions, the end) and the same `SearchResponse` last.
-
-Defaults come from the environment: `PLUGSEARCH_URL` (else http://127.0.0.1:8000) and
-`PLUGSEARCH_API_KEY` (the key `plugsearch-stack --api-key` sets).
+Both return the searcher's pydantic models and call it through the `ServiceClient` the services use
+between themselves (timeouts, retries, Retry-After honoured); errors raise `plugsearch.ServiceError`
+subclasses with the server's status, message and parameter. Defaults: `PLUGSEARCH_URL` (else
+http://127.0.0.1:8000) and `PLUGSEARCH_API_KEY`. See docs/INTEGRATIONS.md.
 """
 
 from __future__ import annotations
@@ -106,8 +96,7 @@ class AsyncSearchClient:
 
     async def version(self) -> dict[str, Any]:
         """The searcher's `GET /version`: version, prompt version, policy model and search defaults."""
-        response = await self._client.request("GET", "/version")
-        body: dict[str, Any] = response.json()
+        body: dict[str, Any] = (await self._client.request("GET", "/version")).json()
         return body
 
     async def aclose(self) -> None:

@@ -1,19 +1,10 @@
 """`plugsearch-mcp`: the searcher as an MCP tool, for agents (Claude Desktop, IDEs, any MCP client).
 
-Built on the official `mcp` SDK (`pip install 'plugsearch[mcp]'`). One tool, `search(question, mode,
-budget)`, calls a running searcher's `POST /search` through the public client (`plugsearch.AsyncSearchClient`:
-timeouts, retries, API key) and returns the ready-to-paste `context` and the `documents` (as structured
-content, and as JSON text for clients that read only text).
-
-    plugsearch-mcp                                   # stdio (what desktop clients launch)
-    plugsearch-mcp --transport http --port 8010      # streamable HTTP at http://127.0.0.1:8010/mcp
-                                                     # (GET /health: liveness)
-
-Settings (env prefix `PLUGSEARCH_MCP_`, or the flags): `SEARCHER_URL` (default: `PLUGSEARCH_URL`, else
-http://127.0.0.1:8000), `API_KEY` (default: `PLUGSEARCH_API_KEY`), `TIMEOUT_S`, `MAX_RETRIES`,
-`DEFAULT_MODE`, `TRANSPORT` (stdio | http), `HOST`, `PORT`, `PATH`, `LOG_LEVEL`. Logs go to stderr (stdout
-carries the protocol on stdio). The HTTP transport has no authentication of its own: it binds 127.0.0.1
-unless told otherwise; put it behind a proxy that checks keys before exposing it.
+One tool, `search(question, mode, budget)`, over a running searcher through `plugsearch.AsyncSearchClient`,
+returning the ready-to-paste `context` and the `documents`. Transports: stdio (what desktop clients
+launch) or streamable HTTP (`--transport http`: /mcp, GET /health; no authentication of its own, so it
+binds 127.0.0.1 unless told otherwise). Settings: `McpSettings` (env `PLUGSEARCH_MCP_*`, or the flags);
+logs go to stderr. See docs/INTEGRATIONS.md.
 """
 
 from __future__ import annotations

@@ -13,14 +13,11 @@ requests and `WINDOW_S`) the mean of all samples is compared with it:
     requests refused while latency is fine: limit += sqrt(limit)        (probe upwards)
     nobody refused, latency fine:           limit <= max(floor, 1.5 * peak in flight + 2)   (headroom)
 
-within [min_limit, max_limit]; `floor` is an eighth of the ceiling, so bursts of that size are always
-admitted. After a decrease, only requests admitted under the new limit count (those admitted before still
-report the latency of the old one), so one overload does not shrink the limit again and again while its
-backlog drains. Because the baseline comes from low load only, a sustained overload cannot drag it up with
-the latency it is meant to hold (Gradient2's long-term average drifts so). Envoy re-measures its minimum by
-forcing concurrency down now and then; here the baseline moves whenever low-load requests happen, and a
-service that never sees low load keeps the baseline it started with (or the lower means it has seen).
-`max_limit` (`MAX_IN_FLIGHT`) stays the ceiling.
+within [min_limit, max_limit] (`MAX_IN_FLIGHT`); `floor`, an eighth of the ceiling, is always admitted.
+After a decrease only requests admitted under the new limit count, so one overload does not shrink the limit
+again and again while its backlog drains. A baseline from low load only cannot be dragged up by a sustained
+overload (Gradient2's long-term average drifts so); a service that never sees low load keeps the baseline
+it started with (or the lower means it has seen).
 
 `TokenBucket` / `RateLimiter`: a cost budget per caller (API key), refilled at `rate` units per second up
 to `burst`, kept in Redis when there is one (a Lua script, so every replica and worker spends from the
@@ -168,12 +165,8 @@ class TokenBucket:
         now = self.clock()
         tokens, at = self._buckets.get(caller, (self.burst, now))
         tokens = min(self.burst, tokens + (now - at) * self.rate)
-        wait = 0.0
-        if tokens >= cost:
-            tokens -= cost
-        else:
-            wait = (cost - tokens) / self.rate
-        self._buckets[caller] = (tokens, now)
+        wait = 0.0 if tokens >= cost else (cost - tokens) / self.rate
+        self._buckets[caller] = (tokens - cost if tokens >= cost else tokens, now)
         self._buckets.move_to_end(caller)
         while len(self._buckets) > self.max_callers:
             self._buckets.popitem(last=False)
@@ -217,18 +210,13 @@ class RateLimiter:
                                             retry_on_timeout=False)
             self._script = self._redis.register_script(_TAKE_SCRIPT)
 
-    @property
-    def shared(self) -> bool:
-        return self._redis is not None
-
     async def take(self, caller: str, cost: float) -> float:
         if cost > self.burst:
             return math.inf  # never affordable: the request's own bound should have refused it
         if self._script is not None:
             try:
-                wait = await self._script(keys=[f"plugsearch:ratelimit:{self.namespace}:{caller}"],
-                                          args=[self.rate, self.burst, cost])
-                return float(wait)
+                return float(await self._script(keys=[f"plugsearch:ratelimit:{self.namespace}:{caller}"],
+                                                args=[self.rate, self.burst, cost]))
             except Exception as exc:  # Redis down or slow: this process's buckets stand in
                 logger.warning("rate limit store unreachable, using local buckets: %s", type(exc).__name__)
         return self.local.take(caller, cost)

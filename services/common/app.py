@@ -1,17 +1,11 @@
 """App factory pieces every service uses: the guard middleware, route wiring, health, version, metrics.
 
-The guard is one pure-ASGI middleware (cheap on the hot path) made of small steps, each doing one thing,
-in this order: `request_id_of` (accept or mint `X-Request-ID`); open paths (health, metrics, docs) pass
-untouched; `single_headers` (a header given twice: 400); `KeyCheck` (auth: 401, and who the caller is,
-`services.common.admission.Caller` in the scope's state); `BodyReader` (the body over the limit: 413, not
-received in time: 408, before the request counts as in flight); `body_refusal` (not JSON: 415, absurd
-JSON: 422); `Admission` (the adaptive in-flight limit: 429 + Retry-After); `GuardMiddleware._respond`
-(the deadline: 504, a client that hangs up cancels its work: 499, a bug: 500); `record_request` (metrics).
-
-Every service wires its routes one way: a module-level `service_router(tag)` whose handlers read what the
-lifespan built through `from_state(request, name, Kind)` (503 until it is there), included by
-`create_app`. Errors are documented in OpenAPI only through route `responses` (`error_responses`): the
-guard's on every guarded route (`GUARD_ERRORS`, by the router), each route's own beside them.
+The guard is one pure-ASGI middleware (cheap on the hot path) of small steps, in this order: `request_id_of`;
+open paths pass untouched; `single_headers` (400); `KeyCheck` (401; the `Caller` into the scope's state);
+`BodyReader` (413, 408; before the request counts as in flight); `body_refusal` (415, 422); `Admission`
+(429 + Retry-After); `GuardMiddleware._respond` (504, 499 for a client that hangs up, 500); `record_request`.
+Routes: a module-level `service_router(tag)` per service, state read through `from_state` (503 until the
+lifespan built it); errors are documented only through route `responses` (`error_responses`).
 """
 
 from __future__ import annotations
@@ -157,21 +151,16 @@ class KeyCheck:
         # Compare fixed-size digests against every key: the time depends neither on which key matched
         # nor on how long the presented or the accepted keys are.
         digest = hashlib.sha256(presented).digest()
-        public = False
-        for key_digest in self.key_digests:
-            public |= hmac.compare_digest(digest, key_digest)
+        public = any([hmac.compare_digest(digest, key) for key in self.key_digests])  # a list: compare all
         if self.internal_digest is not None and hmac.compare_digest(digest, self.internal_digest):
             return Caller("internal", "internal")
         return Caller("key", key_id(digest)) if public else None
 
 
 class BodyReader:
-    """The whole request body, at most `max_bytes` of it, within `timeout_s`.
-
-    Buffering here (instead of counting inside the app's receive) means a chunked body over the limit gets
-    the same 413 as one with a large Content-Length; the framework never sees it. A client that trickles
-    its body holds no in-flight slot (admission comes after) and gets 408 past the timeout.
-    """
+    """The whole request body, at most `max_bytes` of it, within `timeout_s`. Buffered here, a chunked body
+    over the limit gets the same 413 as a large Content-Length; a client that trickles its body holds no
+    in-flight slot (admission comes after) and gets 408 past the timeout."""
 
     def __init__(self, max_bytes: int, timeout_s: float) -> None:
         self.max_bytes = max_bytes
@@ -503,12 +492,9 @@ def build_app(
     version_details: Callable[[FastAPI], dict[str, Any]] | None = None,
     open_paths: Iterable[str] = (),
 ) -> FastAPI:
-    """A FastAPI app with the shared middleware, error handlers and operational endpoints.
-
-    The service's lifespan must set `app.state.readiness` (a ReadinessCheck) once it can answer, and may
-    set `app.state.startup_error` (why it cannot; `from_state` answers it).
-    `open_paths`: more paths served without auth or request limits (static pages), besides `OPEN_PATHS`.
-    """
+    """A FastAPI app with the shared middleware, error handlers and operational endpoints. The lifespan
+    must set `app.state.readiness` (a ReadinessCheck) once it can answer, and may set
+    `app.state.startup_error`. `open_paths`: more paths without auth or limits, besides `OPEN_PATHS`."""
     forget_dead_workers()
     metrics = ServiceMetrics(service)
     app = FastAPI(title=f"plugsearch {service}", description=description, version=services.__version__,
@@ -520,7 +506,7 @@ def build_app(
     install_error_handlers(app)
     unguarded = OPEN_PATHS | set(open_paths)
     app.add_middleware(GuardMiddleware, settings=settings, metrics=metrics, open_paths=unguarded)
-    if settings.accepted_tokens():
+    if settings.api_keys or settings.internal_token is not None:  # keys checked: document them
         default_openapi = app.openapi
 
         def openapi() -> dict[str, Any]:
@@ -565,9 +551,7 @@ def build_app(
 
 
 def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
-    """How every service runs under uvicorn: its address, quiet logs, the keep-alive timeout, and the
-    guarded HTTP protocol (`services.common.protocol`: header timeouts and size limit, enveloped parse
-    errors)."""
+    """How every service runs under uvicorn (with the guarded HTTP protocol, `services.common.protocol`)."""
     from services.common.protocol import GuardedHttpToolsProtocol
 
     return dict(host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False,
@@ -576,16 +560,10 @@ def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
 
 
 def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> None:
-    """Run one service with uvicorn (used by every `python -m services.X` entrypoint).
-
-    `settings.workers` > 1: that many worker processes on the port, each with its own SO_REUSEPORT socket
-    so the kernel spreads connections evenly (`services.common.workers`: one that dies is replaced; on
-    other systems than Linux uvicorn's supervisor and its one shared socket), each
-    built by `worker_factory` ("module:function", no arguments, settings from the same environment), each
-    with its own state (a retriever loads its index in every worker: RAM x workers). Their metrics go
-    through prometheus_client's multiprocess mode, so `/metrics` from any worker reports the sum over all
-    of them. `app` serves alone when `workers` is 1.
-    """
+    """Run one service with uvicorn: `app` alone, or `settings.workers` processes each built by
+    `worker_factory` ("module:function", no arguments; its own state: RAM x workers) on their own
+    SO_REUSEPORT sockets (`services.common.workers`; elsewhere than Linux uvicorn's shared socket), their
+    metrics summed through prometheus_client's multiprocess mode."""
     import uvicorn
 
     options = uvicorn_options(settings)
@@ -612,13 +590,9 @@ def serve(app: FastAPI, settings: ServiceSettings, *, worker_factory: str) -> No
         sys.exit(code)
 
 
-
-
 def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]:
-    """`(worker_app, main)` of `services.<service>.__main__`: settings (`<Service>Settings` from
-    `services.<service>.settings`, read from the environment) and logging, then `create_app` from
-    `services.<service>.api`; `main` serves it, and with `<SERVICE>_WORKERS` > 1 every worker rebuilds it
-    through `worker_app`."""
+    """`(worker_app, main)` of `services.<service>.__main__`: `<Service>Settings` from the environment,
+    logging, `create_app` of `services.<service>.api`; `main` serves it, each worker rebuilds it."""
 
     def build() -> tuple[FastAPI, ServiceSettings]:
         import importlib

@@ -82,15 +82,6 @@ ERROR_CLASSES: tuple[type[ServiceError], ...] = (
     BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, ValidationFailed, Overloaded,
     UpstreamError, NotReady, UpstreamTimeout)
 
-_BY_STATUS: dict[int, type[ServiceError]] = {cls.status: cls for cls in ERROR_CLASSES}
-
-
-def error_class_for_status(status: int) -> type[ServiceError]:
-    """The exception class a client raises for an upstream status (unknown 5xx -> UpstreamError)."""
-    if status in _BY_STATUS:
-        return _BY_STATUS[status]
-    return UpstreamError if status >= 500 else BadRequest
-
 
 def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` of a route (or a router): each status answered in the error envelope, and when.

@@ -1,22 +1,16 @@
-"""The one way to call an upstream, another service or an LLM: one policy over a `Wire` (aiohttp's pool by
-default, httpx for injected test transports: `services.common.transport`).
+"""The one way to call an upstream, another service or an LLM: `ServiceClient`, one policy over a `Wire`
+(`services.common.transport`); `OpenAIChatClient` calls its LLM through one.
 
-The policy (`ServiceClient`; `OpenAIChatClient` calls its LLM through one):
-- timeouts: `timeout_s` per read, `connect_timeout_s` to connect;
-- retries: up to `max_retries` after no answer (refused, reset, timed out) or a 429/502/503/504 answer, each
-  after a full-jitter backoff, at least the answer's `Retry-After` (clamped to `MAX_RETRY_PAUSE_S`);
-- one breaker: a call that got no answer or a 5xx answer is a failure; any other answer (429 included: the
-  upstream is alive and says when to come back) is a success;
-- one status mapping (`decode_error`, `_no_answer`): no connection or an open circuit is 503
-  `UpstreamUnavailable` with Retry-After, no answer in time 504 `UpstreamTimeout`, an upstream 503 / 504 is
-  503 / 504, any other 5xx 502 `UpstreamError`, a 4xx its own class (or what the caller's `refusal` makes of it);
-- one metric labelling: `upstream_seconds{upstream}` per attempt (a success: until the caller has read it),
-  `upstream_errors{upstream, kind}` with kind `connect`, `timeout` or the answer's status code.
-
-`ServiceClient` also forwards `X-Request-ID`, sends its bearer token and decodes the error envelope into the
-`services.common.errors` hierarchy. Tests inject an `httpx` transport (for example
-`httpx.ASGITransport(app)`) and need no server; tests/unit/test_upstream_policy.py runs the same policy
-over the production wire on real sockets.
+- retries: up to `max_retries` after no answer or a 429/502/503/504 answer, each after a full-jitter
+  backoff of at least the answer's `Retry-After` (clamped to `MAX_RETRY_PAUSE_S`);
+- one breaker: no answer or a 5xx is a failure; any other answer (429 included: the upstream is alive and
+  says when to come back) is a success;
+- one status mapping (`decode_error`, `_no_answer`): no connection or an open circuit 503
+  `UpstreamUnavailable` + Retry-After, no answer in time 504, an upstream 503 / 504 as such, another 5xx
+  502, a 4xx its own class (or what the caller's `refusal` makes of it);
+- metrics: `upstream_seconds{upstream}` per attempt (a success: until the caller has read it),
+  `upstream_errors{upstream, kind}`, kind `connect`, `timeout` or the status.
+Tests inject an `httpx` transport (`httpx.ASGITransport(app)`) and need no server.
 """
 
 from __future__ import annotations
@@ -35,14 +29,14 @@ from pydantic import BaseModel, Field, SecretStr
 
 from services.common.errors import (
     ERROR_CLASSES,
+    BadRequest,
     ServiceError,
     UpstreamError,
     UpstreamTimeout,
-    error_class_for_status,
 )
 from services.common.logging import REQUEST_ID_HEADER, get_request_id
 from services.common.metrics import ServiceMetrics
-from services.common.transport import HttpTransport, Response, StreamResponse, as_response, make_wire
+from services.common.transport import HttpTransport, Response, StreamResponse, make_wire
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -60,9 +54,8 @@ class UpstreamUnavailable(UpstreamError):
 
 
 class CallSettings(BaseModel):
-    """How to call one upstream: timeouts, retries, breaker and wire. The base of `ClientSettings` (our
-    services) and `LLMSettings` (an OpenAI-compatible API), so both read the same env names
-    (`..._TIMEOUT_S`, `..._MAX_RETRIES`, `..._BREAKER_FAILURES` ...)."""
+    """How to call one upstream: the base of `ClientSettings` (our services) and `LLMSettings` (an
+    OpenAI-compatible API), so both read the same env names (`..._TIMEOUT_S`, `..._MAX_RETRIES` ...)."""
 
     timeout_s: float = Field(30.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
@@ -86,46 +79,41 @@ class CircuitBreaker:
 
     A trial whose outcome is never recorded (the caller was cancelled by a deadline, a client went
     away) expires after `trial_timeout_s` (default: `reset_s`, at least 1 s), so the breaker cannot stay
-    open forever after the upstream recovers. `clock` (seconds, monotonic; default `time.monotonic`) is
-    injectable for tests.
+    open forever after the upstream recovers. `clock` (seconds, monotonic) is replaceable for tests.
     """
 
-    def __init__(self, failures: int, reset_s: float, trial_timeout_s: float | None = None, *,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, failures: int, reset_s: float, trial_timeout_s: float | None = None) -> None:
         self.threshold = failures
         self.reset_s = reset_s
         self.trial_timeout_s = max(reset_s, 1.0) if trial_timeout_s is None else trial_timeout_s
-        self.clock = clock
+        self.clock: Callable[[], float] = time.monotonic
         self.failures = 0
         self.opened_at: float | None = None
         self._trial_started: float | None = None
-
-    def _now(self) -> float:
-        return time.monotonic() if self.clock is None else self.clock()
 
     @property
     def state(self) -> str:
         if self.opened_at is None:
             return "closed"
-        return "half_open" if self._now() - self.opened_at >= self.reset_s else "open"
+        return "half_open" if self.clock() - self.opened_at >= self.reset_s else "open"
 
     @property
     def _trial_in_flight(self) -> bool:
-        return self._trial_started is not None and self._now() - self._trial_started < self.trial_timeout_s
+        return self._trial_started is not None and self.clock() - self._trial_started < self.trial_timeout_s
 
     def allow(self) -> bool:
         state = self.state
         if state == "closed":
             return True
         if state == "half_open" and not self._trial_in_flight:
-            self._trial_started = self._now()
+            self._trial_started = self.clock()
             return True
         return False
 
     def retry_after(self) -> float:
         if self.opened_at is None:
             return 0.0
-        return max(0.5, self.reset_s - (self._now() - self.opened_at))
+        return max(0.5, self.reset_s - (self.clock() - self.opened_at))
 
     def record_success(self) -> None:
         self.failures = 0
@@ -136,7 +124,7 @@ class CircuitBreaker:
         self.failures += 1
         self._trial_started = None
         if self.failures >= self.threshold:
-            self.opened_at = self._now()
+            self.opened_at = self.clock()
 
 
 def backoff_delay(attempt: int, base: float, cap: float = MAX_RETRY_PAUSE_S) -> float:
@@ -153,9 +141,7 @@ def parse_retry_after(value: str | None) -> float | None:
         seconds = float(value)
     except ValueError:
         return None
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
 
 
 def _envelope(body: Any) -> tuple[str | None, str | None, str | None]:
@@ -176,11 +162,9 @@ def error_class(status: int) -> type[ServiceError]:
     a 4xx its own class (400, 401, 404, 413, 415, 422, 429; any other 4xx is a 400)."""
     if status == 503:
         return UpstreamUnavailable
-    if status == 504:
-        return UpstreamTimeout
     if status >= 500:
-        return UpstreamError
-    return error_class_for_status(status)
+        return UpstreamTimeout if status == 504 else UpstreamError
+    return next((cls for cls in ERROR_CLASSES if cls.status == status), BadRequest)
 
 
 def decode_error(name: str, response: Response) -> ServiceError:
@@ -203,9 +187,8 @@ def decode_error_event(name: str, data: str) -> ServiceError:
         type_, message, param = _envelope(orjson.loads(data))
     except orjson.JSONDecodeError:
         type_, message, param = None, None, None
-    classes: tuple[type[ServiceError], ...] = (*ERROR_CLASSES, UpstreamUnavailable)
-    by_type = {cls.type: cls for cls in classes}
-    cls = by_type.get(type_ or "", UpstreamError)
+    classes: list[type[ServiceError]] = [*ERROR_CLASSES, UpstreamUnavailable]
+    cls = next((c for c in classes if c.type == type_), UpstreamError)
     return cls(f"{name}: {(message or 'the stream failed')[:1000]}", param=param)
 
 
@@ -214,9 +197,8 @@ Refusal = Callable[[ServiceError], ServiceError]
 
 
 class ServiceClient:
-    """One upstream behind the one call policy (module docstring). The typed clients (`RetrieverClient`,
-    `GeneratorClient`, ...) subclass it; `OpenAIChatClient` holds one. `sleep` (the pause between attempts)
-    and `breaker` are attributes, so tests can replace them."""
+    """One upstream behind the one call policy (module docstring); the typed clients subclass it. `sleep`
+    (the pause between attempts) and `breaker` are attributes, so tests can replace them."""
 
     name = "service"
 
@@ -306,7 +288,8 @@ class ServiceClient:
                             self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
                     failed = response.status_code >= 400
                     if failed and not read:
-                        response = as_response(response, await response.aread())
+                        response = Response(response.status_code, response.headers, await response.aread(),
+                                            response.reason_phrase)
                 except httpx.RequestError as exc:
                     last = self._no_answer(exc, time.perf_counter() - t0, timeout)
                 else:

@@ -1,8 +1,6 @@
-"""Prometheus metrics, one registry per app (no import-time globals, so tests can build many apps).
-
-With several worker processes (`ServiceSettings.workers`), `services.common.app.serve` sets
-`PROMETHEUS_MULTIPROC_DIR` before the workers start: every metric then lives in a file there, and
-`multiprocess_registry()` sums them over the workers. Gauges say how to combine (`multiprocess_mode`).
+"""Prometheus metrics, one registry per app (no import-time globals, so tests can build many apps). With
+several workers, `PROMETHEUS_MULTIPROC_DIR` (set by `services.common.app.serve`) holds every metric in files
+that `multiprocess_registry()` sums; gauges say how to combine (`multiprocess_mode`).
 """
 
 from __future__ import annotations

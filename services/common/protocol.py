@@ -1,15 +1,9 @@
-"""The HTTP/1.1 connection protocol every service serves with: uvicorn's httptools protocol, plus what it
-leaves to the application and the application cannot do (issue 21):
-
-- a connection must deliver a request's complete headers within `header_timeout_s`, counted from the
-  connection (a silent one) or from the first byte of the request (slow headers, slowloris); then it is
-  closed (with a 408 envelope when some bytes came);
-- request line + headers over `max_header_bytes` are refused with 431 (httptools buffers a header of any
-  size; a 16 MiB one was accepted);
-- what the parser refuses (malformed requests) answers the JSON error envelope, not uvicorn's text/plain.
-
-The limits come from the served app's `ServiceSettings` (`app.state.settings`, found once per server), so
-the class itself can be named in uvicorn's options, also across the spawned worker processes.
+"""The HTTP/1.1 protocol every service serves with: uvicorn's httptools protocol plus what the application
+cannot do itself (issue 21): complete headers within `header_timeout_s` from the connection or the request's
+first byte, else closed (408 envelope when some bytes came: slowloris); request line + headers over
+`max_header_bytes` refused with 431 (httptools buffers any size); parser refusals in the JSON error envelope.
+The limits come from the served app's `app.state.settings`, so uvicorn's options (and spawned workers) can
+name the class itself.
 """
 
 from __future__ import annotations

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
-
-def split_csv(value: Any) -> Any:
-    """Env vars carry lists as comma-separated strings ("k1,k2"); JSON lists are accepted too."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            import json
-
-            return json.loads(text)
-        return [part.strip() for part in text.split(",") if part.strip()]
-    return value
 
 
 class ServiceSettings(BaseSettings):
@@ -64,7 +53,11 @@ class ServiceSettings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
-        return split_csv(value)
+        """Env vars carry lists as comma-separated strings ("k1,k2"); JSON lists are accepted too."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
 
     @field_validator("internal_token", "redis_url", mode="before")
     @classmethod
@@ -80,9 +73,3 @@ class ServiceSettings(BaseSettings):
 
     def redis_dsn(self) -> str | None:
         return None if self.redis_url is None else self.redis_url.get_secret_value()
-
-    def accepted_tokens(self) -> list[bytes]:
-        tokens = [k.get_secret_value().encode() for k in self.api_keys]
-        if self.internal_token is not None:
-            tokens.append(self.internal_token.get_secret_value().encode())
-        return tokens

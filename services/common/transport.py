@@ -1,16 +1,8 @@
-"""The wire under the shared clients: one request out, status + headers + body back.
+"""The wire under `ServiceClient` (`services.common.http`): one request out, status + headers + body back.
 
-`ServiceClient` keeps timeouts, retries, the breaker and error decoding (`services.common.http`); a `Wire` only
-moves bytes. Two implementations:
-
-- `AiohttpWire` (default): aiohttp's connection pool, used directly. A search makes several upstream calls, so
-  the wire's own CPU per call counts; aiohttp's pool does less work per request than httpx's client and
-  httpcore's pool on top of it.
-- `HttpxWire`: an `httpx.AsyncClient`, for an injected transport (tests pass `httpx.ASGITransport(app)`
-  or `httpx.MockTransport`) or `http_transport="httpx"` in settings.
-
-Both raise httpx's exception types (`httpx.TimeoutException`, `httpx.ConnectError`, other
-`httpx.RequestError`s), so callers handle one family whatever the wire.
+`AiohttpWire` (default): aiohttp's pool, used directly: a search makes several upstream calls, and aiohttp
+does less work per request than httpx over httpcore. `HttpxWire`: for an injected transport (tests) or
+`http_transport="httpx"`. Both raise httpx's exception types, so callers handle one family whatever the wire.
 """
 
 from __future__ import annotations
@@ -87,11 +79,6 @@ class Wire(Protocol):
     async def aclose(self) -> None: ...
 
 
-def as_response(stream: StreamResponse, content: bytes) -> Response:
-    """A streamed response read to the end."""
-    return Response(stream.status_code, stream.headers, content, stream.reason_phrase)
-
-
 def dumps(body: Any) -> bytes:
     """Request JSON with orjson (NaN and infinities become null); the standard library for what orjson
     refuses (integers over 64 bits)."""
@@ -109,26 +96,27 @@ class HttpxWire:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             headers=dict(headers), transport=transport)
 
+    def _request(self, method: str, path: str, json: Any, headers: Mapping[str, str] | None,
+                 timeout: float | None) -> httpx.Request:
+        if json is not None:
+            headers = {"content-type": "application/json", **(headers or {})}
+        return self.client.build_request(method, path, headers=headers,
+                                         content=None if json is None else dumps(json),
+                                         timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+
     async def send(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                    timeout: float | None = None) -> Response:
-        kwargs: dict[str, Any] = {}
-        if json is not None:
-            kwargs["content"] = dumps(json)
-            headers = {"content-type": "application/json", **(headers or {})}
-        r = await self.client.request(method, path, headers=headers, **kwargs,
-                                      timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        r = await self.client.send(self._request(method, path, json, headers, timeout))
         return Response(r.status_code, r.headers, r.content, r.reason_phrase)
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
                      timeout: float | None = None) -> AsyncIterator[StreamResponse]:
-        kwargs: dict[str, Any] = {}
-        if json is not None:
-            kwargs["content"] = dumps(json)
-            headers = {"content-type": "application/json", **(headers or {})}
-        async with self.client.stream(method, path, headers=headers, **kwargs,
-                                      timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout) as response:
+        response = await self.client.send(self._request(method, path, json, headers, timeout), stream=True)
+        try:
             yield response
+        finally:
+            await response.aclose()
 
     async def aclose(self) -> None:
         await self.client.aclose()

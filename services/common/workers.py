@@ -1,28 +1,17 @@
 """`<SERVICE>_WORKERS` > 1: worker processes that each listen on their own SO_REUSEPORT socket.
 
-uvicorn's own supervisor binds one socket and shares it: whichever worker wakes first accepts every
-connection waiting in the queue, so a burst of new connections (64 concurrent clients opening at once)
-tends to land on one worker while the other idles. Here every worker binds its own socket to the same
-port with SO_REUSEPORT and the kernel spreads incoming connections over them by a hash of the
-connection's addresses.
-
-- Before any worker starts, the supervisor binds the port once *without* SO_REUSEPORT: a port that
-  something else holds (including another copy of this service) is refused with a message, instead of
-  silently sharing its traffic.
-- A worker that dies is replaced. A worker that exits with uvicorn's startup-failure code (3: the app
-  could not start) stops the whole group with that code, since every replacement would fail the same way.
-- SIGTERM / SIGINT: every worker gets SIGTERM (uvicorn's graceful shutdown), the supervisor waits up to
-  `grace_s` and then kills what is left; exit code 0.
-
-The supervisor keeps no copy of a worker's socket: a listening socket nobody accepts on would still get
-its share of the connections.
+uvicorn's supervisor shares one socket: whichever worker wakes first accepts every connection waiting, so
+a burst of new connections tends to land on one worker. Here the kernel spreads connections over the
+workers' own sockets. A port something else holds is refused first (a bind without SO_REUSEPORT) instead of
+silently sharing its traffic; a worker that dies is replaced, one that could not start (exit 3) stops the
+group with that code; SIGTERM / SIGINT: SIGTERM to every worker, `grace_s`, then kill; exit 0. The
+supervisor keeps no copy of a worker's socket: one nobody accepts on would still get its share.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import signal
 import socket
 import sys
@@ -154,11 +143,8 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         for process in self.processes:
-            if process.is_alive() and process.pid is not None:
-                try:
-                    os.kill(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            if process.is_alive():
+                process.terminate()  # SIGTERM: uvicorn's graceful shutdown
         deadline = time.monotonic() + self.grace_s
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))

@@ -18,16 +18,13 @@ from services.common.clients import RetrieverClient
 from services.common.errors import ErrorEnvelope, error_responses
 from services.common.llm import LLMBackend, OpenAIChatClient
 from services.common.schemas.searcher import (
-    ActionEvent,
-    EndEvent,
-    RetrievalEvent,
+    STREAM_EVENT_MODELS,
     SearchBatchRequest,
     SearchBatchResponse,
     SearchRequest,
     SearchResponse,
 )
-from services.searcher.chat import AnswerBackend
-from services.searcher.chat_api import chat_proxy
+from services.searcher.chat import AnswerBackend, ChatProxy
 from services.searcher.chat_api import router as chat_router
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
@@ -45,9 +42,7 @@ STREAM_DESCRIPTION = (
     "`retrieval` (RetrievalEvent), `action` (ActionEvent), `end` (EndEvent), then `result` (this same "
     "SearchResponse), or `error` (ErrorEnvelope) when the search fails after the stream began. A cache hit "
     "sends `result` alone; closing the connection cancels the search.")
-STREAM_EVENTS: dict[str, type[BaseModel]] = {
-    "retrieval": RetrievalEvent, "action": ActionEvent, "end": EndEvent, "result": SearchResponse,
-    "error": ErrorEnvelope}
+STREAM_EVENTS: dict[str, type[BaseModel]] = {**STREAM_EVENT_MODELS, "error": ErrorEnvelope}
 
 
 def event_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
@@ -117,38 +112,35 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = app.state.metrics
         async with AsyncExitStack() as stack:
-            the_policy = policy
-            if the_policy is None:
-                the_policy = OpenAIChatClient(settings.policy, name="policy", metrics=metrics)
-                stack.push_async_callback(the_policy.aclose)
+
+            def owned(resource: Any) -> Any:  # built here, not injected: closed on exit
+                stack.push_async_callback(resource.aclose)
+                return resource
+
+            the_policy = policy if policy is not None else owned(
+                OpenAIChatClient(settings.policy, name="policy", metrics=metrics))
+            client: RetrieverClient | None = None
             the_retriever = retriever
-            retriever_client: RetrieverClient | None = None
             if the_retriever is None:
-                retriever_client = RetrieverClient(settings.retriever, metrics=metrics)
-                stack.push_async_callback(retriever_client.aclose)
-                the_retriever = ServiceRetriever(retriever_client, max_batch=settings.retriever_max_batch)
-            the_cache = cache
-            if the_cache is None:
-                the_cache = make_cache(settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s,
-                                       max_items=settings.cache_max_items, metrics=metrics)
-                stack.push_async_callback(the_cache.aclose)
-            identity = None if retriever_client is None else IndexIdentity(retriever_client,
-                                                                           ttl_s=settings.index_id_ttl_s)
-            limiter = None
-            if settings.rate_limit_per_s > 0:
-                limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst,
-                                      redis_url=settings.redis_dsn())
-                stack.push_async_callback(limiter.aclose)
-            app.state.service = SearchService(settings, policy=the_policy, retriever=the_retriever,
-                                              cache=the_cache, metrics=SearcherMetrics(metrics.registry),
-                                              index_identity=identity, rate_limiter=limiter)
+                client = owned(RetrieverClient(settings.retriever, metrics=metrics))
+                the_retriever = ServiceRetriever(client, max_batch=settings.retriever_max_batch)
+            the_cache = cache if cache is not None else owned(make_cache(
+                settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s,
+                max_items=settings.cache_max_items, metrics=metrics))
+            limiter = None if settings.rate_limit_per_s <= 0 else owned(RateLimiter(
+                settings.rate_limit_per_s, settings.rate_limit_burst, redis_url=settings.redis_dsn()))
+            identity = None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s)
+            app.state.service = SearchService(
+                settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
+                metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter)
             if settings.chat is not None:
-                app.state.chat = await stack.enter_async_context(
-                    chat_proxy(settings.chat, app.state.service, answer=answer, metrics=metrics))
+                the_answer = answer if answer is not None else owned(
+                    OpenAIChatClient(settings.chat.answer, name="answer", metrics=metrics))
+                app.state.chat = ChatProxy(app.state.service, the_answer, settings.chat)
 
             async def readiness() -> dict[str, str]:
                 # The policy is not required: without it searches degrade to naive top-k, they do not fail.
-                return {"retriever": await retriever_client.ready() if retriever_client is not None else "ok"}
+                return {"retriever": await client.ready() if client is not None else "ok"}
 
             app.state.readiness = readiness
             yield

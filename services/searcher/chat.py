@@ -1,12 +1,10 @@
 """The OpenAI-compatible answering proxy (opt-in): search on the last user message, put the context into
 the conversation, forward to the answer LLM, return (or stream) its completion.
 
-Any OpenAI client or chat UI pointed at the searcher's `/v1` becomes search-augmented. The last user
-message is replaced by the configured template filled with `$context` (the documents found, formatted as
-`/search` returns them) and `$question` (the message); everything else of the request (other messages,
-sampling parameters, `stream`) goes to the answer LLM as it came, with the configured model. Failures keep
-their meaning: a bad request is a 4xx, the retriever down a 503, the answer LLM failing a 502 / 504 (before
-the first streamed chunk: as that status; after it: an `error` event, then the stream ends).
+The last user message is replaced by the configured template filled with `$context` and `$question`; the
+rest of the request goes to the answer LLM as it came, with the configured model. A bad request is a 4xx,
+the retriever down a 503, the answer LLM failing a 502 / 504 (after the first streamed chunk: an `error`
+event, then the stream ends).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from services.common import sse
 from services.common.admission import Caller
 from services.common.errors import BadRequest, ServiceError
 from services.common.schemas.chat import ChatCompletionRequest, ChatMessageIn, SearchSummary
-from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest, SearchResponse
+from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest
 from services.searcher.serving import SearchService
 from services.searcher.settings import ChatProxySettings
 
@@ -93,7 +91,9 @@ class ChatProxy:
                 context=found.context, question=question))
         body = request.model_dump(exclude={"search", "stream", "messages"}, exclude_none=True)
         body.update(messages=messages, model=self.settings.answer.model)
-        return body, summarize(found)
+        return body, SearchSummary(mode=found.mode, queries=found.queries, cached=found.cached,
+                                   document_ids=[d.id for d in found.documents],
+                                   titles=[d.title for d in found.documents], degraded=found.degraded)
 
     async def complete(self, request: ChatCompletionRequest, caller: Caller | None = None) -> dict[str, Any]:
         body, summary = await self.prepare(request, caller)
@@ -128,8 +128,3 @@ class ChatProxy:
                     logger.warning("answer stream failed after it began: %s", exc.message)
                     yield event({"error": {"type": exc.type, "message": exc.message}})
             yield DONE
-
-
-def summarize(found: SearchResponse) -> SearchSummary:
-    return SearchSummary(mode=found.mode, queries=found.queries, document_ids=[d.id for d in found.documents],
-                         titles=[d.title for d in found.documents], cached=found.cached, degraded=found.degraded)

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import orjson
 from fastapi import Request, Response
 
@@ -13,12 +10,8 @@ from services.common import sse
 from services.common.admission import CALLER_STATE
 from services.common.app import from_state, service_router
 from services.common.errors import error_responses
-from services.common.llm import OpenAIChatClient
-from services.common.metrics import ServiceMetrics
 from services.common.schemas.chat import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
-from services.searcher.chat import AnswerBackend, ChatProxy
-from services.searcher.serving import SearchService
-from services.searcher.settings import ChatProxySettings
+from services.searcher.chat import ChatProxy
 
 ERRORS = error_responses({
     400: "bad input (no user message, bad search options, or refused by the answer LLM)",
@@ -28,20 +21,6 @@ ERRORS = error_responses({
 
 router = service_router("openai")
 """Included by the searcher's `create_app` when `settings.chat` is set."""
-
-
-@asynccontextmanager
-async def chat_proxy(settings: ChatProxySettings, search: SearchService, *, answer: AnswerBackend | None,
-                     metrics: ServiceMetrics) -> AsyncIterator[ChatProxy]:
-    """The proxy over the answer LLM client (built here and closed on exit, unless injected)."""
-    if answer is not None:
-        yield ChatProxy(search, answer, settings)
-        return
-    client = OpenAIChatClient(settings.answer, name="answer", metrics=metrics)
-    try:
-        yield ChatProxy(search, client, settings)
-    finally:
-        await client.aclose()
 
 
 @router.get("/v1/models", response_model=ModelList)

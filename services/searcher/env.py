@@ -1,28 +1,16 @@
 """One search as an environment: s3, QAgent and naive top-k behind `reset()` / `step(output)`.
 
-Every driver uses this same object: the searcher service (`services.searcher.loop.run_search`, a chat
-policy over HTTP), TRL rollouts and veRL's agent loop (`trainer.episode`, a token-level policy). A
-driver asks the environment how to sample the next action (`next_call()`), hands it the policy's raw
-output (`step(text, stopped=...)`) and gets back the messages the environment appends (information
-blocks, re-prompts); the documents the search returns are computed from the environment's state
-(`documents()`), never parsed back out of a transcript. The environment never calls the policy itself.
+Every driver uses this one object: the searcher service (`services.searcher.loop.run_search`, a chat
+policy over HTTP), TRL rollouts and veRL's agent loop (`trainer.episode`, a token-level policy). The
+environment never calls the policy: the driver samples as `next_call()` says and hands the raw output to
+`step`; the documents come from the state (`documents()`), never parsed back out of a transcript.
 
-State: `messages` is the exact chat transcript (the policy's outputs are the `assistant` messages, as
-post-processed by `parsing`; everything else was inserted here), `blocks` every information block the
-policy saw with the ids it marked, `queries` the searches issued, plus counters and timings.
-
-s3 (pat-jj/s3): naive top-k of the question first, shown with the question; then up to `max_turns`
-policy steps, each a search (`<query>`), a stop (`<search_complete>True`) or an invalid action
-(re-prompted, at most `max_invalid` times in a row, then the search ends with what it has). After the
-last search the policy gets one more step to mark the last block (s3's final rollout without search).
-Documents: s3's extraction rule (`select_documents`).
-
-QAgent: plan -> search (one or more queries) -> information -> reflection, up to `max_turns` rounds;
-the documents are the union of everything retrieved, deduplicated, in retrieval order. A run that
-retrieved nothing falls back to the naive top-k (`finish()`).
-
-Degradation: a policy failure reported by the driver (`fail()`) ends the search with the documents
-gathered so far; a retriever failure on the first retrieval raises, later ones end the search degraded.
+s3 (pat-jj/s3): naive top-k of the question first; then up to `max_turns` steps, each a search, a stop or
+an invalid action (re-prompted, at most `max_invalid` in a row); after the last search one more step to
+mark the last block; documents by s3's extraction rule (`select_documents`). QAgent: plan -> search ->
+information -> reflection, up to `max_turns` rounds; the documents are the union of every block, and a run
+that retrieved nothing falls back to the naive top-k. A policy failure (`fail()`) or a retriever failure
+after the first retrieval ends the search degraded; a failed first retrieval raises.
 """
 
 from __future__ import annotations
@@ -106,14 +94,10 @@ EventSink = Callable[[SearchEvent], None]
 
 
 def _dedupe(docs: Sequence[SearchedDocument]) -> list[SearchedDocument]:
-    seen: set[str] = set()
-    out = []
+    kept: dict[str, SearchedDocument] = {}
     for doc in docs:
-        key = " ".join(doc.text.split())
-        if key not in seen:
-            seen.add(key)
-            out.append(doc)
-    return out
+        kept.setdefault(" ".join(doc.text.split()), doc)  # the first of equal texts
+    return list(kept.values())
 
 
 def select_documents(blocks: Sequence[InfoBlock]) -> list[SearchedDocument]:
@@ -295,7 +279,8 @@ class SearchEnv:
             return None
 
     def _invalid(self, kind: str, reprompt: str) -> None:
-        """An invalid (or repeated) action: re-prompt, or end after `max_invalid` in a row."""
+        """An invalid (or repeated) action: a turn spent (as in s3); re-prompt, or end after `max_invalid`."""
+        self._steps += 1
         self.invalid += 1
         self._in_a_row += 1
         self._emit("action", kind=kind)
@@ -308,7 +293,7 @@ class SearchEnv:
         p = self.params
         allow_search = self.can_search
         current = self.blocks[-1]
-        text = parsing.postprocess_s3(output, stopped=stopped)
+        text = parsing.postprocess(output, "query", stopped=stopped)
         self.messages.append(ChatMessage(role="assistant", content=text))
         action = parsing.parse_s3(text, n_docs=len(current.documents), select_k=p.select_k)
         if action.selection is not None and current.selected is None:
@@ -330,11 +315,9 @@ class SearchEnv:
             return
         query = action.query
         if query is not None and parsing.normalize_query(query) in self.seen_queries:
-            self._steps += 1  # a wasted turn, as in s3 where every step counts
             self._invalid("duplicate", self.prompts.render("s3", "duplicate", query=query))
             return
         if query is None:
-            self._steps += 1
             self._invalid("invalid", self.prompts.render("s3", "invalid"))
             return
         self.valid += 1
@@ -352,7 +335,7 @@ class SearchEnv:
 
     async def _step_qagent(self, output: str, *, stopped: bool) -> None:
         p = self.params
-        text = parsing.postprocess_qagent(output, stopped=stopped)
+        text = parsing.postprocess(output, "search", stopped=stopped)
         self.messages.append(ChatMessage(role="assistant", content=text))
         action = parsing.parse_qagent(text, max_queries=p.max_queries_per_round)
         if action.kind == "complete":
@@ -362,7 +345,6 @@ class SearchEnv:
             return
         new = [q for q in action.queries if parsing.normalize_query(q) not in self.seen_queries]
         if not new:
-            self._steps += 1
             part = "duplicate" if action.queries else "invalid"
             self._invalid(part, self.prompts.render("qagent", part))
         else:

@@ -64,8 +64,7 @@ def qagent_grammar(*, max_queries: int, first_round: bool) -> str:
 
 def grammar_request(grammar: str, style: ConstraintStyle) -> dict[str, Any]:
     """The extra request fields that carry `grammar` to the backend."""
-    if style == "llama":
-        return {"grammar": grammar}
-    if style == "vllm":
-        return {"structured_outputs": {"grammar": grammar}}
-    return {"guided_grammar": grammar}
+    fields: dict[str, dict[str, Any]] = {
+        "llama": {"grammar": grammar}, "vllm": {"structured_outputs": {"grammar": grammar}},
+        "vllm_legacy": {"guided_grammar": grammar}}
+    return fields[style]

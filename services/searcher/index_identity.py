@@ -1,10 +1,8 @@
 """The identity of the index the retriever serves, for the searcher's cache keys.
 
-A cached search is only valid for the corpus and index it was computed on: after a re-index a shared
-Redis would otherwise serve documents of the old corpus for the cache's whole TTL (7 days by default).
-The retriever reports `index_id` in `GET /version` (corpus checksum, index manifests, ranking settings);
-the searcher reads it at most every `ttl_s` seconds and puts it in every key. While no identity is known
-(retriever unreachable since start-up, or still loading), searches bypass the cache instead of guessing.
+After a re-index a shared Redis would otherwise serve documents of the old corpus for the cache's whole TTL.
+The retriever reports `index_id` in `GET /version`; the searcher reads it at most every `ttl_s` seconds and
+puts it in every key. While no identity is known, searches bypass the cache instead of guessing.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The chat driver of the search environment: `run_search` drives a `SearchEnv` (`services.searcher.env`)
-with any `services.common.llm.LLMBackend` as the policy. The searcher service serves it; the trainer
-drives the same environment with a token-level policy (`trainer.episode`).
+with any `services.common.llm.LLMBackend` as the policy (the trainer drives it token by token instead:
+`trainer.episode`).
 
-The returned `SearchOutcome.messages` is the exact chat transcript: every policy call was
-`policy.chat(messages[:i], ...)` for the i-th message when it is an assistant one. A policy failure or
-timeout, or the search's time budget (`params.timeout_s`) running out, ends the search degraded with the
-documents gathered so far (at least the naive top-k); only a failed first retrieval raises.
+`SearchOutcome.messages` is the exact transcript: the i-th message, when an assistant one, came from
+`policy.chat(messages[:i], ...)`. A policy failure or timeout, or the time budget (`params.timeout_s`) spent,
+ends the search degraded with the documents gathered so far; only a failed first retrieval raises.
 """
 
 from __future__ import annotations

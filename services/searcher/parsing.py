@@ -35,16 +35,12 @@ _INT = re.compile(r"\d+")
 _TRUE = frozenset({"true", "yes", "1", "y"})
 
 
-def close_open_tag(text: str, tag: str) -> str:
-    """Re-append `</tag>` when the output opened `<tag>` last and a stop sequence ate its closing tag."""
-    open_at = text.rfind(f"<{tag}>")
-    if open_at >= 0 and text.find(f"</{tag}>", open_at) < 0:
-        return text.rstrip() + f"</{tag}>"
-    return text
-
-
-def cut_after(text: str, closing: str) -> str:
-    """Keep the output up to and including its first `closing` tag (s3 cuts after `</query>`)."""
+def postprocess(raw: str, tag: str, *, stopped: bool) -> str:
+    """The transcript text of an output (`tag`: s3's `query`, QAgent's `search`): `</tag>` re-appended when
+    a stop sequence ate it (`<tag>` opened last, never closed), then cut after the first `</tag>`."""
+    closing = f"</{tag}>"
+    open_at = raw.rfind(f"<{tag}>")
+    text = raw.rstrip() + closing if stopped and open_at >= 0 and raw.find(closing, open_at) < 0 else raw
     at = text.find(closing)
     return text if at < 0 else text[:at + len(closing)]
 
@@ -55,8 +51,7 @@ def normalize_query(query: str) -> str:
 
 
 def _clean_query(text: str) -> str:
-    text = " ".join(text.split())
-    return text[:MAX_QUERY_CHARS]
+    return " ".join(text.split())[:MAX_QUERY_CHARS]
 
 
 def parse_query_payload(raw: str) -> tuple[str, bool]:
@@ -106,10 +101,7 @@ class Selection:
 
 def parse_selection(raw: str, n_docs: int, select_k: int) -> Selection:
     raw_ids = [int(n) for n in _INT.findall(raw) if len(n) <= 6]
-    ids: list[int] = []
-    for doc_id in raw_ids:
-        if 1 <= doc_id <= n_docs and doc_id not in ids:
-            ids.append(doc_id)
+    ids = list(dict.fromkeys(i for i in raw_ids if 1 <= i <= n_docs))  # deduplicated, order kept
     return Selection(ids=ids[:select_k], raw_ids=raw_ids)
 
 
@@ -127,17 +119,7 @@ class S3Action:
 
     @property
     def kind(self) -> str:
-        if self.complete:
-            return "complete"
-        if self.query:
-            return "search"
-        return "invalid"
-
-
-def postprocess_s3(raw: str, *, stopped: bool) -> str:
-    """The transcript text of an s3 output: closing tag restored when a stop sequence hit, cut after it."""
-    text = close_open_tag(raw, "query") if stopped else raw
-    return cut_after(text, "</query>")
+        return "complete" if self.complete else "search" if self.query else "invalid"
 
 
 def parse_s3(text: str, *, n_docs: int, select_k: int) -> S3Action:
@@ -176,16 +158,7 @@ class QAgentAction:
 
     @property
     def kind(self) -> str:
-        if self.queries:
-            return "search"
-        if self.answer is not None:
-            return "complete"
-        return "invalid"
-
-
-def postprocess_qagent(raw: str, *, stopped: bool) -> str:
-    text = close_open_tag(raw, "search") if stopped else raw
-    return cut_after(text, "</search>")
+        return "search" if self.queries else "complete" if self.answer is not None else "invalid"
 
 
 def parse_qagent(text: str, *, max_queries: int) -> QAgentAction:
@@ -233,7 +206,4 @@ def format_documents(docs: Sequence[Document], *, max_chars: int | None = None) 
 
 def format_query_blocks(blocks: Sequence[tuple[str, Sequence[Document]]], *, max_chars: int | None = None) -> str:
     """QAgent's information: the results of every query of a round, numbered per query."""
-    parts = []
-    for query, docs in blocks:
-        parts.append(f"Query: {query}\n{format_documents(docs, max_chars=max_chars)}")
-    return "".join(parts)
+    return "".join(f"Query: {query}\n{format_documents(docs, max_chars=max_chars)}" for query, docs in blocks)

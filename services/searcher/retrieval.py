@@ -20,14 +20,10 @@ class RetrieverRefused(UpstreamError):
 class ServiceRetriever:
     """`RetrieverBackend` over the retriever service's typed client.
 
-    Concurrent calls with the same `k` and method that arrive in the same event-loop turn go out as one
-    `POST /retrieve` (up to `max_batch` queries): the retriever is built for batches, and under load each
-    search's retrievals otherwise cost the searcher, and the retriever, one HTTP exchange apiece. Nothing
-    waits for company: a lone call is sent on the next loop turn. If the retriever refuses a merged
-    request as a whole (a 4xx), each caller's queries are sent again on their own, so one caller's bad
-    query never fails another caller's search. Before anything is merged, every query is fitted to what the
-    retriever accepts (`fit_query`: a question longer than its query limit is cut, control characters go);
-    one left blank finds nothing and is not sent.
+    Concurrent calls with the same `k` and method in the same event-loop turn go out as one `POST /retrieve`
+    (up to `max_batch` queries): under load, one HTTP exchange per retrieval costs both sides. Nothing waits
+    for company. A merged request refused as a whole (a 4xx) is sent again per caller, so one caller's bad
+    query never fails another's search. Queries are fitted first (`fit_query`); one left blank is not sent.
     """
 
     def __init__(self, client: RetrieverClient, *, max_batch: int = 64) -> None:

@@ -51,6 +51,10 @@ from services.searcher.settings import SearcherSettings
 logger = logging.getLogger(__name__)
 
 CACHE_NAMESPACE = "search"
+REQUEST_PARAMS = {"max_turns", "retrieve_k", "select_k", "constrained"}
+"""Search parameters a request may set; where it does not, the service's setting of the same name."""
+SETTINGS_PARAMS = REQUEST_PARAMS | {"temperature", "max_new_tokens", "constraint_style", "max_invalid",
+                                    "max_queries_per_round", "doc_chars"}
 
 
 class SearcherMetrics:
@@ -119,15 +123,9 @@ class SearchService:
 
     def params_for(self, request: SearchRequest) -> SearchParams:
         s = self.settings
-        return SearchParams(
-            mode=request.mode,
-            max_turns=s.max_turns if request.max_turns is None else request.max_turns,
-            retrieve_k=s.retrieve_k if request.retrieve_k is None else request.retrieve_k,
-            select_k=s.select_k if request.select_k is None else request.select_k,
-            method=request.method, temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-            constrained=s.constrained if request.constrained is None else request.constrained,
-            constraint_style=s.constraint_style, max_invalid=s.max_invalid,
-            max_queries_per_round=s.max_queries_per_round, doc_chars=s.doc_chars, timeout_s=s.search_timeout_s)
+        return SearchParams(**{**s.model_dump(include=SETTINGS_PARAMS),
+                               **request.model_dump(include=REQUEST_PARAMS, exclude_none=True)},
+                            mode=request.mode, method=request.method, timeout_s=s.search_timeout_s)
 
     def key(self, question: str, params: SearchParams, index_id: str | None = None) -> str:
         payload: dict[str, Any] = {

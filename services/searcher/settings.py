@@ -34,10 +34,7 @@ class ChatProxySettings(BaseModel):
     @field_validator("template")
     @classmethod
     def _check_template(cls, value: str) -> str:
-        try:
-            names = set(Template(value).get_identifiers())
-        except ValueError as exc:
-            raise ValueError(f"chat template: {exc}") from exc
+        names = set(Template(value).get_identifiers())  # well-formed ones; `is_valid` checks the rest
         if not Template(value).is_valid() or not names <= {"context", "question"} or "context" not in names:
             raise ValueError("the chat template must use $context (and may use $question), nothing else; "
                              "write $$ for a literal $")
@@ -47,7 +44,6 @@ class ChatProxySettings(BaseModel):
 class SearcherSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SEARCHER_", env_nested_delimiter="__", extra="ignore")
 
-    port: int = Field(8000, ge=1, le=65535)
     retriever: ClientSettings = Field(default_factory=ClientSettings)  # the retriever's default port, 8001
     policy: LLMSettings = Field(default_factory=LLMSettings)
 

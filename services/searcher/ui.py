@@ -1,11 +1,7 @@
-"""The search playground (opt-in, `SEARCHER_UI=true`): a static page at `GET /ui` that runs a search over
-the streamed events of `POST /search`, shows each turn (queries, retrieved documents, the ones the policy
-marked, the stop reason, timings) beside naive top-k for the same question and budget.
-
-The page, its script and its style ship in `services/searcher/static/` (no build step, no third-party
-code). They are served without auth (they hold no data): the page asks the user for the API key, keeps
-it in the page's memory only and sends it with its own requests; the server never sees it elsewhere. A
-Content-Security-Policy keeps the page to this origin: it loads and calls nothing else.
+"""The search playground (opt-in, `SEARCHER_UI=true`): a static page at `GET /ui` (files in
+`services/searcher/static/`, no build step, no third-party code) that runs a search over the streamed events
+of `POST /search` beside naive top-k. Served without auth (it holds no data): the page asks for the API key
+and keeps it in its memory only; a Content-Security-Policy keeps it to this origin.
 """
 
 from __future__ import annotations
@@ -29,12 +25,8 @@ HEADERS = {
 }
 
 
-def _read(name: str) -> bytes:
-    return resources.files("services.searcher.static").joinpath(name).read_bytes()
-
-
 def _endpoint(name: str, media_type: str) -> Callable[[], Awaitable[Response]]:
-    body = _read(name)  # once, when the app is built
+    body = resources.files("services.searcher.static").joinpath(name).read_bytes()  # once, at build time
 
     async def serve_file() -> Response:
         return Response(body, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)

@@ -1,10 +1,6 @@
-"""`POST /search` and `POST /search/batch`: the searcher's public contract, and `SearchParams`, the
-parameters of one search (declared once here: the request overrides some of them, the service's settings
-give the defaults, the search environment and the trainer take them as they are).
-
-With `"stream": true`, `POST /search` answers with server-sent events as the search goes: `retrieval`
-(`RetrievalEvent`), `action` (`ActionEvent`), `end` (`EndEvent`), then `result` (the same `SearchResponse`
-as without streaming), or `error` (the error envelope) when the search fails after the stream began."""
+"""`POST /search` and `POST /search/batch`: the searcher's public contract (with the server-sent events of
+`"stream": true`), and `SearchParams`, the parameters of one search, declared once here: the request
+overrides some, the service's settings give the defaults, the environment and the trainer take them."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
 """Prompt templates of the search loops: the packaged set, or a user's folder (`SEARCHER_PROMPTS_DIR`).
 
-Each `<mode>.<part>.txt` is a `string.Template`. A set's version is its `VERSION` file plus a digest of
-every template, so any edit changes the cache keys. A folder need not hold every file: what it lacks is
-taken from the packaged set (a released checkpoint usually overrides only the system prompt). Every
-template is checked when the set is loaded: only the documented variables of its part may appear.
-
-| template | variables |
-|---|---|
-| `s3.system` | `$select_k` |
-| `s3.initial` | `$question`, `$information` |
-| `s3.information`, `s3.last_information` | `$information` |
-| `s3.duplicate` | `$query` |
-| `s3.invalid` | none |
-| `qagent.system` | `$max_turns`, `$max_queries` |
-| `qagent.question` | `$question` |
-| `qagent.information` | `$information` |
-| `qagent.duplicate`, `qagent.invalid` | none |
-
-`$information` is the block of documents, one `Doc i(Title: t) text` line each.
+Each `<mode>.<part>.txt` is a `string.Template` that may use only its part's `VARIABLES` (checked at load;
+`$information` is the block of documents, one `Doc i(Title: t) text` line each). A set's version is its
+`VERSION` file plus a digest of every template, so any edit changes the cache keys. A folder need not hold
+every file: what it lacks comes from the packaged set (a checkpoint usually overrides only the system prompt).
 """
 
 from __future__ import annotations
@@ -25,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from string import Template
 
@@ -75,11 +62,7 @@ class PromptSet:
         self.texts = dict(texts)
         self.source = source
         self._templates = {name: Template(text) for name, text in texts.items()}
-        digest = hashlib.sha256()
-        for name in sorted(texts):
-            digest.update(name.encode())
-            digest.update(b"\0")
-            digest.update(texts[name].encode())
+        digest = hashlib.sha256(b"".join(n.encode() + b"\0" + texts[n].encode() for n in sorted(texts)))
         self.version = f"{version_label}-{digest.hexdigest()[:8]}"
 
     def render(self, mode: str, part: str, **values: object) -> str:
@@ -99,35 +82,29 @@ class PromptSet:
         root = Path(folder)
         if not root.is_dir():
             raise PromptError(f"prompt folder {root} does not exist")
-        texts = dict(base.texts)
-        label = None
-        for entry in sorted(root.iterdir()):
-            if entry.name == "VERSION":
-                label = entry.read_text(encoding="utf-8").strip()
-            elif entry.suffix == ".txt":
-                name = entry.name[:-4]
-                if name not in VARIABLES:
-                    raise PromptError(f"{entry}: unknown template (known: {', '.join(sorted(VARIABLES))})")
-                texts[name] = entry.read_text(encoding="utf-8")
-        return cls(texts, label or f"custom:{root.name}", str(root))
+        texts, label = _read_folder(root)
+        return cls({**base.texts, **texts}, label or f"custom:{root.name}", str(root))
 
 
-def _packaged_texts() -> tuple[dict[str, str], str]:
-    root = resources.files(__name__)
+def _read_folder(root: Path | Traversable) -> tuple[dict[str, str], str | None]:
+    """The templates of a folder (unknown names refused) and its `VERSION` label, if any."""
     texts: dict[str, str] = {}
-    label = "v0"
+    label = None
     for entry in sorted(root.iterdir(), key=lambda e: e.name):
         if entry.name == "VERSION":
             label = entry.read_text(encoding="utf-8").strip()
         elif entry.name.endswith(".txt"):
-            texts[entry.name[:-4]] = entry.read_text(encoding="utf-8")
+            name = entry.name[:-4]
+            if name not in VARIABLES:
+                raise PromptError(f"{entry}: unknown template (known: {', '.join(sorted(VARIABLES))})")
+            texts[name] = entry.read_text(encoding="utf-8")
     return texts, label
 
 
 @cache
 def _packaged() -> PromptSet:
-    texts, label = _packaged_texts()
-    return PromptSet(texts, label, "services/searcher/prompts")
+    texts, label = _read_folder(resources.files(__name__))
+    return PromptSet(texts, label or "v0", "services/searcher/prompts")
 
 
 PROMPT_VERSION = _packaged().version

@@ -1,9 +1,7 @@
-"""The searcher trained here and shipped with the package: a LoRA adapter over SmolLM2-135M-Instruct in
-llama.cpp's GGUF adapter format, the prompt templates it was trained with, and `manifest.json`, the
-record of how it was trained (command, data, steps, seed) and the search setting it must be served with.
-
-`plugsearch-stack` serves it by default (a second llama.cpp process with `--lora_path`, so the generator
-and judge keep the plain model); `plugsearch-stack --policy base` serves the untrained model instead.
+"""The searcher trained here and shipped with the package: a LoRA adapter over SmolLM2-135M-Instruct
+(llama.cpp's GGUF adapter format), its prompt templates, and `manifest.json` (how it was trained and the
+search setting it must be served with). `plugsearch-stack` serves it by default, on a second llama.cpp
+process so the generator and judge keep the plain model (`--policy base`: the untrained model).
 """
 
 from __future__ import annotations
@@ -26,11 +24,8 @@ class TrainedSearcherError(RuntimeError):
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 @dataclass(frozen=True)
