@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, SecretStr
 from services.common.errors import BadRequest, ServiceError, UpstreamError
 from services.common.http import CallSettings, ClientSettings, Refusal, ServiceClient
 from services.common.metrics import ServiceMetrics
+from services.common.settings import ServiceSettings
 from services.common.transport import Response
 
 
@@ -37,6 +38,12 @@ class LLMSettings(CallSettings):
         """The `ServiceClient` settings of this LLM: its URL, key and connection limit, the same policy."""
         policy = {name: getattr(self, name) for name in CallSettings.model_fields}
         return ClientSettings(url=self.base_url, token=self.api_key, max_connections=self.max_concurrency, **policy)
+
+
+class LLMServiceSettings(ServiceSettings):
+    """Settings of a service built on one LLM (the generator, the judge): `<SVC>_LLM__*`."""
+
+    llm: LLMSettings = Field(default_factory=LLMSettings)
 
 
 class ChatMessage(BaseModel):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
-
 import httpx
 from fastapi import FastAPI, Request
 
-from services.common.app import build_app, from_state, service_router
-from services.common.cache import make_cache
+from services.common.app import from_state, service_router
+from services.common.cache import ResultCache
 from services.common.errors import error_responses
-from services.common.llm import LLMBackend, OpenAIChatClient
+from services.common.llm import LLMBackend
+from services.common.llm_app import llm_service_app
+from services.common.metrics import ServiceMetrics
 from services.common.schemas.judge import JudgeBatchRequest, JudgeBatchResponse, JudgeRequest, JudgeResult
 from services.judge.prompts import load_prompt
 from services.judge.serving import Judge
@@ -42,37 +40,11 @@ def create_app(settings: JudgeSettings | None = None, *, llm: LLMBackend | None 
     settings = settings or JudgeSettings()
     prompt = load_prompt(settings.prompt_version)  # a bad version fails here, at startup
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics = app.state.metrics
-        backend: LLMBackend = llm or OpenAIChatClient(settings.llm, name="judge_llm", metrics=metrics,
-                                                      transport=llm_transport)
-        cache = make_cache(settings.redis_dsn(), name="judge", ttl_s=settings.cache_ttl_s,
-                           max_items=settings.cache_max_items, metrics=metrics)
-        try:
-            app.state.judge = Judge(backend, cache, prompt, verdict_max_tokens=settings.verdict_max_tokens,
-                                    metrics=metrics)
+    async def build(backend: LLMBackend, cache: ResultCache, metrics: ServiceMetrics) -> Judge:
+        return Judge(backend, cache, prompt, verdict_max_tokens=settings.verdict_max_tokens, metrics=metrics)
 
-            async def readiness() -> dict[str, str]:
-                if not settings.llm_required:
-                    return {"judge": "ok"}
-                return {"llm": await backend.check_health()}
-
-            app.state.readiness = readiness
-            yield
-        finally:
-            app.state.readiness = None
-            app.state.judge = None
-            await cache.aclose()
-            if llm is None:  # injected backends belong to the caller
-                await backend.aclose()
-
-    def version_details(app: FastAPI) -> dict[str, Any]:
-        return {"model": settings.llm.model, "prompt_version": prompt.version,
-                "llm_required": settings.llm_required}
-
-    app = build_app(settings, service="judge", lifespan=lifespan, version_details=version_details,
-                    description="GenAcc judge: span check (pyserini has_answers), then an LLM judge; EM, F1.")
-    app.state.judge = None
-    app.include_router(router)
-    return app
+    return llm_service_app(
+        settings, service="judge", router=router, llm=llm, llm_transport=llm_transport, build=build,
+        llm_required=settings.llm_required,
+        version_details=lambda _: {"prompt_version": prompt.version, "llm_required": settings.llm_required},
+        description="GenAcc judge: span check (pyserini has_answers), then an LLM judge; EM, F1.")
