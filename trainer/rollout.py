@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from services.common.schemas.searcher import SearchParams
@@ -48,22 +49,21 @@ def sampler_for(trainer: Any, model: Any, tokenizer: Any, max_batch: int) -> Bat
     return HFSampler(model, tokenizer, max_batch=max_batch)
 
 
+@dataclass(eq=False)
 class SearchRollout:
     """Callable `rollout_func(prompts, trainer)` for `trl.GRPOTrainer`."""
 
+    runner: AsyncRunner
+    retriever: RetrieverBackend
+    params: SearchParams
+    _: KW_ONLY
+    prompts: PromptSet | None = None
+    max_completion_tokens: int = 1024
+    max_batch: int = 32
+    last: list[Episode] = field(default_factory=list, init=False)
+    seconds: list[float] = field(default_factory=list, init=False)
+    """Wall seconds of every rollout batch (the `train_step` bench reads them)."""
     __name__ = "search_rollout"
-
-    def __init__(self, runner: AsyncRunner, retriever: RetrieverBackend, params: SearchParams, *,
-                 prompts: PromptSet | None = None, max_completion_tokens: int = 1024, max_batch: int = 32) -> None:
-        self.runner = runner
-        self.retriever = retriever
-        self.params = params
-        self.prompts = prompts
-        self.max_completion_tokens = max_completion_tokens
-        self.max_batch = max_batch
-        self.last: list[Episode] = []
-        self.seconds: list[float] = []
-        """Wall seconds of every rollout batch (the `train_step` bench reads them)."""
 
     async def run_batch(self, questions: Sequence[str], sampler: TokenSampler, chat: ChatTokens) -> list[Episode]:
         try:

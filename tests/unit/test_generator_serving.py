@@ -11,6 +11,7 @@ import pytest
 from services.common.cache import MemoryCache, ResultCache
 from services.common.errors import UpstreamError
 from services.common.llm import ChatMessage, ChatResult
+from services.common.metrics import ServiceMetrics
 from services.common.schemas.generator import GenDocument, GenerateRequest
 from services.generator.prompts import load_prompt
 from services.generator.serving import Generator, document_key
@@ -59,7 +60,7 @@ class ScriptedLLM:
 
 def make(llm: ScriptedLLM, **kw: Any) -> Generator:
     return Generator(llm, ResultCache(MemoryCache(), name="generator"), kw.pop("tokens", EstimatedTokens()),
-                     load_prompt("v1"), **kw)
+                     load_prompt("v1"), metrics=ServiceMetrics("generator"), **kw)
 
 
 DOCS = [GenDocument(id="d1", title="Paris", text="Paris is the capital of France."),

@@ -13,6 +13,7 @@ import pytest
 from services.common.cache import MemoryCache, ResultCache
 from services.common.errors import UpstreamError, UpstreamTimeout
 from services.common.llm import ChatMessage, ChatResult
+from services.common.metrics import ServiceMetrics
 from services.common.schemas.judge import JudgeRequest
 from services.judge.prompts import load_prompt
 from services.judge.serving import Judge, format_answers, parse_verdict
@@ -68,7 +69,7 @@ class ScriptedLLM:
 
 
 def make(llm: ScriptedLLM) -> Judge:
-    return Judge(llm, ResultCache(MemoryCache(), name="judge"), load_prompt("v1"))
+    return Judge(llm, ResultCache(MemoryCache(), name="judge"), load_prompt("v1"), metrics=ServiceMetrics("judge"))
 
 
 def req(prediction: str, answers: list[str], mode: str = "genacc") -> JudgeRequest:
