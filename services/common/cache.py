@@ -2,7 +2,8 @@
 
 A Redis failure never fails a request: the cache is bypassed, the error logged and counted, and the
 caller recomputes. An entry that does not decode (or, with `get_model`, does not validate) is a miss,
-counted as `corrupt`: whoever wrote it, it is never served and is replaced by the next result. Keys are namespaced SHA-256 digests of a canonical JSON payload.
+counted as `corrupt`: whoever wrote it, it is never served and is replaced by the next result. Keys are
+namespaced SHA-256 digests of a canonical JSON payload.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from services.common.metrics import ServiceMetrics
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +118,7 @@ class ResultCache:
         if self.metrics is not None:
             self.metrics.cache_events.labels(self.name, event).inc()
 
-    async def _read(self, key: str) -> bytes | None:
+    async def _get(self, key: str, decode: Callable[[bytes], T]) -> T | None:
         try:
             raw = await self.backend.get(key)
         except Exception as exc:  # Redis down or slow: bypass, never fail the request
@@ -124,36 +127,22 @@ class ResultCache:
             return None
         if raw is None:
             self._count("miss")
-        return raw
-
-    async def get_json(self, key: str) -> Any | None:
-        raw = await self._read(key)
-        if raw is None:
             return None
         try:
-            value = json.loads(raw)
-        except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too)
-            self._corrupt(key)
+            value = decode(raw)
+        except ValueError:  # not JSON, or not the model (UnicodeDecodeError, ValidationError are ValueErrors)
+            self._count("corrupt")
+            logger.warning("cache %s: ignoring a corrupt entry under %s", self.name, key)
             return None
         self._count("hit")
         return value
+
+    async def get_json(self, key: str) -> Any | None:
+        return await self._get(key, json.loads)
 
     async def get_model(self, key: str, model: type[M]) -> M | None:
         """The entry as `model`, or None when absent, unreadable or not a valid `model`."""
-        raw = await self._read(key)
-        if raw is None:
-            return None
-        try:
-            value = model.model_validate_json(raw)
-        except ValidationError:  # not JSON, or not this model
-            self._corrupt(key)
-            return None
-        self._count("hit")
-        return value
-
-    def _corrupt(self, key: str) -> None:
-        self._count("corrupt")
-        logger.warning("cache %s: ignoring a corrupt entry under %s", self.name, key)
+        return await self._get(key, model.model_validate_json)
 
     async def set_json(self, key: str, value: Any, ttl_s: int | None = None) -> None:
         try:

@@ -97,7 +97,12 @@ class OpenAIChatClient:
             body["stop"] = stop
         if extra:
             body.update(extra)
-        return self._parse(await self._post(body))
+        data = self._body(await self._post(body))
+        choice = data["choices"][0]
+        prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
+        return ChatResult(text=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
+                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          model=str(data.get("model", self.model)))
 
     def _refusal(self, caller_error: bool) -> Refusal:
         """A 4xx answer (not 429) to a request we built is our failure (502); to the caller's own fields
@@ -117,14 +122,9 @@ class OpenAIChatClient:
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A whole chat-completions request (the caller's own fields, e.g. a proxied request) -> the
         response body as it came. A 4xx answer is the caller's BadRequest."""
-        response = await self._post({**body, "stream": False}, caller_error=True)
-        try:
-            data = response.json()
-            data["choices"][0]["message"]  # noqa: B018 - the shape every caller reads
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
+        data = self._body(await self._post({**body, "stream": False}, caller_error=True))
         self._count_usage(data.get("usage"))
-        return data  # type: ignore[no-any-return]
+        return data
 
     async def stream(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A chat-completions request with `stream: true`: yields each chunk (the `data:` JSON of the
@@ -161,16 +161,14 @@ class OpenAIChatClient:
             self.metrics.llm_tokens.labels(self.name, "completion").inc(completion)
         return prompt, completion
 
-    def _parse(self, response: Response) -> ChatResult:
+    def _body(self, response: Response) -> dict[str, Any]:
+        """The response's JSON; UpstreamError unless it has `choices[0].message`."""
         try:
             data = response.json()
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
+            data["choices"][0]["message"]  # noqa: B018 - the shape every caller reads
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
-        prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
-        return ChatResult(text=text, finish_reason=choice.get("finish_reason"), prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, model=str(data.get("model", self.model)))
+        return data  # type: ignore[no-any-return]
 
     async def check_health(self) -> str:
         return await self.upstream.ready("/models")
