@@ -7,12 +7,37 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel
 
-from services.common.app import build_app
+from services.common.app import build_app, from_state, service_router
 from services.common.cache import ResultCache, make_cache
 from services.common.llm import LLMBackend, LLMServiceSettings, OpenAIChatClient
 from services.common.metrics import ServiceMetrics
+
+
+def item_router(service: str, method: str, models: tuple[type[BaseModel], ...],
+                responses: dict[int | str, dict[str, Any]], summaries: tuple[str, str]) -> APIRouter:
+    """`service_router(service)` with POST /<method> (`models`: its request and response) answered by
+    `app.state.<service>.<method>(body)`, and POST /<method>/batch (`models`: its request, with `items`, and
+    response, with `results` in request order) answered by `app.state.<service>.<method>_batch(body.items)`."""
+    request_model, response_model, batch_request, batch_response = models
+
+    async def one(body: Any, request: Request) -> Any:
+        return await getattr(from_state(request, service, object), method)(body)
+
+    async def batch(body: Any, request: Request) -> Any:
+        answer = getattr(from_state(request, service, object), f"{method}_batch")
+        return batch_response(results=await answer(body.items))
+
+    one.__annotations__["body"] = request_model  # the models are known only here, at run time
+    batch.__annotations__["body"] = batch_request
+    router = service_router(service)
+    router.add_api_route(f"/{method}", one, methods=["POST"], name=method, response_model=response_model,
+                         responses=responses, summary=summaries[0])
+    router.add_api_route(f"/{method}/batch", batch, methods=["POST"], name=f"{method}_batch",
+                         response_model=batch_response, responses=responses, summary=summaries[1])
+    return router
 
 
 def llm_service_app(settings: LLMServiceSettings, *, service: str, router: APIRouter, description: str,

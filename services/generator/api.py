@@ -6,13 +6,12 @@ import asyncio
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
-from services.common.app import from_state, service_router
 from services.common.cache import ResultCache
 from services.common.errors import error_responses
 from services.common.llm import LLMBackend
-from services.common.llm_app import llm_service_app
+from services.common.llm_app import item_router, llm_service_app
 from services.common.metrics import ServiceMetrics
 from services.common.schemas.generator import (
     GenerateBatchRequest,
@@ -28,19 +27,10 @@ from services.generator.tokens import TokenCounter, load_token_counter
 ERRORS = error_responses({502: "the generator LLM failed or is unreachable", 503: "not ready",
                           504: "the generator LLM timed out"})
 
-router = service_router("generator")
-
-
-@router.post("/generate", response_model=GenerateResponse, responses=ERRORS,
-             summary="Answer one question from documents")
-async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
-    return await from_state(request, "generator", Generator).generate(body)
-
-
-@router.post("/generate/batch", response_model=GenerateBatchResponse, responses=ERRORS,
-             summary="Answer many questions concurrently (results in request order)")
-async def generate_batch(body: GenerateBatchRequest, request: Request) -> GenerateBatchResponse:
-    return GenerateBatchResponse(results=await from_state(request, "generator", Generator).generate_batch(body.items))
+router = item_router("generator", "generate", (GenerateRequest, GenerateResponse, GenerateBatchRequest,
+                                                 GenerateBatchResponse), ERRORS,
+                     ("Answer one question from documents",
+                      "Answer many questions concurrently (results in request order)"))
 
 
 def create_app(settings: GeneratorSettings | None = None, *, llm: LLMBackend | None = None,

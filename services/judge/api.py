@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
-from services.common.app import from_state, service_router
 from services.common.cache import ResultCache
 from services.common.errors import error_responses
 from services.common.llm import LLMBackend
-from services.common.llm_app import llm_service_app
+from services.common.llm_app import item_router, llm_service_app
 from services.common.metrics import ServiceMetrics
 from services.common.schemas.judge import JudgeBatchRequest, JudgeBatchResponse, JudgeRequest, JudgeResult
 from services.judge.prompts import load_prompt
@@ -19,19 +18,9 @@ from services.judge.settings import JudgeSettings
 ERRORS = error_responses({502: "`llm` mode: the judge LLM failed or is unreachable", 503: "not ready",
                           504: "`llm` mode: the judge LLM timed out"})
 
-router = service_router("judge")
-
-
-@router.post("/judge", response_model=JudgeResult, responses=ERRORS,
-             summary="Score one prediction against gold answers (GenAcc, EM, F1)")
-async def judge(body: JudgeRequest, request: Request) -> JudgeResult:
-    return await from_state(request, "judge", Judge).judge(body)
-
-
-@router.post("/judge/batch", response_model=JudgeBatchResponse, responses=ERRORS,
-             summary="Score many predictions concurrently (results in request order)")
-async def judge_batch(body: JudgeBatchRequest, request: Request) -> JudgeBatchResponse:
-    return JudgeBatchResponse(results=await from_state(request, "judge", Judge).judge_batch(body.items))
+router = item_router("judge", "judge", (JudgeRequest, JudgeResult, JudgeBatchRequest, JudgeBatchResponse), ERRORS,
+                     ("Score one prediction against gold answers (GenAcc, EM, F1)",
+                      "Score many predictions concurrently (results in request order)"))
 
 
 def create_app(settings: JudgeSettings | None = None, *, llm: LLMBackend | None = None,
