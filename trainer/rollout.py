@@ -1,14 +1,11 @@
 """TRL `rollout_func`: the searcher's own environment (`services.searcher.env.SearchEnv`) driven at the
 token level by the model being trained (`trainer.episode.run_episode`).
 
-TRL calls `rollout(prompts, trainer)` with the batch's prompts (each question repeated
-`num_generations` times). All episodes of the batch run concurrently on one event loop; their policy
-calls are batched by the sampler (`HFSampler` on the CPU or without vLLM, `VLLMSampler` over TRL's own
-vLLM when `use_vllm` is on), their retrievals go to the retriever service. The return value holds
-`prompt_ids`, `completion_ids` (the sampled ids as sampled, the environment's turns appended as ids),
-`logprobs` (the sampler's, or None), `env_mask` (TRL's tool mask: 0 on every inserted token, so
-retrieved text carries no loss and no KL) and `search` (the `SearchOutcome`s, documents from the
-environment's state), which TRL forwards to the reward functions.
+All episodes of a batch run concurrently on one event loop; the sampler batches their policy calls
+(`HFSampler`, or `VLLMSampler` over TRL's own vLLM when `use_vllm` is on); retrievals go to the retriever
+service. TRL gets `prompt_ids`, `completion_ids` (the environment's turns appended as ids), `logprobs` (the
+sampler's, or None), `env_mask` (0 on every inserted token: retrieved text carries no loss and no KL) and
+`search` (the `SearchOutcome`s), which it forwards to the reward functions.
 """
 
 from __future__ import annotations
@@ -97,9 +94,7 @@ class SearchRollout:
         logger.info("rollouts: %s episodes, %s policy tokens, %s inserted tokens, %.1f s", len(episodes),
                     sum(e.policy_tokens for e in episodes),
                     sum(len(e.completion_ids) - e.policy_tokens for e in episodes), self.seconds[-1])
-        logprobs = None
-        if all(e.logprobs is not None for e in episodes):
-            logprobs = [e.logprobs for e in episodes]
+        logprobs = [e.logprobs for e in episodes] if all(e.logprobs is not None for e in episodes) else None
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],

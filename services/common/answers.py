@@ -60,10 +60,8 @@ def has_answers(text: str, answers: Iterable[str], tokenizer: SimpleTokenizer = 
     words = tokenizer.words(_nfd(text), uncased=True)
     for answer in answers:
         ans = tokenizer.words(_nfd(answer), uncased=True)
-        n = len(ans)
-        for i in range(len(words) - n + 1):
-            if words[i:i + n] == ans:
-                return True
+        if any(words[i:i + len(ans)] == ans for i in range(len(words) - len(ans) + 1)):
+            return True
     return False
 
 

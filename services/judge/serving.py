@@ -39,9 +39,7 @@ _VERDICT = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
 def parse_verdict(text: str) -> bool | None:
     """The first standalone yes/no (or true/false) in the reply; None when there is none."""
     match = _VERDICT.search(text)
-    if match is None:
-        return None
-    return match.group(1).lower() in ("yes", "true")
+    return None if match is None else match.group(1).lower() in ("yes", "true")
 
 
 def format_answers(golden_answers: Sequence[str]) -> str:
