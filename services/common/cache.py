@@ -36,7 +36,7 @@ class Cache(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None: ...
+    async def set(self, key: str, value: bytes) -> None: ...
 
     async def check(self) -> str: ...
 
@@ -62,11 +62,10 @@ class MemoryCache:
         self._data.move_to_end(key)
         return value
 
-    async def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None:
+    async def set(self, key: str, value: bytes) -> None:
         if self.max_items <= 0:
             return
-        ttl = ttl_s if ttl_s is not None else self.ttl_s
-        self._data[key] = (time.monotonic() + ttl if ttl else None, value)
+        self._data[key] = (time.monotonic() + self.ttl_s if self.ttl_s else None, value)
         self._data.move_to_end(key)
         while len(self._data) > self.max_items:
             self._data.popitem(last=False)
@@ -94,9 +93,8 @@ class RedisCache:
             return None
         return value.encode() if isinstance(value, str) else bytes(value)
 
-    async def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None:
-        ttl = ttl_s if ttl_s is not None else self.ttl_s
-        await self._redis.set(key, value, ex=ttl or None)
+    async def set(self, key: str, value: bytes) -> None:
+        await self._redis.set(key, value, ex=self.ttl_s or None)
 
     async def check(self) -> str:
         await self._redis.ping()
@@ -144,9 +142,9 @@ class ResultCache:
         """The entry as `model`, or None when absent, unreadable or not a valid `model`."""
         return await self._get(key, model.model_validate_json)
 
-    async def set_json(self, key: str, value: Any, ttl_s: int | None = None) -> None:
+    async def set_json(self, key: str, value: Any) -> None:
         try:
-            await self.backend.set(key, json.dumps(value, ensure_ascii=False).encode(), ttl_s)
+            await self.backend.set(key, json.dumps(value, ensure_ascii=False).encode())
         except Exception as exc:
             self._count("error")
             logger.warning("cache %s set failed, bypassing: %s", self.name, type(exc).__name__)

@@ -1,9 +1,6 @@
-"""One async client for OpenAI-compatible chat completions (vLLM, llama.cpp server, hosted APIs).
-
-Calls go through a `ServiceClient`, so an LLM gets the same timeouts, retries (Retry-After honoured), breaker,
-status mapping and metric labels as every other upstream (`services.common.http`); on top of it: a
-concurrency limit, the chat request and response shapes, and token usage in metrics. LLMs are never
-embedded in a service; everything talks to this.
+"""One async client for OpenAI-compatible chat completions (vLLM, llama.cpp server, hosted APIs). LLMs are
+never embedded in a service; everything talks to this. Calls go through a `ServiceClient` (the upstream
+policy of every service call); on top of it: a concurrency limit, the chat shapes, token usage in metrics.
 """
 
 from __future__ import annotations
@@ -87,16 +84,9 @@ class OpenAIChatClient:
 
     async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
                    stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [m.model_dump() for m in messages],
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-        }
-        if stop:
-            body["stop"] = stop
-        if extra:
-            body.update(extra)
+        body: dict[str, Any] = {"model": self.model, "messages": [m.model_dump() for m in messages],
+                                "temperature": temperature, "max_tokens": max_tokens,
+                                **({"stop": stop} if stop else {}), **(extra or {})}
         data = self._body(await self._post(body))
         choice = data["choices"][0]
         prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
