@@ -1,9 +1,6 @@
-"""Token counting for context budgets: the backend model's tokenizer where available, else an estimate.
-
-`load_token_counter` picks, in order: the configured tokenizer (`LLMSettings.tokenizer`: an HF name or
-path, loaded with `local_files_only`, or a `.gguf` file whose tokenizer transformers reads); the packaged
-SmolLM2 GGUF when the model is the local default; a 4-characters-per-token estimate. A configured
-tokenizer that cannot be loaded fails the start (a silent fallback would break budgets on GPU nodes).
+"""Token counting for context budgets: the backend model's tokenizer where available, else an estimate
+(`load_token_counter` says which, in which order). A configured tokenizer that cannot be loaded fails the
+start: a silent fallback would break budgets on GPU nodes.
 """
 
 from __future__ import annotations
@@ -30,9 +27,7 @@ class EstimatedTokens:
     """About 4 characters per token (English BPE); cuts on a word boundary when it can."""
 
     kind = "estimate"
-
-    def __init__(self, chars_per_token: float = 4.0) -> None:
-        self.chars_per_token = chars_per_token
+    chars_per_token = 4.0
 
     def count(self, text: str) -> int:
         return math.ceil(len(text) / self.chars_per_token)
@@ -107,7 +102,9 @@ def _gguf_tokens(path: Path, cache_dir: str | None) -> TokenCounter:
 
 def load_token_counter(spec: str | None, *, model: str, from_gguf: bool = True,
                        cache_dir: str | None = None) -> TokenCounter:
-    """See the module docstring. Blocking (reads files): call it from a thread in a lifespan."""
+    """In order: `spec` (`LLMSettings.tokenizer`: an HF name or path, loaded with `local_files_only`, or a
+    `.gguf` file); the packaged SmolLM2 GGUF when `model` is the local default; a 4-characters-per-token
+    estimate. Blocking (reads files): call it from a thread in a lifespan."""
     if spec:
         path = Path(spec)
         try:

@@ -31,6 +31,4 @@ class AnswerPrompt:
 @cache
 def load_prompt(version: str = "v1") -> AnswerPrompt:
     """The prompt set `answer_<version>.*.txt`; ValueError when a part is missing."""
-    effective, texts = load_prompt_files(__name__, "answer", version, PARTS)
-    return AnswerPrompt(version=effective, system=Template(texts["system"]),
-                        no_context=Template(texts["no_context"]), document=Template(texts["document"]))
+    return AnswerPrompt(**load_prompt_files(__name__, "answer", version, PARTS))

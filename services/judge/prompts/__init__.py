@@ -27,5 +27,4 @@ class JudgePrompt:
 @cache
 def load_prompt(version: str = "v1") -> JudgePrompt:
     """The prompt set `judge_<version>.*.txt`; ValueError when a part is missing."""
-    effective, texts = load_prompt_files(__name__, "judge", version, PARTS)
-    return JudgePrompt(version=effective, user=Template(texts["user"]), retry=Template(texts["retry"]))
+    return JudgePrompt(**load_prompt_files(__name__, "judge", version, PARTS))
