@@ -38,8 +38,6 @@ class Cache(Protocol):
 
     async def set(self, key: str, value: bytes) -> None: ...
 
-    async def check(self) -> str: ...
-
     async def aclose(self) -> None: ...
 
 
@@ -70,9 +68,6 @@ class MemoryCache:
         while len(self._data) > self.max_items:
             self._data.popitem(last=False)
 
-    async def check(self) -> str:
-        return "ok"
-
     async def aclose(self) -> None:
         self._data.clear()
 
@@ -95,10 +90,6 @@ class RedisCache:
 
     async def set(self, key: str, value: bytes) -> None:
         await self._redis.set(key, value, ex=self.ttl_s or None)
-
-    async def check(self) -> str:
-        await self._redis.ping()
-        return "ok"
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -148,12 +139,6 @@ class ResultCache:
         except Exception as exc:
             self._count("error")
             logger.warning("cache %s set failed, bypassing: %s", self.name, type(exc).__name__)
-
-    async def check(self) -> str:
-        try:
-            return await self.backend.check()
-        except Exception as exc:
-            return f"{self.backend.kind} cache unreachable: {type(exc).__name__}"
 
     async def aclose(self) -> None:
         await self.backend.aclose()
