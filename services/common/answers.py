@@ -46,10 +46,6 @@ class SimpleTokenizer:
 _TOKENIZER = SimpleTokenizer()
 
 
-def _nfd(text: str) -> str:
-    return unicodedata.normalize("NFD", text)
-
-
 def has_answers(text: str, answers: Iterable[str], tokenizer: SimpleTokenizer = _TOKENIZER) -> bool:
     """pyserini.eval.evaluate_dpr_retrieval.has_answers (regex=False), reproduced exactly.
 
@@ -57,9 +53,9 @@ def has_answers(text: str, answers: Iterable[str], tokenizer: SimpleTokenizer = 
     as "The" or "A") matches any text, including an empty one: the empty sequence occurs at offset 0.
     `tests/unit/test_answers_pyserini.py` checks agreement with pyserini's own function.
     """
-    words = tokenizer.words(_nfd(text), uncased=True)
+    words = tokenizer.words(unicodedata.normalize("NFD", text), uncased=True)
     for answer in answers:
-        ans = tokenizer.words(_nfd(answer), uncased=True)
+        ans = tokenizer.words(unicodedata.normalize("NFD", answer), uncased=True)
         if any(words[i:i + len(ans)] == ans for i in range(len(words) - len(ans) + 1)):
             return True
     return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -47,15 +48,12 @@ class MemoryCache:
     def __init__(self, max_items: int = 100_000, ttl_s: int | None = None) -> None:
         self.max_items = max_items
         self.ttl_s = ttl_s
-        self._data: OrderedDict[str, tuple[float | None, bytes]] = OrderedDict()
+        self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (monotonic expiry, value)
 
     async def get(self, key: str) -> bytes | None:
-        item = self._data.get(key)
-        if item is None:
-            return None
-        expires, value = item
-        if expires is not None and expires < time.monotonic():
-            del self._data[key]
+        expires, value = self._data.get(key, (math.inf, None))
+        if value is None or expires < time.monotonic():
+            self._data.pop(key, None)
             return None
         self._data.move_to_end(key)
         return value
@@ -63,7 +61,7 @@ class MemoryCache:
     async def set(self, key: str, value: bytes) -> None:
         if self.max_items <= 0:
             return
-        self._data[key] = (time.monotonic() + self.ttl_s if self.ttl_s else None, value)
+        self._data[key] = (time.monotonic() + self.ttl_s if self.ttl_s else math.inf, value)
         self._data.move_to_end(key)
         while len(self._data) > self.max_items:
             self._data.popitem(last=False)
