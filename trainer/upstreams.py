@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -45,7 +46,7 @@ def to_gen_documents(documents: Sequence[Document]) -> list[GenDocument]:
     return [GenDocument(id=d.id[:256], title=d.title[:1024], text=d.text[:20_000]) for d in documents[:MAX_DOCS]]
 
 
-class ServiceStack:
+class ServiceStack(AbstractAsyncContextManager["ServiceStack"]):
     """Typed clients of the retriever, generator and judge services (`services.common.clients`)."""
 
     def __init__(self, settings: TrainerSettings, *,
@@ -59,9 +60,6 @@ class ServiceStack:
 
     async def aclose(self) -> None:
         await asyncio.gather(self.retriever.aclose(), self.generator.aclose(), self.judge.aclose())
-
-    async def __aenter__(self) -> ServiceStack:
-        return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:

@@ -81,8 +81,7 @@ def f1_score(prediction: str, golden_answers: Sequence[str]) -> float:
     best = 0.0
     for answer in golden_answers:
         gold_tokens = normalize_answer(answer).split()
-        common = Counter(pred_tokens) & Counter(gold_tokens)
-        same = sum(common.values())
+        same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
         if not pred_tokens or not gold_tokens:
             score = float(pred_tokens == gold_tokens)
         elif same == 0:

@@ -81,10 +81,8 @@ class Generator:
         return Context(text="\n\n".join(parts), documents_used=len(parts), truncated=truncated)
 
     def messages(self, question: str, context: Context) -> list[ChatMessage]:
-        if context.documents_used:
-            system = self.prompt.system.substitute(context=context.text)
-        else:
-            system = self.prompt.no_context.substitute()
+        template = self.prompt.system if context.documents_used else self.prompt.no_context
+        system = template.substitute(context=context.text)  # no_context has no $context
         return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=question)]
 
     def key(self, request: GenerateRequest) -> str:

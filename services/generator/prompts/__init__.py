@@ -1,8 +1,5 @@
-"""Versioned prompt files of the generator.
-
-`answer_<version>.<part>.txt` are `string.Template`s: `system` ($context) when documents are given,
-`no_context` when none are, `document` ($index, $title, $text) for one formatted document. The
-effective version is `<version>-<digest of the files>`, so editing a file changes every cache key.
+"""Versioned prompt files of the generator: `answer_<version>.<part>.txt`, `string.Template`s: `system`
+($context) when documents are given, `no_context` when none are, `document` ($index, $title, $text).
 """
 
 from __future__ import annotations
