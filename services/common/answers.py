@@ -1,9 +1,5 @@
-"""Answer normalisation and the GenAcc span check, shared by the judge, the retriever benches and the
-trainer (one implementation, imported everywhere).
-
-`span_match` = s3's span check: SQuAD-style normalisation of both sides (lowercase, drop punctuation,
-drop articles, collapse whitespace), then pyserini's `has_answers` (unicode NFD, DrQA SimpleTokenizer,
-uncased, contiguous token match).
+"""Answer normalisation, the GenAcc span check (`span_match`, s3's), EM and F1: one implementation, shared by
+the judge, the retriever benches and the trainer.
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ class Context:
 
 
 def document_key(doc: GenDocument) -> str:
-    """The document's id, or a digest of its title and text when it has none."""
     if doc.id:
         return f"id:{doc.id}"
     return "sha:" + hashlib.sha256(f"{doc.title}\0{doc.text}".encode()).hexdigest()[:32]

@@ -1,14 +1,10 @@
-"""GenAcc, EM and F1: the judge's logic (s3's `check_answer_correct`; modes and failure handling:
+"""GenAcc, EM and F1: the judge's logic (s3's `check_answer_correct`; modes, retry and failure handling:
 services/judge/README.md). Knows nothing of FastAPI.
 
-GenAcc: the span check (`services.common.answers.span_match`), then, only when it fails, the LLM; its reply
-is parsed for the first standalone yes/no (true/false also count); with neither, it is asked once more with
-a stricter prompt, and a second unclear reply scores 0 (as s3 does). When the LLM fails, `llm` mode raises
-(502/504) and `genacc` mode returns the items the span check did not decide as `undecided`, never as wrong.
-
-LLM verdicts are cached; identical questions in flight at once share one LLM call. A batch runs its items
-concurrently (the LLM client's semaphore bounds how many reach the LLM at once), where s3's reward loop
-judges one item after another.
+When the LLM fails, `llm` mode raises (502/504) and `genacc` mode returns the items the span check did not
+decide as `undecided`, never as wrong. LLM verdicts are cached; identical questions in flight at once share
+one LLM call. A batch runs its items concurrently (the LLM client's semaphore bounds how many reach the LLM
+at once), where s3's reward loop judges one item after another.
 """
 
 from __future__ import annotations
