@@ -14,7 +14,6 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass, field
-from typing import Any
 
 from prometheus_client import Counter
 
@@ -50,11 +49,6 @@ class Verdict:
     cached: bool = False
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # marks it retrieved: waiters may have gone away
-
-
 @dataclass(eq=False)
 class Judge:
     llm: LLMBackend
@@ -83,7 +77,8 @@ class Judge:
             task = asyncio.ensure_future(self._verdict(key, prediction, golden_answers))
             self._inflight[key] = task
             task.add_done_callback(lambda _: self._inflight.pop(key, None))
-            task.add_done_callback(_retrieve)
+            # marks its exception retrieved: the waiters may all have gone away
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return await asyncio.shield(task)
 
     async def _verdict(self, key: str, prediction: str, golden_answers: Sequence[str]) -> Verdict:
