@@ -41,9 +41,11 @@ def create_app(settings: GeneratorSettings | None = None, *, llm: LLMBackend | N
     prompt = load_prompt(settings.prompt_version)  # a bad version fails here, at startup
 
     async def build(backend: LLMBackend, cache: ResultCache, metrics: ServiceMetrics) -> Generator:
-        counter = tokens or await asyncio.to_thread(
-            load_token_counter, settings.llm.tokenizer, model=settings.llm.model,
-            from_gguf=settings.tokenizer_from_gguf, cache_dir=settings.tokenizer_cache_dir)
+        counter = tokens
+        if counter is None:
+            counter = await asyncio.to_thread(
+                load_token_counter, settings.llm.tokenizer, model=settings.llm.model,
+                from_gguf=settings.tokenizer_from_gguf, cache_dir=settings.tokenizer_cache_dir)
         return Generator(backend, cache, counter, prompt, context_token_budget=settings.context_token_budget,
                          min_document_tokens=settings.min_document_tokens,
                          max_answer_tokens=settings.max_answer_tokens, metrics=metrics)
