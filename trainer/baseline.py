@@ -126,7 +126,7 @@ class BaselineStore:
     async def put(self, record: BaselineRecord) -> None:
         await self._append(record)
         if self._cache is not None:
-            await self._cache.set_json(self._key(record.id), record.model_dump(), ttl_s=None)
+            await self._cache.set_json(self._key(record.id), record.model_dump())
 
     async def _append(self, record: BaselineRecord) -> None:
         async with self._lock:

@@ -1,14 +1,11 @@
 """TRL `rollout_func`: the searcher's own environment (`services.searcher.env.SearchEnv`) driven at the
 token level by the model being trained (`trainer.episode.run_episode`).
 
-TRL calls `rollout(prompts, trainer)` with the batch's prompts (each question repeated
-`num_generations` times). All episodes of the batch run concurrently on one event loop; their policy
-calls are batched by the sampler (`HFSampler` on the CPU or without vLLM, `VLLMSampler` over TRL's own
-vLLM when `use_vllm` is on), their retrievals go to the retriever service. The return value holds
-`prompt_ids`, `completion_ids` (the sampled ids as sampled, the environment's turns appended as ids),
-`logprobs` (the sampler's, or None), `env_mask` (TRL's tool mask: 0 on every inserted token, so
-retrieved text carries no loss and no KL) and `search` (the `SearchOutcome`s, documents from the
-environment's state), which TRL forwards to the reward functions.
+All episodes of a batch run concurrently on one event loop; the sampler batches their policy calls
+(`HFSampler`, or `VLLMSampler` over TRL's own vLLM when `use_vllm` is on); retrievals go to the retriever
+service. TRL gets `prompt_ids`, `completion_ids` (the environment's turns appended as ids), `logprobs` (the
+sampler's, or None), `env_mask` (0 on every inserted token: retrieved text carries no loss and no KL) and
+`search` (the `SearchOutcome`s), which it forwards to the reward functions.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from services.common.schemas.searcher import SearchParams
@@ -48,22 +46,21 @@ def sampler_for(trainer: Any, model: Any, tokenizer: Any, max_batch: int) -> Bat
     return HFSampler(model, tokenizer, max_batch=max_batch)
 
 
+@dataclass(eq=False)
 class SearchRollout:
     """Callable `rollout_func(prompts, trainer)` for `trl.GRPOTrainer`."""
 
+    runner: AsyncRunner
+    retriever: RetrieverBackend
+    params: SearchParams
+    _: KW_ONLY
+    prompts: PromptSet | None = None
+    max_completion_tokens: int = 1024
+    max_batch: int = 32
+    last: list[Episode] = field(default_factory=list, init=False)
+    seconds: list[float] = field(default_factory=list, init=False)
+    """Wall seconds of every rollout batch (the `train_step` bench reads them)."""
     __name__ = "search_rollout"
-
-    def __init__(self, runner: AsyncRunner, retriever: RetrieverBackend, params: SearchParams, *,
-                 prompts: PromptSet | None = None, max_completion_tokens: int = 1024, max_batch: int = 32) -> None:
-        self.runner = runner
-        self.retriever = retriever
-        self.params = params
-        self.prompts = prompts
-        self.max_completion_tokens = max_completion_tokens
-        self.max_batch = max_batch
-        self.last: list[Episode] = []
-        self.seconds: list[float] = []
-        """Wall seconds of every rollout batch (the `train_step` bench reads them)."""
 
     async def run_batch(self, questions: Sequence[str], sampler: TokenSampler, chat: ChatTokens) -> list[Episode]:
         try:
@@ -97,9 +94,7 @@ class SearchRollout:
         logger.info("rollouts: %s episodes, %s policy tokens, %s inserted tokens, %.1f s", len(episodes),
                     sum(e.policy_tokens for e in episodes),
                     sum(len(e.completion_ids) - e.policy_tokens for e in episodes), self.seconds[-1])
-        logprobs = None
-        if all(e.logprobs is not None for e in episodes):
-            logprobs = [e.logprobs for e in episodes]
+        logprobs = [e.logprobs for e in episodes] if all(e.logprobs is not None for e in episodes) else None
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -45,11 +46,7 @@ def to_gen_documents(documents: Sequence[Document]) -> list[GenDocument]:
     return [GenDocument(id=d.id[:256], title=d.title[:1024], text=d.text[:20_000]) for d in documents[:MAX_DOCS]]
 
 
-def _chunks(n: int, size: int) -> list[range]:
-    return [range(i, min(n, i + size)) for i in range(0, n, size)]
-
-
-class ServiceStack:
+class ServiceStack(AbstractAsyncContextManager["ServiceStack"]):
     """Typed clients of the retriever, generator and judge services (`services.common.clients`)."""
 
     def __init__(self, settings: TrainerSettings, *,
@@ -63,9 +60,6 @@ class ServiceStack:
 
     async def aclose(self) -> None:
         await asyncio.gather(self.retriever.aclose(), self.generator.aclose(), self.judge.aclose())
-
-    async def __aenter__(self) -> ServiceStack:
-        return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -106,8 +100,6 @@ class ServiceStack:
     async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
                                ) -> list[Answered]:
         """Frozen generator answers `(question, documents, golden answers)` items, the judge scores them."""
-        if not items:
-            return []
-        parts = await asyncio.gather(*(self._answer_chunk([items[i] for i in r])
-                                       for r in _chunks(len(items), self.settings.chunk)))
+        size = self.settings.chunk
+        parts = await asyncio.gather(*(self._answer_chunk(items[i:i + size]) for i in range(0, len(items), size)))
         return [a for part in parts for a in part]

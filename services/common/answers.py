@@ -1,9 +1,5 @@
-"""Answer normalisation and the GenAcc span check, shared by the judge, the retriever benches and the
-trainer (one implementation, imported everywhere).
-
-`span_match` = s3's span check: SQuAD-style normalisation of both sides (lowercase, drop punctuation,
-drop articles, collapse whitespace), then pyserini's `has_answers` (unicode NFD, DrQA SimpleTokenizer,
-uncased, contiguous token match).
+"""Answer normalisation, the GenAcc span check (`span_match`, s3's), EM and F1: one implementation, shared by
+the judge, the retriever benches and the trainer.
 """
 
 from __future__ import annotations
@@ -46,10 +42,6 @@ class SimpleTokenizer:
 _TOKENIZER = SimpleTokenizer()
 
 
-def _nfd(text: str) -> str:
-    return unicodedata.normalize("NFD", text)
-
-
 def has_answers(text: str, answers: Iterable[str], tokenizer: SimpleTokenizer = _TOKENIZER) -> bool:
     """pyserini.eval.evaluate_dpr_retrieval.has_answers (regex=False), reproduced exactly.
 
@@ -57,13 +49,11 @@ def has_answers(text: str, answers: Iterable[str], tokenizer: SimpleTokenizer = 
     as "The" or "A") matches any text, including an empty one: the empty sequence occurs at offset 0.
     `tests/unit/test_answers_pyserini.py` checks agreement with pyserini's own function.
     """
-    words = tokenizer.words(_nfd(text), uncased=True)
+    words = tokenizer.words(unicodedata.normalize("NFD", text), uncased=True)
     for answer in answers:
-        ans = tokenizer.words(_nfd(answer), uncased=True)
-        n = len(ans)
-        for i in range(len(words) - n + 1):
-            if words[i:i + n] == ans:
-                return True
+        ans = tokenizer.words(unicodedata.normalize("NFD", answer), uncased=True)
+        if any(words[i:i + len(ans)] == ans for i in range(len(words) - len(ans) + 1)):
+            return True
     return False
 
 
@@ -87,8 +77,7 @@ def f1_score(prediction: str, golden_answers: Sequence[str]) -> float:
     best = 0.0
     for answer in golden_answers:
         gold_tokens = normalize_answer(answer).split()
-        common = Counter(pred_tokens) & Counter(gold_tokens)
-        same = sum(common.values())
+        same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
         if not pred_tokens or not gold_tokens:
             score = float(pred_tokens == gold_tokens)
         elif same == 0:

@@ -2,7 +2,8 @@
 
 A Redis failure never fails a request: the cache is bypassed, the error logged and counted, and the
 caller recomputes. An entry that does not decode (or, with `get_model`, does not validate) is a miss,
-counted as `corrupt`: whoever wrote it, it is never served and is replaced by the next result. Keys are namespaced SHA-256 digests of a canonical JSON payload.
+counted as `corrupt`: whoever wrote it, it is never served and is replaced by the next result. Keys are
+namespaced SHA-256 digests of a canonical JSON payload.
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from services.common.metrics import ServiceMetrics
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +37,7 @@ class Cache(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None: ...
-
-    async def check(self) -> str: ...
+    async def set(self, key: str, value: bytes) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -46,30 +48,23 @@ class MemoryCache:
     def __init__(self, max_items: int = 100_000, ttl_s: int | None = None) -> None:
         self.max_items = max_items
         self.ttl_s = ttl_s
-        self._data: OrderedDict[str, tuple[float | None, bytes]] = OrderedDict()
+        self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (monotonic expiry, value)
 
     async def get(self, key: str) -> bytes | None:
-        item = self._data.get(key)
-        if item is None:
-            return None
-        expires, value = item
-        if expires is not None and expires < time.monotonic():
-            del self._data[key]
+        expires, value = self._data.get(key, (math.inf, None))
+        if value is None or expires < time.monotonic():
+            self._data.pop(key, None)
             return None
         self._data.move_to_end(key)
         return value
 
-    async def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None:
+    async def set(self, key: str, value: bytes) -> None:
         if self.max_items <= 0:
             return
-        ttl = ttl_s if ttl_s is not None else self.ttl_s
-        self._data[key] = (time.monotonic() + ttl if ttl else None, value)
+        self._data[key] = (time.monotonic() + self.ttl_s if self.ttl_s else math.inf, value)
         self._data.move_to_end(key)
         while len(self._data) > self.max_items:
             self._data.popitem(last=False)
-
-    async def check(self) -> str:
-        return "ok"
 
     async def aclose(self) -> None:
         self._data.clear()
@@ -91,13 +86,8 @@ class RedisCache:
             return None
         return value.encode() if isinstance(value, str) else bytes(value)
 
-    async def set(self, key: str, value: bytes, ttl_s: int | None = None) -> None:
-        ttl = ttl_s if ttl_s is not None else self.ttl_s
-        await self._redis.set(key, value, ex=ttl or None)
-
-    async def check(self) -> str:
-        await self._redis.ping()
-        return "ok"
+    async def set(self, key: str, value: bytes) -> None:
+        await self._redis.set(key, value, ex=self.ttl_s or None)
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -115,7 +105,7 @@ class ResultCache:
         if self.metrics is not None:
             self.metrics.cache_events.labels(self.name, event).inc()
 
-    async def _read(self, key: str) -> bytes | None:
+    async def _get(self, key: str, decode: Callable[[bytes], T]) -> T | None:
         try:
             raw = await self.backend.get(key)
         except Exception as exc:  # Redis down or slow: bypass, never fail the request
@@ -124,49 +114,29 @@ class ResultCache:
             return None
         if raw is None:
             self._count("miss")
-        return raw
-
-    async def get_json(self, key: str) -> Any | None:
-        raw = await self._read(key)
-        if raw is None:
             return None
         try:
-            value = json.loads(raw)
-        except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too)
-            self._corrupt(key)
+            value = decode(raw)
+        except ValueError:  # not JSON, or not the model (UnicodeDecodeError, ValidationError are ValueErrors)
+            self._count("corrupt")
+            logger.warning("cache %s: ignoring a corrupt entry under %s", self.name, key)
             return None
         self._count("hit")
         return value
+
+    async def get_json(self, key: str) -> Any | None:
+        return await self._get(key, json.loads)
 
     async def get_model(self, key: str, model: type[M]) -> M | None:
         """The entry as `model`, or None when absent, unreadable or not a valid `model`."""
-        raw = await self._read(key)
-        if raw is None:
-            return None
-        try:
-            value = model.model_validate_json(raw)
-        except ValidationError:  # not JSON, or not this model
-            self._corrupt(key)
-            return None
-        self._count("hit")
-        return value
+        return await self._get(key, model.model_validate_json)
 
-    def _corrupt(self, key: str) -> None:
-        self._count("corrupt")
-        logger.warning("cache %s: ignoring a corrupt entry under %s", self.name, key)
-
-    async def set_json(self, key: str, value: Any, ttl_s: int | None = None) -> None:
+    async def set_json(self, key: str, value: Any) -> None:
         try:
-            await self.backend.set(key, json.dumps(value, ensure_ascii=False).encode(), ttl_s)
+            await self.backend.set(key, json.dumps(value, ensure_ascii=False).encode())
         except Exception as exc:
             self._count("error")
             logger.warning("cache %s set failed, bypassing: %s", self.name, type(exc).__name__)
-
-    async def check(self) -> str:
-        try:
-            return await self.backend.check()
-        except Exception as exc:
-            return f"{self.backend.kind} cache unreachable: {type(exc).__name__}"
 
     async def aclose(self) -> None:
         await self.backend.aclose()

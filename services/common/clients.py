@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,7 +30,8 @@ from services.common.schemas.searcher import (
     SearchStreamEvent,
 )
 
-Batch = TypeVar("Batch", GenerateBatchResponse, JudgeBatchResponse)
+Item = TypeVar("Item", bound=BaseModel)
+Result = TypeVar("Result", bound=BaseModel)
 
 
 class RetrieverClient(ServiceClient):
@@ -47,45 +48,50 @@ class RetrieverClient(ServiceClient):
         return await self.post_model("/retrieve", request, RetrieveResponse)
 
 
-class GeneratorClient(ServiceClient):
+class Routes(NamedTuple):
+    """Where a service answers one item (`path`) and a list (`path/batch`), and the models of both."""
+
+    path: str
+    result: type[BaseModel]
+    batch_request: Callable[..., BaseModel]
+    batch_response: type[BaseModel]
+    max_batch: int
+
+
+class BatchingClient(ServiceClient, Generic[Item, Result]):
+    routes: Routes
+
+    async def one(self, request: Item, *, timeout: float | None = None) -> Result:
+        return cast(Result, await self.post_model(self.routes.path, request, self.routes.result, timeout=timeout))
+
+    async def batch(self, items: Sequence[Item], *, chunk_size: int | None = None,
+                    timeout: float | None = None) -> list[Result]:
+        """Results in item order. More items than one request may carry (or than `chunk_size`) go as
+        concurrent chunks."""
+        path, _, request, response, max_batch = self.routes
+        size = min(chunk_size or max_batch, max_batch)
+
+        async def post(chunk: Sequence[Item]) -> list[Result]:
+            answer: Any = await self.post_model(f"{path}/batch", request(items=list(chunk)), response,
+                                               timeout=timeout)
+            return list(answer.results)
+
+        parts = await asyncio.gather(*(post(items[i:i + size]) for i in range(0, len(items), size)))
+        return [result for part in parts for result in part]
+
+
+class GeneratorClient(BatchingClient[GenerateRequest, GenerateResponse]):
     name = "generator"
-
-    async def generate(self, request: GenerateRequest, *, timeout: float | None = None) -> GenerateResponse:
-        return await self.post_model("/generate", request, GenerateResponse, timeout=timeout)
-
-    async def generate_batch(self, items: Sequence[GenerateRequest], *, chunk_size: int = GENERATE_MAX_BATCH,
-                             timeout: float | None = None) -> list[GenerateResponse]:
-        """Results in item order. More items than one request may carry go as concurrent chunks."""
-        return await _post_in_chunks(self, "/generate/batch", list(items), min(chunk_size, GENERATE_MAX_BATCH),
-                                     GenerateBatchRequest, GenerateBatchResponse, timeout)
+    routes = Routes("/generate", GenerateResponse, GenerateBatchRequest, GenerateBatchResponse, GENERATE_MAX_BATCH)
+    generate = BatchingClient.one
+    generate_batch = BatchingClient.batch
 
 
-class JudgeClient(ServiceClient):
+class JudgeClient(BatchingClient[JudgeRequest, JudgeResult]):
     name = "judge"
-
-    async def judge(self, request: JudgeRequest, *, timeout: float | None = None) -> JudgeResult:
-        return await self.post_model("/judge", request, JudgeResult, timeout=timeout)
-
-    async def judge_batch(self, items: Sequence[JudgeRequest], *, chunk_size: int = JUDGE_MAX_BATCH,
-                          timeout: float | None = None) -> list[JudgeResult]:
-        """Results in item order. More items than one request may carry go as concurrent chunks."""
-        return await _post_in_chunks(self, "/judge/batch", list(items), min(chunk_size, JUDGE_MAX_BATCH),
-                                     JudgeBatchRequest, JudgeBatchResponse, timeout)
-
-
-async def _post_in_chunks(client: ServiceClient, path: str, items: list[Any], size: int,
-                          request: Callable[..., BaseModel], response: type[Batch], timeout: float | None) -> list[Any]:
-    """POST `items` as `request(items=chunk)`, at most `size` a request, the chunks concurrently; the
-    `results` of every `response` in item order."""
-    async def one(chunk: list[Any]) -> list[Any]:
-        return list((await client.post_model(path, request(items=chunk), response, timeout=timeout)).results)
-
-    if not items:
-        return []
-    if len(items) <= size:
-        return await one(items)
-    parts = await asyncio.gather(*(one(items[i:i + size]) for i in range(0, len(items), size)))
-    return [result for part in parts for result in part]
+    routes = Routes("/judge", JudgeResult, JudgeBatchRequest, JudgeBatchResponse, JUDGE_MAX_BATCH)
+    judge = BatchingClient.one
+    judge_batch = BatchingClient.batch
 
 
 class SearcherClient(ServiceClient):

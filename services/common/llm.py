@@ -1,9 +1,6 @@
-"""One async client for OpenAI-compatible chat completions (vLLM, llama.cpp server, hosted APIs).
-
-Calls go through a `ServiceClient`, so an LLM gets the same timeouts, retries (Retry-After honoured), breaker,
-status mapping and metric labels as every other upstream (`services.common.http`); on top of it: a
-concurrency limit, the chat request and response shapes, and token usage in metrics. LLMs are never
-embedded in a service; everything talks to this.
+"""One async client for OpenAI-compatible chat completions (vLLM, llama.cpp server, hosted APIs). LLMs are
+never embedded in a service; everything talks to this. Calls go through a `ServiceClient` (the upstream
+policy of every service call); on top of it: a concurrency limit, the chat shapes, token usage in metrics.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from pydantic import BaseModel, Field, SecretStr
 from services.common.errors import BadRequest, ServiceError, UpstreamError
 from services.common.http import CallSettings, ClientSettings, Refusal, ServiceClient
 from services.common.metrics import ServiceMetrics
+from services.common.settings import ServiceSettings
 from services.common.transport import Response
 
 
@@ -37,6 +35,12 @@ class LLMSettings(CallSettings):
         """The `ServiceClient` settings of this LLM: its URL, key and connection limit, the same policy."""
         policy = {name: getattr(self, name) for name in CallSettings.model_fields}
         return ClientSettings(url=self.base_url, token=self.api_key, max_connections=self.max_concurrency, **policy)
+
+
+class LLMServiceSettings(ServiceSettings):
+    """Settings of a service built on one LLM (the generator, the judge): `<SVC>_LLM__*`."""
+
+    llm: LLMSettings = Field(default_factory=LLMSettings)
 
 
 class ChatMessage(BaseModel):
@@ -80,17 +84,15 @@ class OpenAIChatClient:
 
     async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
                    stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [m.model_dump() for m in messages],
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-        }
-        if stop:
-            body["stop"] = stop
-        if extra:
-            body.update(extra)
-        return self._parse(await self._post(body))
+        body: dict[str, Any] = {"model": self.model, "messages": [m.model_dump() for m in messages],
+                                "temperature": temperature, "max_tokens": max_tokens,
+                                **({"stop": stop} if stop else {}), **(extra or {})}
+        data = self._body(await self._post(body))
+        choice = data["choices"][0]
+        prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
+        return ChatResult(text=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
+                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          model=str(data.get("model", self.model)))
 
     def _refusal(self, caller_error: bool) -> Refusal:
         """A 4xx answer (not 429) to a request we built is our failure (502); to the caller's own fields
@@ -110,14 +112,9 @@ class OpenAIChatClient:
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A whole chat-completions request (the caller's own fields, e.g. a proxied request) -> the
         response body as it came. A 4xx answer is the caller's BadRequest."""
-        response = await self._post({**body, "stream": False}, caller_error=True)
-        try:
-            data = response.json()
-            data["choices"][0]["message"]  # noqa: B018 - the shape every caller reads
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
+        data = self._body(await self._post({**body, "stream": False}, caller_error=True))
         self._count_usage(data.get("usage"))
-        return data  # type: ignore[no-any-return]
+        return data
 
     async def stream(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A chat-completions request with `stream: true`: yields each chunk (the `data:` JSON of the
@@ -154,16 +151,14 @@ class OpenAIChatClient:
             self.metrics.llm_tokens.labels(self.name, "completion").inc(completion)
         return prompt, completion
 
-    def _parse(self, response: Response) -> ChatResult:
+    def _body(self, response: Response) -> dict[str, Any]:
+        """The response's JSON; UpstreamError unless it has `choices[0].message`."""
         try:
             data = response.json()
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
+            data["choices"][0]["message"]  # noqa: B018 - the shape every caller reads
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
-        prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
-        return ChatResult(text=text, finish_reason=choice.get("finish_reason"), prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, model=str(data.get("model", self.model)))
+        return data  # type: ignore[no-any-return]
 
     async def check_health(self) -> str:
         return await self.upstream.ready("/models")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
+from string import Template
+from typing import Any
 
 
-def load_prompt_files(package: str, prefix: str, version: str, parts: tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """(effective version, {part: text}); ValueError when a part is missing."""
+def load_prompt_files(package: str, prefix: str, version: str, parts: tuple[str, ...]) -> dict[str, Any]:
+    """`{"version": the effective version, part: its string.Template}`; ValueError when a part is missing."""
     root = resources.files(package)
     texts: dict[str, str] = {}
     for part in parts:
@@ -20,4 +22,4 @@ def load_prompt_files(package: str, prefix: str, version: str, parts: tuple[str,
             raise ValueError(f"{prefix} prompt version {version!r} has no {part} file")
         texts[part] = entry.read_text(encoding="utf-8").rstrip("\n")
     digest = hashlib.sha256("\0".join(texts[p] for p in parts).encode()).hexdigest()[:8]
-    return f"{version}-{digest}", texts
+    return {"version": f"{version}-{digest}", **{part: Template(text) for part, text in texts.items()}}

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
-from services.common.app import build_app, from_state, service_router
-from services.common.cache import make_cache
+from services.common.cache import ResultCache
 from services.common.errors import error_responses
-from services.common.llm import LLMBackend, OpenAIChatClient
+from services.common.llm import LLMBackend
+from services.common.llm_app import item_router, llm_service_app
+from services.common.metrics import ServiceMetrics
 from services.common.schemas.generator import (
     GenerateBatchRequest,
     GenerateBatchResponse,
@@ -28,19 +27,10 @@ from services.generator.tokens import TokenCounter, load_token_counter
 ERRORS = error_responses({502: "the generator LLM failed or is unreachable", 503: "not ready",
                           504: "the generator LLM timed out"})
 
-router = service_router("generator")
-
-
-@router.post("/generate", response_model=GenerateResponse, responses=ERRORS,
-             summary="Answer one question from documents")
-async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
-    return await from_state(request, "generator", Generator).generate(body)
-
-
-@router.post("/generate/batch", response_model=GenerateBatchResponse, responses=ERRORS,
-             summary="Answer many questions concurrently (results in request order)")
-async def generate_batch(body: GenerateBatchRequest, request: Request) -> GenerateBatchResponse:
-    return GenerateBatchResponse(results=await from_state(request, "generator", Generator).generate_batch(body.items))
+router = item_router("generator", "generate", (GenerateRequest, GenerateResponse, GenerateBatchRequest,
+                                                 GenerateBatchResponse), ERRORS,
+                     ("Answer one question from documents",
+                      "Answer many questions concurrently (results in request order)"))
 
 
 def create_app(settings: GeneratorSettings | None = None, *, llm: LLMBackend | None = None,
@@ -50,45 +40,22 @@ def create_app(settings: GeneratorSettings | None = None, *, llm: LLMBackend | N
     settings = settings or GeneratorSettings()
     prompt = load_prompt(settings.prompt_version)  # a bad version fails here, at startup
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics = app.state.metrics
-        backend: LLMBackend = llm or OpenAIChatClient(settings.llm, name="generator_llm", metrics=metrics,
-                                                      transport=llm_transport)
-        cache = make_cache(settings.redis_dsn(), name="generator", ttl_s=settings.cache_ttl_s,
-                           max_items=settings.cache_max_items, metrics=metrics)
-        try:
-            counter = tokens
-            if counter is None:
-                counter = await asyncio.to_thread(
-                    load_token_counter, settings.llm.tokenizer, model=settings.llm.model,
-                    from_gguf=settings.tokenizer_from_gguf, cache_dir=settings.tokenizer_cache_dir)
-            app.state.generator = Generator(
-                backend, cache, counter, prompt, context_token_budget=settings.context_token_budget,
-                min_document_tokens=settings.min_document_tokens, max_answer_tokens=settings.max_answer_tokens,
-                metrics=metrics)
+    async def build(backend: LLMBackend, cache: ResultCache, metrics: ServiceMetrics) -> Generator:
+        counter = tokens
+        if counter is None:
+            counter = await asyncio.to_thread(
+                load_token_counter, settings.llm.tokenizer, model=settings.llm.model,
+                from_gguf=settings.tokenizer_from_gguf, cache_dir=settings.tokenizer_cache_dir)
+        return Generator(backend, cache, counter, prompt, context_token_budget=settings.context_token_budget,
+                         min_document_tokens=settings.min_document_tokens,
+                         max_answer_tokens=settings.max_answer_tokens, metrics=metrics)
 
-            async def readiness() -> dict[str, str]:
-                return {"llm": await backend.check_health()}
-
-            app.state.readiness = readiness
-            yield
-        finally:
-            app.state.readiness = None
-            app.state.generator = None
-            await cache.aclose()
-            if llm is None:  # injected backends belong to the caller
-                await backend.aclose()
-
-    def version_details(app: FastAPI) -> dict[str, Any]:
-        generator: Generator | None = getattr(app.state, "generator", None)
-        return {"model": settings.llm.model, "prompt_version": prompt.version,
-                "tokenizer": generator.tokens.kind if generator else None,
+    def version_details(generator: Generator | None) -> dict[str, Any]:
+        return {"prompt_version": prompt.version, "tokenizer": generator.tokens.kind if generator else None,
                 "cache": generator.cache.backend.kind if generator else None,
                 "context_token_budget": settings.context_token_budget}
 
-    app = build_app(settings, service="generator", lifespan=lifespan, version_details=version_details,
-                    description="Frozen generator: answers a question from documents (s3's generator prompt).")
-    app.state.generator = None
-    app.include_router(router)
-    return app
+    return llm_service_app(
+        settings, service="generator", router=router, llm=llm, llm_transport=llm_transport, build=build,
+        version_details=version_details,
+        description="Frozen generator: answers a question from documents (s3's generator prompt).")

@@ -1,12 +1,9 @@
-"""The frozen generator: question + documents -> a short answer. Knows nothing of FastAPI.
+"""The frozen generator: question + documents -> a short answer (s3's generator prompt, temperature 0,
+documents cut to a token budget; see services/generator/README.md). Knows nothing of FastAPI.
 
-The prompt follows s3's generator (`format_qa_chat_messages` in s3's reward code): the formatted
-documents go into the system message ("Use the following contexts (some might be irrelevant) on
-demand ... You MUST directly answer the question without any other text and thinking."), the question
-is the user message, temperature 0. Documents are formatted `Doc i (Title: t)\\ntext` and cut to a token
-budget. Answers are cached by (model, prompt version, question, document ids, limits); a batch runs
-its items concurrently (the LLM client's semaphore bounds how many reach the LLM at once) and computes
-duplicate items once.
+Answers are cached by (model, prompt version, question, document ids, limits); a batch runs its items
+concurrently (the LLM client's semaphore bounds how many reach the LLM at once) and computes duplicate
+items once.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass
 
 from prometheus_client import Counter
 from pydantic import ValidationError
@@ -31,7 +28,6 @@ from services.generator.tokens import TokenCounter
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Context:
     text: str
@@ -40,33 +36,28 @@ class Context:
 
 
 def document_key(doc: GenDocument) -> str:
-    """The document's id, or a digest of its title and text when it has none."""
     if doc.id:
         return f"id:{doc.id}"
     return "sha:" + hashlib.sha256(f"{doc.title}\0{doc.text}".encode()).hexdigest()[:32]
 
 
+@dataclass(eq=False)
 class Generator:
-    def __init__(self, llm: LLMBackend, cache: ResultCache, tokens: TokenCounter, prompt: AnswerPrompt, *,
-                 context_token_budget: int = 3000, min_document_tokens: int = 16,
-                 max_answer_tokens: int = 64, metrics: ServiceMetrics | None = None) -> None:
-        self.llm = llm
-        self.cache = cache
-        self.tokens = tokens
-        self.prompt = prompt
-        self.context_token_budget = context_token_budget
-        self.min_document_tokens = min_document_tokens
-        self.max_answer_tokens = max_answer_tokens
-        self._answers: Counter | None = None
-        self._truncated: Counter | None = None
-        if metrics is not None:
-            self._answers = Counter("generator_answers_total", "answers returned", ["source"],
-                                    registry=metrics.registry)
-            self._truncated = Counter("generator_context_truncated_total",
-                                      "requests whose documents were cut to the token budget",
-                                      registry=metrics.registry)
+    llm: LLMBackend
+    cache: ResultCache
+    tokens: TokenCounter
+    prompt: AnswerPrompt
+    _: KW_ONLY
+    metrics: InitVar[ServiceMetrics]
+    context_token_budget: int = 3000
+    min_document_tokens: int = 16
+    max_answer_tokens: int = 64
 
-    # -- prompt -------------------------------------------------------------------------------------
+    def __post_init__(self, metrics: ServiceMetrics) -> None:
+        self._answers = Counter("generator_answers_total", "answers returned", ["source"], registry=metrics.registry)
+        self._truncated = Counter("generator_context_truncated_total",
+                                  "requests whose documents were cut to the token budget", registry=metrics.registry)
+
     def build_context(self, documents: Sequence[GenDocument]) -> Context:
         """Format documents in order until the token budget is spent; cut the one that crosses it."""
         parts: list[str] = []
@@ -89,10 +80,8 @@ class Generator:
         return Context(text="\n\n".join(parts), documents_used=len(parts), truncated=truncated)
 
     def messages(self, question: str, context: Context) -> list[ChatMessage]:
-        if context.documents_used:
-            system = self.prompt.system.substitute(context=context.text)
-        else:
-            system = self.prompt.no_context.substitute()
+        template = self.prompt.system if context.documents_used else self.prompt.no_context
+        system = template.substitute(context=context.text)  # no_context has no $context
         return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=question)]
 
     def key(self, request: GenerateRequest) -> str:
@@ -105,7 +94,6 @@ class Generator:
             "budget": [self.context_token_budget, self.min_document_tokens, self.tokens.kind],
         })
 
-    # -- answering ----------------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         key = self.key(request)
         hit = await self.cache.get_json(key)
@@ -115,10 +103,10 @@ class Generator:
             except (ValidationError, TypeError):
                 logger.warning("ignoring a malformed cached answer under %s", key)
             else:
-                self._count("cache")
+                self._answers.labels("cache").inc()
                 return cached
         context = await asyncio.to_thread(self.build_context, request.documents)
-        if context.truncated and self._truncated is not None:
+        if context.truncated:
             self._truncated.inc()
         result = await self.llm.chat(self.messages(request.question, context), temperature=0.0,
                                      max_tokens=request.max_tokens or self.max_answer_tokens)
@@ -126,7 +114,7 @@ class Generator:
                                     prompt_version=self.prompt.version, documents_used=context.documents_used,
                                     prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens)
         await self.cache.set_json(key, response.model_dump(exclude={"cached"}))
-        self._count("llm")
+        self._answers.labels("llm").inc()
         return response
 
     async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResponse]:
@@ -134,18 +122,9 @@ class Generator:
 
         One failed item fails the batch (the others are cancelled): the caller retries or splits it.
         """
-        first: dict[str, int] = {}
-        order: list[int] = []
-        unique: list[GenerateRequest] = []
-        for request in requests:
-            key = self.key(request)
-            if key not in first:
-                first[key] = len(unique)
-                unique.append(request)
-            order.append(first[key])
-        results = await run_all([self.generate(r) for r in unique])
-        return [results[i] for i in order]
-
-    def _count(self, source: str) -> None:
-        if self._answers is not None:
-            self._answers.labels(source).inc()
+        keys = [self.key(r) for r in requests]
+        unique: dict[str, GenerateRequest] = {}
+        for key, request in zip(keys, requests, strict=True):
+            unique.setdefault(key, request)
+        results = dict(zip(unique, await run_all([self.generate(r) for r in unique.values()]), strict=True))
+        return [results[key] for key in keys]

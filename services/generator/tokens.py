@@ -1,9 +1,6 @@
-"""Token counting for context budgets: the backend model's tokenizer where available, else an estimate.
-
-`load_token_counter` picks, in order: the configured tokenizer (`LLMSettings.tokenizer`: an HF name or
-path, loaded with `local_files_only`, or a `.gguf` file whose tokenizer transformers reads); the packaged
-SmolLM2 GGUF when the model is the local default; a 4-characters-per-token estimate. A configured
-tokenizer that cannot be loaded fails the start (a silent fallback would break budgets on GPU nodes).
+"""Token counting for context budgets: the backend model's tokenizer where available, else an estimate
+(`load_token_counter` says which, in which order). A configured tokenizer that cannot be loaded fails the
+start: a silent fallback would break budgets on GPU nodes.
 """
 
 from __future__ import annotations
@@ -30,9 +27,7 @@ class EstimatedTokens:
     """About 4 characters per token (English BPE); cuts on a word boundary when it can."""
 
     kind = "estimate"
-
-    def __init__(self, chars_per_token: float = 4.0) -> None:
-        self.chars_per_token = chars_per_token
+    chars_per_token = 4.0
 
     def count(self, text: str) -> int:
         return math.ceil(len(text) / self.chars_per_token)
@@ -46,31 +41,6 @@ class EstimatedTokens:
         return cut[:space] if space > limit // 2 else cut
 
 
-class HFTokens:
-    """A transformers tokenizer (special tokens excluded); truncation keeps whole tokens' characters."""
-
-    def __init__(self, tokenizer: Any, name: str) -> None:
-        self.tokenizer = tokenizer
-        self.kind = f"hf:{name}"
-
-    def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def truncate(self, text: str, max_tokens: int) -> str:
-        if max_tokens <= 0:
-            return ""
-        if getattr(self.tokenizer, "is_fast", False):
-            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            offsets = enc["offset_mapping"]
-            if len(offsets) <= max_tokens:
-                return text
-            return text[:offsets[max_tokens - 1][1]]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) <= max_tokens:
-            return text
-        return str(self.tokenizer.decode(ids[:max_tokens]))
-
-
 class FastTokens:
     """A `tokenizers.Tokenizer` (the Rust library, no transformers import): used for the saved copy of a
     tokenizer read from a GGUF, so later starts take about a second."""
@@ -79,16 +49,34 @@ class FastTokens:
         self.tokenizer = tokenizer
         self.kind = f"hf:{name}"
 
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
+
     def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self.offsets(text))
 
     def truncate(self, text: str, max_tokens: int) -> str:
+        """Whole tokens' characters."""
         if max_tokens <= 0:
             return ""
-        offsets = self.tokenizer.encode(text, add_special_tokens=False).offsets
-        if len(offsets) <= max_tokens:
-            return text
-        return text[:offsets[max_tokens - 1][1]]
+        offsets = self.offsets(text)
+        return text if len(offsets) <= max_tokens else text[:offsets[max_tokens - 1][1]]
+
+
+class HFTokens(FastTokens):
+    """A transformers tokenizer (special tokens excluded); a slow one truncates by decoding token ids."""
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        return list(self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        if max_tokens <= 0 or getattr(self.tokenizer, "is_fast", False):
+            return super().truncate(text, max_tokens)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= max_tokens else str(self.tokenizer.decode(ids[:max_tokens]))
 
 
 def _gguf_tokens(path: Path, cache_dir: str | None) -> TokenCounter:
@@ -114,7 +102,9 @@ def _gguf_tokens(path: Path, cache_dir: str | None) -> TokenCounter:
 
 def load_token_counter(spec: str | None, *, model: str, from_gguf: bool = True,
                        cache_dir: str | None = None) -> TokenCounter:
-    """See the module docstring. Blocking (reads files): call it from a thread in a lifespan."""
+    """In order: `spec` (`LLMSettings.tokenizer`: an HF name or path, loaded with `local_files_only`, or a
+    `.gguf` file); the packaged SmolLM2 GGUF when `model` is the local default; a 4-characters-per-token
+    estimate. Blocking (reads files): call it from a thread in a lifespan."""
     if spec:
         path = Path(spec)
         try:

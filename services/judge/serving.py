@@ -1,19 +1,10 @@
-"""GenAcc, EM and F1: the judge's logic. Knows nothing of FastAPI.
+"""GenAcc, EM and F1: the judge's logic (s3's `check_answer_correct`; modes, retry and failure handling:
+services/judge/README.md). Knows nothing of FastAPI.
 
-GenAcc (s3's `check_answer_correct`): the span check (`services.common.answers.span_match`, pyserini's
-`has_answers` after s3's normalisation); only when it fails, an LLM is asked whether any gold answer is
-contained in the response (s3's wording). The reply is parsed for the first standalone yes/no
-(true/false also count); when it has neither, the LLM is asked once more with a stricter prompt, and a
-second unclear reply scores 0 (as s3 does), with a `reason` saying so.
-
-Modes: `genacc` (span, then LLM), `span`, `llm` (LLM only: multiple-choice sets), `em`, `f1`. EM and F1
-are always computed. When the LLM fails, `llm` mode raises (the API answers 502/504); `genacc` mode
-keeps span-decided results and returns the others as `undecided` (score null), never as wrong.
-
-LLM verdicts are cached by (model, prompt version, prediction, gold answers); identical questions in
-flight at once share one LLM call. A batch runs its items concurrently; the LLM client's semaphore
-bounds how many reach the LLM at once. That is the whole difference with s3's reward loop, which
-judges one item after another.
+When the LLM fails, `llm` mode raises (502/504) and `genacc` mode returns the items the span check did not
+decide as `undecided`, never as wrong. LLM verdicts are cached; identical questions in flight at once share
+one LLM call. A batch runs its items concurrently (the LLM client's semaphore bounds how many reach the LLM
+at once), where s3's reward loop judges one item after another.
 """
 
 from __future__ import annotations
@@ -22,8 +13,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 
 from prometheus_client import Counter
 
@@ -38,16 +28,13 @@ from services.judge.prompts import JudgePrompt
 
 logger = logging.getLogger(__name__)
 
-
 _VERDICT = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
 
 
 def parse_verdict(text: str) -> bool | None:
     """The first standalone yes/no (or true/false) in the reply; None when there is none."""
     match = _VERDICT.search(text)
-    if match is None:
-        return None
-    return match.group(1).lower() in ("yes", "true")
+    return None if match is None else match.group(1).lower() in ("yes", "true")
 
 
 def format_answers(golden_answers: Sequence[str]) -> str:
@@ -60,31 +47,24 @@ class Verdict:
     correct: bool
     clear: bool
     cached: bool = False
-    llm_calls: int = 0
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # marks it retrieved: waiters may have gone away
-
-
+@dataclass(eq=False)
 class Judge:
-    def __init__(self, llm: LLMBackend, cache: ResultCache, prompt: JudgePrompt, *, verdict_max_tokens: int = 10,
-                 metrics: ServiceMetrics | None = None) -> None:
-        self.llm = llm
-        self.cache = cache
-        self.prompt = prompt
-        self.verdict_max_tokens = verdict_max_tokens
-        self._inflight: dict[str, asyncio.Future[Verdict]] = {}
-        self._decisions: Counter | None = None
-        self._unclear: Counter | None = None
-        if metrics is not None:
-            self._decisions = Counter("judge_decisions_total", "judged items", ["mode", "decided_by"],
-                                      registry=metrics.registry)
-            self._unclear = Counter("judge_llm_unclear_total", "LLM replies that were neither yes nor no",
-                                    ["attempt"], registry=metrics.registry)
+    llm: LLMBackend
+    cache: ResultCache
+    prompt: JudgePrompt
+    _: KW_ONLY
+    metrics: InitVar[ServiceMetrics]
+    verdict_max_tokens: int = 10
+    _inflight: dict[str, asyncio.Future[Verdict]] = field(default_factory=dict, init=False)
 
-    # -- LLM verdicts -------------------------------------------------------------------------------
+    def __post_init__(self, metrics: ServiceMetrics) -> None:
+        self._decisions = Counter("judge_decisions_total", "judged items", ["mode", "decided_by"],
+                                  registry=metrics.registry)
+        self._unclear = Counter("judge_llm_unclear_total", "LLM replies that were neither yes nor no",
+                                ["attempt"], registry=metrics.registry)
+
     def verdict_key(self, prediction: str, golden_answers: Sequence[str]) -> str:
         return cache_key("judge", {"model": self.llm.model, "prompt": self.prompt.version,
                                    "prediction": prediction, "answers": list(golden_answers)})
@@ -97,7 +77,8 @@ class Judge:
             task = asyncio.ensure_future(self._verdict(key, prediction, golden_answers))
             self._inflight[key] = task
             task.add_done_callback(lambda _: self._inflight.pop(key, None))
-            task.add_done_callback(_retrieve)
+            # marks its exception retrieved: the waiters may all have gone away
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return await asyncio.shield(task)
 
     async def _verdict(self, key: str, prediction: str, golden_answers: Sequence[str]) -> Verdict:
@@ -107,33 +88,27 @@ class Judge:
         if hit is not None:
             logger.warning("ignoring a malformed cached verdict under %s", key)
         values = {"response": prediction, "golden_answers": format_answers(golden_answers)}
-        calls = 0
         verdict: bool | None = None
         for attempt, template in enumerate((self.prompt.user, self.prompt.retry)):
             reply = await self.llm.chat([ChatMessage(role="user", content=template.substitute(values))],
                                         temperature=0.0, max_tokens=self.verdict_max_tokens)
-            calls += 1
             verdict = parse_verdict(reply.text)
             if verdict is not None:
                 break
             logger.info("judge reply without yes/no (attempt %s): %r", attempt + 1, reply.text[:80])
-            if self._unclear is not None:
-                self._unclear.labels(str(attempt + 1)).inc()
-        result = Verdict(correct=bool(verdict), clear=verdict is not None, llm_calls=calls)
+            self._unclear.labels(str(attempt + 1)).inc()
+        result = Verdict(correct=bool(verdict), clear=verdict is not None)
         await self.cache.set_json(key, {"correct": result.correct, "clear": result.clear})
         return result
 
-    # -- judging ------------------------------------------------------------------------------------
     async def judge(self, request: JudgeRequest) -> JudgeResult:
         prediction, answers = request.prediction, list(request.golden_answers)
         em = exact_match(prediction, answers)
         f1 = f1_score(prediction, answers)
         mode = request.mode
         result: JudgeResult
-        if mode == "em":
-            result = JudgeResult(score=em, em=em, f1=f1, decided_by="em")
-        elif mode == "f1":
-            result = JudgeResult(score=f1, em=em, f1=f1, decided_by="f1")
+        if mode == "em" or mode == "f1":
+            result = JudgeResult(score=em if mode == "em" else f1, em=em, f1=f1, decided_by=mode)
         elif mode == "span":
             span = float(span_match(prediction, answers))
             result = JudgeResult(score=span, em=em, f1=f1, decided_by="span")
@@ -150,8 +125,7 @@ class Judge:
                                      reason=f"span check failed and the judge LLM failed: {exc.message}")
             else:
                 result = self._from_verdict(verdict, em, f1)
-        if self._decisions is not None:
-            self._decisions.labels(mode, result.decided_by).inc()
+        self._decisions.labels(mode, result.decided_by).inc()
         return result
 
     @staticmethod

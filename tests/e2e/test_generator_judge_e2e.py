@@ -89,7 +89,7 @@ def test_saved_smollm2_tokenizer_counts_like_transformers(var_dir: Path) -> None
     cache = var_dir / "tokenizers"
     fast = load_token_counter(None, model=DEFAULT_MODEL_ALIAS, cache_dir=str(cache))
     fast = load_token_counter(None, model=DEFAULT_MODEL_ALIAS, cache_dir=str(cache))  # second: from the copy
-    assert isinstance(fast, FastTokens)
+    assert type(fast) is FastTokens  # HFTokens is a FastTokens too
     saved = next(p for p in cache.iterdir() if p.name.startswith("SmolLM2"))
     hf = AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
     for text in ["Paris is the capital of France.", "Wilhelm Conrad Röntgen, 150,782 SEK — 1901", "x" * 300]:

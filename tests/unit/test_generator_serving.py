@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,34 +10,28 @@ import pytest
 from services.common.cache import MemoryCache, ResultCache
 from services.common.errors import UpstreamError
 from services.common.llm import ChatMessage, ChatResult
+from services.common.metrics import ServiceMetrics
 from services.common.schemas.generator import GenDocument, GenerateRequest
 from services.generator.prompts import load_prompt
 from services.generator.serving import Generator, document_key
 from services.generator.tokens import EstimatedTokens, HFTokens
-from tests.gate import Gate
+from tests.gate import ScriptedBase
 
 
-class ScriptedLLM:
+class ScriptedLLM(ScriptedBase):
     """Answers with the first word of the first document (or "none"); records every call."""
 
     model = "scripted"
 
     def __init__(self, delay_s: float = 0.0, fail: bool = False, gate: int = 0) -> None:
+        super().__init__(delay_s, gate)
         self.calls: list[list[ChatMessage]] = []
-        self.delay_s = delay_s
         self.fail = fail
-        self.active = 0
-        self.peak = 0
-        self.gate = Gate(gate)
 
     async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
                    stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
         self.calls.append(messages)
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            await self.gate.wait(self.active)
-            await asyncio.sleep(self.delay_s)
+        async with self.in_flight():
             if self.fail:
                 raise UpstreamError("scripted failure")
             system = messages[0].content
@@ -47,19 +40,11 @@ class ScriptedLLM:
                 first = system.split(")\n", 1)[1].split()[0]
                 return ChatResult(text=f"  {first}\n", prompt_tokens=10, completion_tokens=1)
             return ChatResult(text="none", prompt_tokens=5, completion_tokens=1)
-        finally:
-            self.active -= 1
-
-    async def check_health(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        return None
 
 
 def make(llm: ScriptedLLM, **kw: Any) -> Generator:
     return Generator(llm, ResultCache(MemoryCache(), name="generator"), kw.pop("tokens", EstimatedTokens()),
-                     load_prompt("v1"), **kw)
+                     load_prompt("v1"), metrics=ServiceMetrics("generator"), **kw)
 
 
 DOCS = [GenDocument(id="d1", title="Paris", text="Paris is the capital of France."),

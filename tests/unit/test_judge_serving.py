@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -13,10 +12,11 @@ import pytest
 from services.common.cache import MemoryCache, ResultCache
 from services.common.errors import UpstreamError, UpstreamTimeout
 from services.common.llm import ChatMessage, ChatResult
+from services.common.metrics import ServiceMetrics
 from services.common.schemas.judge import JudgeRequest
 from services.judge.prompts import load_prompt
 from services.judge.serving import Judge, format_answers, parse_verdict
-from tests.gate import Gate
+from tests.gate import ScriptedBase
 
 _PROMPT = re.compile(r"following response: (?P<response>.*)\n\nGolden answers: (?P<answers>\[.*\])\n", re.S)
 EQUIVALENT = {"twenty-five": "25", "kilograms": "kg", "the first black us president": "barack obama"}
@@ -33,42 +33,28 @@ def oracle(prompt: str) -> str:
     return "Yes." if any(a.lower() in response for a in answers) else "No."
 
 
-class ScriptedLLM:
+class ScriptedLLM(ScriptedBase):
     model = "scripted-judge"
 
     def __init__(self, reply: Callable[[str], str] = oracle, delay_s: float = 0.0,
                  error: Exception | None = None, gate: int = 0) -> None:
+        super().__init__(delay_s, gate)
         self.reply = reply
-        self.delay_s = delay_s
         self.error = error
         self.prompts: list[str] = []
-        self.active = self.peak = 0
-        self.gate = Gate(gate)
 
     async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
                    stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
         assert temperature == 0.0 and max_tokens == 10
         self.prompts.append(messages[-1].content)
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            await self.gate.wait(self.active)
-            await asyncio.sleep(self.delay_s)
+        async with self.in_flight():
             if self.error is not None:
                 raise self.error
             return ChatResult(text=self.reply(messages[-1].content))
-        finally:
-            self.active -= 1
-
-    async def check_health(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        return None
 
 
 def make(llm: ScriptedLLM) -> Judge:
-    return Judge(llm, ResultCache(MemoryCache(), name="judge"), load_prompt("v1"))
+    return Judge(llm, ResultCache(MemoryCache(), name="judge"), load_prompt("v1"), metrics=ServiceMetrics("judge"))
 
 
 def req(prediction: str, answers: list[str], mode: str = "genacc") -> JudgeRequest:

@@ -235,7 +235,6 @@ async def test_redis_going_away_bypasses_the_cache(redis_url: str) -> None:
     dead = ResultCache(RedisCache("redis://127.0.0.1:1/0", timeout_s=0.2), name="dead")
     assert await dead.get_json("k") is None  # refused: a miss, not an exception
     await dead.set_json("k", {"v": 2})
-    assert (await dead.check()).startswith("redis cache unreachable")
     await cache.aclose()
     await dead.aclose()
 

@@ -1,8 +1,5 @@
-"""Versioned prompt files of the generator.
-
-`answer_<version>.<part>.txt` are `string.Template`s: `system` ($context) when documents are given,
-`no_context` when none are, `document` ($index, $title, $text) for one formatted document. The
-effective version is `<version>-<digest of the files>`, so editing a file changes every cache key.
+"""Versioned prompt files of the generator: `answer_<version>.<part>.txt`, `string.Template`s: `system`
+($context) when documents are given, `no_context` when none are, `document` ($index, $title, $text).
 """
 
 from __future__ import annotations
@@ -31,6 +28,4 @@ class AnswerPrompt:
 @cache
 def load_prompt(version: str = "v1") -> AnswerPrompt:
     """The prompt set `answer_<version>.*.txt`; ValueError when a part is missing."""
-    effective, texts = load_prompt_files(__name__, "answer", version, PARTS)
-    return AnswerPrompt(version=effective, system=Template(texts["system"]),
-                        no_context=Template(texts["no_context"]), document=Template(texts["document"]))
+    return AnswerPrompt(**load_prompt_files(__name__, "answer", version, PARTS))

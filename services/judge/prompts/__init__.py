@@ -1,9 +1,6 @@
-"""Versioned prompt files of the LLM judge (s3's `check_if_response_is_correct_llm` wording).
-
-`judge_<version>.user.txt` asks whether any gold answer is contained in the response;
-`judge_<version>.retry.txt` is the one follow-up when the first reply is neither yes nor no. Both are
-`string.Template`s with $response and $golden_answers. The effective version is
-`<version>-<digest of the files>`, so editing a file changes every cached verdict's key.
+"""Versioned prompt files of the LLM judge (s3's `check_if_response_is_correct_llm` wording):
+`judge_<version>.user.txt` and `.retry.txt` (the one follow-up to a reply with neither yes nor no), both
+`string.Template`s with $response and $golden_answers.
 """
 
 from __future__ import annotations
@@ -27,5 +24,4 @@ class JudgePrompt:
 @cache
 def load_prompt(version: str = "v1") -> JudgePrompt:
     """The prompt set `judge_<version>.*.txt`; ValueError when a part is missing."""
-    effective, texts = load_prompt_files(__name__, "judge", version, PARTS)
-    return JudgePrompt(version=effective, user=Template(texts["user"]), retry=Template(texts["retry"]))
+    return JudgePrompt(**load_prompt_files(__name__, "judge", version, PARTS))
