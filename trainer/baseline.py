@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from services.common.cache import ResultCache, cache_key, make_cache
 from services.common.schemas.retriever import Method
-from trainer.data import QAItem
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
@@ -70,21 +70,9 @@ class BaselineStore:
         self._load()
 
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as fh:
-            lines = fh.read().split(b"\n")
-        bad = 0
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = BaselineRecord.model_validate_json(line)
-            except ValueError:
-                bad += 1  # a line cut by a kill mid-write: that question is simply recomputed
-                continue
-            self._records[record.id] = record
-        if bad:
+        records, bad = read_jsonl(self.path, BaselineRecord.model_validate_json)
+        self._records = {r.id: r for r in records}
+        if bad:  # rewritten, so the next appended line does not continue the cut one
             logger.warning("baseline file %s: skipped %s incomplete line(s)", self.path, bad)
             self._rewrite()
 
@@ -132,13 +120,7 @@ class BaselineStore:
         async with self._lock:
             if record.id in self._records:
                 return
-            line = (record.model_dump_json() + "\n").encode()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            append_durable(self.path, record.model_dump_json() + "\n")
             self._records[record.id] = record
 
     async def aclose(self) -> None:

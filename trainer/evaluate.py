@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from itertools import zip_longest
@@ -22,7 +21,7 @@ from pydantic import BaseModel
 from services.common.clients import SearcherClient
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchRequest
-from trainer.data import QAItem
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
@@ -60,28 +59,7 @@ def _prepare(out_dir: Path) -> Path:
 
 
 def _done(path: Path) -> dict[tuple[str, str], EvalRecord]:
-    done: dict[tuple[str, str], EvalRecord] = {}
-    if not path.exists():
-        return done
-    for line in path.read_bytes().split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            record = EvalRecord.model_validate_json(line)
-        except ValueError:
-            continue  # torn line from a kill: recomputed
-        done[(record.method, record.id)] = record
-    return done
-
-
-def _append(path: Path, records: Sequence[EvalRecord]) -> None:
-    data = "".join(r.model_dump_json() + "\n" for r in records).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return {(r.method, r.id): r for r in read_jsonl(path, EvalRecord.model_validate_json)[0]}
 
 
 async def _documents(method: EvalMethod, items: Sequence[QAItem], services: QAServices,
@@ -126,7 +104,7 @@ async def run_eval(items_by_dataset: dict[str, list[QAItem]], methods: Sequence[
             records = [EvalRecord(method=method, dataset=it.dataset, id=it.id, genacc=a.genacc, em=a.em, f1=a.f1,
                                   answer=a.answer, doc_ids=[d.id for d in docs], queries=queries, degraded=degraded)
                        for it, (docs, queries, degraded), a in zip(pending, found, answered, strict=True)]
-            _append(path, records)
+            append_durable(path, "".join(r.model_dump_json() + "\n" for r in records))
             for r in records:
                 done[(r.method, r.id)] = r
         bar.update(len(chunk))

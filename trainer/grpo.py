@@ -24,7 +24,7 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchOutcome
 from services.searcher.prompts import PromptSet
 from trainer.baseline import BaselineStore
-from trainer.data import QAItem
+from trainer.data import QAItem, read_jsonl
 from trainer.rewards import RewardComputer, Trajectory, format_score
 from trainer.rollout import SearchRollout
 from trainer.runner import AsyncRunner
@@ -50,6 +50,15 @@ class LoraSettings(BaseModel):
     top_layers: int | None = Field(None, ge=1, description=(
         "adapt only the last N layers: backpropagation stops below them, which cuts a step's backward "
         "pass when the lower layers stay frozen (None = every layer)"))
+
+    def wrap(self, model: Any) -> Any:
+        """`model` (a causal LM) with a new adapter of these settings."""
+        from peft import LoraConfig, get_peft_model
+
+        n_layers = int(model.config.num_hidden_layers)
+        layers = None if self.top_layers is None else list(range(max(0, n_layers - self.top_layers), n_layers))
+        return get_peft_model(model, LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.modules),
+                                                lora_dropout=0.0, layers_to_transform=layers, task_type="CAUSAL_LM"))
 
 
 class TrainConfig(BaseModel):
@@ -208,15 +217,7 @@ def load_model(config: TrainConfig, device: str, precision: str) -> tuple[Any, A
 
         model = PeftModel.from_pretrained(model, str(config.init_adapter), is_trainable=True)
     elif config.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        layers = None
-        n_layers = int(model.config.num_hidden_layers)
-        if config.lora.top_layers is not None:
-            layers = list(range(max(0, n_layers - config.lora.top_layers), n_layers))
-        model = get_peft_model(model, LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha,
-                                                 target_modules=list(config.lora.modules), lora_dropout=0.0,
-                                                 layers_to_transform=layers, task_type="CAUSAL_LM"))
+        model = config.lora.wrap(model)
     return model, tokenizer
 
 
@@ -301,14 +302,5 @@ def train(trainer: Any, output_dir: Path, *, resume: bool = True) -> dict[str, A
 
 def read_reward_log(path: Path) -> list[dict[str, Any]]:
     """One entry per step; a step redone after a crash keeps its last entry."""
-    by_step: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # torn last line after a kill
-        if entry.get("step") is not None:
-            by_step[int(entry["step"])] = entry
+    by_step = {int(e["step"]): e for e in read_jsonl(path, json.loads)[0] if e.get("step") is not None}
     return [by_step[s] for s in sorted(by_step)]

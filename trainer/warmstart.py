@@ -38,7 +38,7 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher import parsing
 from services.searcher.env import InfoBlock, PolicyCall, RetrieverBackend, SearchEnv
 from services.searcher.prompts import PromptSet
-from trainer.data import QAItem
+from trainer.data import QAItem, read_jsonl
 from trainer.episode import ChatTokens, Episode, Sampled, drive
 
 logger = logging.getLogger(__name__)
@@ -156,14 +156,7 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
     from services.searcher.retrieval import ServiceRetriever
     from trainer.model import load_tokenizer
 
-    done: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: demonstrated again
-            done[row["id"]] = row
+    done: dict[str, dict[str, Any]] = {row["id"]: row for row in read_jsonl(path, json.loads)[0]}
     todo = [it for it in items if it.id not in done]
     chat = ChatTokens(load_tokenizer(model_path))
     prompts = PromptSet.load(prompts_dir)
@@ -281,7 +274,7 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
     `<output_dir>/adapter` (the latest weights), checkpoints under `<output_dir>/checkpoint` every
     `save_steps` steps, and `loss.jsonl` (one line per step); a rerun resumes from the checkpoint."""
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
     from tqdm import tqdm
 
     from trainer.grpo import TORCH_DTYPES, resolve_device, resolve_precision
@@ -302,10 +295,7 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
         model = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
         logger.info("resuming the warm start at step %s", state["step"])
     else:
-        n_layers = int(model.config.num_hidden_layers)
-        layers = None if lora.top_layers is None else list(range(max(0, n_layers - lora.top_layers), n_layers))
-        model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.modules),
-                                                 lora_dropout=0.0, layers_to_transform=layers, task_type="CAUSAL_LM"))
+        model = lora.wrap(model)
         (out / LOSS_LOG).unlink(missing_ok=True)
     model.to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
