@@ -142,17 +142,25 @@ async def compute_baselines(services: QAServices, items: Sequence[QAItem], confi
             for it, d, a in zip(items, docs, answered, strict=True)]
 
 
+async def _stored(store: BaselineStore, items: Sequence[QAItem]) -> tuple[dict[str, BaselineRecord], list[QAItem]]:
+    """(the stored baselines of `items` by id, the items that have none)."""
+    found: dict[str, BaselineRecord] = {}
+    missing: list[QAItem] = []
+    for item in items:
+        record = await store.get(item.id)
+        if record is None:
+            missing.append(item)
+        else:
+            found[item.id] = record
+    return found, missing
+
+
 async def ensure_baselines(services: QAServices, store: BaselineStore, items: Sequence[QAItem], *,
                            batch: int = 8, progress: Callable[[int], Any] | None = None) -> dict[str, int]:
     """Compute every missing baseline, `batch` questions per round; each finished record is durable
     before the next round starts. Returns counts: already done, computed now."""
-    todo: list[QAItem] = []
-    done = 0
-    for item in items:
-        if await store.get(item.id) is not None:
-            done += 1
-        else:
-            todo.append(item)
+    _, todo = await _stored(store, items)
+    done = len(items) - len(todo)
     logger.info("baselines: %s done already, %s to compute", done, len(todo))
     for start in range(0, len(todo), batch):
         chunk = todo[start:start + batch]
@@ -167,15 +175,7 @@ async def baselines_for(services: QAServices, store: BaselineStore, items: Seque
                         ) -> dict[str, BaselineRecord]:
     """Baselines of a batch (ids may repeat: GRPO samples each question several times). Missing ones
     are computed together, once per question, and stored."""
-    unique = {it.id: it for it in items}
-    found: dict[str, BaselineRecord] = {}
-    missing: list[QAItem] = []
-    for qid, item in unique.items():
-        record = await store.get(qid)
-        if record is None:
-            missing.append(item)
-        else:
-            found[qid] = record
+    found, missing = await _stored(store, list({it.id: it for it in items}.values()))
     if missing:
         logger.warning("no naive-RAG baseline for %s question(s): computing them now", len(missing))
         for record in await compute_baselines(services, missing, store.config):

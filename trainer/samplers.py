@@ -241,28 +241,19 @@ class VLLMSampler(BatchingSampler):
                 logps = None
                 if first.logprobs is not None:
                     logps = [float(step[t].logprob) for step, t in zip(first.logprobs, ids, strict=True)]
-                results.append(self._result(ids, logps, first.finish_reason, call.stop))
+                results.append(engine_output(self.tokenizer, ids, logps, stop=call.stop,
+                                             finish_reason=first.finish_reason))
             return results
-        n = kwargs.pop("n")
-        structured = kwargs.pop("structured_outputs", None)
-        generation_kwargs = {"stop": kwargs.pop("stop"), "include_stop_str_in_output": kwargs.pop(
-            "include_stop_str_in_output")}
-        if structured is not None:
-            generation_kwargs["structured_outputs"] = structured
-        out = self.client.generate(prompts=rows, n=n, temperature=kwargs["temperature"],
-                                   max_tokens=kwargs["max_tokens"], logprobs=kwargs["logprobs"],
-                                   generation_kwargs=generation_kwargs)
+        generation_kwargs = {k: kwargs.pop(k) for k in ("stop", "include_stop_str_in_output", "structured_outputs")
+                             if k in kwargs}
+        out = self.client.generate(prompts=rows, **kwargs, generation_kwargs=generation_kwargs)
         results = []
         for i, ids in enumerate(out["completion_ids"]):
             logps = None
             if out.get("logprobs") is not None:
                 logps = [float(step[0]) if isinstance(step, list) else float(step) for step in out["logprobs"][i]]
-            results.append(self._result([int(t) for t in ids], logps, None, call.stop))
+            results.append(engine_output(self.tokenizer, [int(t) for t in ids], logps, stop=call.stop))
         return results
-
-    def _result(self, ids: list[int], logps: list[float] | None, finish_reason: str | None,
-                stop: list[str]) -> Sampled:
-        return engine_output(self.tokenizer, ids, logps, stop=stop, finish_reason=finish_reason)
 
 
 def engine_output(tokenizer: Any, ids: list[int], logprobs: list[float] | None, *, stop: list[str],
