@@ -88,17 +88,11 @@ class BaselineStore:
     def _key(self, qid: str) -> str:
         return cache_key("baseline", {"v": BASELINE_VERSION, "cfg": self.config.model_dump(), "id": qid})
 
-    def __len__(self) -> int:
-        return len(self._records)
-
     def __contains__(self, qid: object) -> bool:
         return qid in self._records
 
     def genacc_by_id(self) -> dict[str, float]:
         return {qid: r.genacc for qid, r in self._records.items()}
-
-    def records(self) -> list[BaselineRecord]:
-        return list(self._records.values())
 
     async def get(self, qid: str) -> BaselineRecord | None:
         record = self._records.get(qid)

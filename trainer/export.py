@@ -65,7 +65,7 @@ def export_gguf(state: dict[str, Any], alpha: float, out: Path, *, arch: str = "
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
-    for name in sorted(tensors, key=_order):
+    for name in sorted(tensors, key=lambda n: (int(n.split(".")[1]), n.split(".", 2)[2])):  # block, then name
         array = tensors[name].astype(np.float16 if half else np.float32)
         writer.add_tensor(name, array)
     writer.write_header_to_file()
@@ -74,11 +74,6 @@ def export_gguf(state: dict[str, Any], alpha: float, out: Path, *, arch: str = "
     writer.close()
     tmp.replace(out)
     return out
-
-
-def _order(name: str) -> tuple[int, str]:
-    parts = name.split(".")
-    return int(parts[1]), ".".join(parts[2:])
 
 
 def export_peft_dir(adapter_dir: Path, out: Path, *, half: bool = True) -> Path:

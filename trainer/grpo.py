@@ -180,13 +180,6 @@ class FormatReward:
         return [format_score(o.valid_actions, o.invalid_actions) for o in search]
 
 
-def to_dataset(items: Sequence[QAItem]) -> Any:
-    from datasets import Dataset
-
-    return Dataset.from_list([{"prompt": it.question, "qid": it.id, "golden_answers": it.golden_answers,
-                               "dataset": it.dataset} for it in items])
-
-
 def last_checkpoint(output_dir: Path) -> str | None:
     """The newest *complete* checkpoint: the Trainer writes `trainer_state.json` last, so a folder without it
     was cut by a crash mid-save and is skipped (transformers' `get_last_checkpoint` would pick it)."""
@@ -227,6 +220,7 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
     """A ready `GRPOTrainer`: the model from `config.model_path` on `config.device` in `config.precision`
     (a LoRA when asked), rollouts through the search environment (vLLM ones when `config.vllm` is on), the
     log-probability pass reading each group's shared prompt once (`trainer.shared_prefix`)."""
+    from datasets import Dataset
     from trl import GRPOConfig
 
     from trainer.shared_prefix import trainer_class
@@ -285,7 +279,9 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
         disable_tqdm=True,
         **vllm,
     )
-    return trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=to_dataset(items),
+    dataset = Dataset.from_list([{"prompt": it.question, "qid": it.id, "golden_answers": it.golden_answers,
+                                  "dataset": it.dataset} for it in items])
+    return trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
                            processing_class=tokenizer, rollout_func=rollout)
 
 

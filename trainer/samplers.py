@@ -36,10 +36,6 @@ class _Group:
     items: list[_Pending] = field(default_factory=list)
 
 
-def _group_key(call: PolicyCall) -> tuple[Any, ...]:
-    return (call.temperature, call.max_tokens, tuple(call.stop))
-
-
 class BatchingSampler:
     """Gathers concurrent `sample` calls with the same settings into batches of `max_batch`."""
 
@@ -53,7 +49,8 @@ class BatchingSampler:
     async def sample(self, ids: list[int], call: PolicyCall) -> Sampled:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Sampled] = loop.create_future()
-        self._queue.setdefault(_group_key(call), _Group(call)).items.append(_Pending(list(ids), future))
+        key = (call.temperature, call.max_tokens, tuple(call.stop))
+        self._queue.setdefault(key, _Group(call)).items.append(_Pending(list(ids), future))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         return await future
@@ -217,15 +214,11 @@ class VLLMSampler(BatchingSampler):
         self.client = client
         self.eos_id: int | None = tokenizer.eos_token_id
 
-    def sampling_kwargs(self, call: PolicyCall) -> dict[str, Any]:
+    def sample_batch(self, rows: list[list[int]], call: PolicyCall) -> list[Sampled]:
         kwargs: dict[str, Any] = {"n": 1, "temperature": call.temperature, "max_tokens": call.max_tokens,
                                   "stop": list(call.stop), "include_stop_str_in_output": True, "logprobs": 0}
         if call.grammar is not None:
             kwargs["structured_outputs"] = {"grammar": call.grammar}
-        return kwargs
-
-    def sample_batch(self, rows: list[list[int]], call: PolicyCall) -> list[Sampled]:
-        kwargs = self.sampling_kwargs(call)
         if self.llm is not None:
             from vllm import SamplingParams  # GPU images only
             from vllm.sampling_params import StructuredOutputsParams

@@ -25,10 +25,6 @@ def _client(url: str, timeout_s: float) -> ClientSettings:
     return ClientSettings.model_validate({"url": url, "timeout_s": timeout_s})
 
 
-def _repo_var() -> Path:
-    return Path(__file__).resolve().parent.parent / "var"
-
-
 class TrainerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINER_", env_nested_delimiter="__", extra="ignore")
 
@@ -40,7 +36,7 @@ class TrainerSettings(BaseSettings):
     redis_url: str | None = Field(None, description="baselines are mirrored here as well as in the JSONL file")
 
     data_dir: Path = Field(default_factory=default_data_dir)
-    var_dir: Path = Field(default_factory=_repo_var)
+    var_dir: Path = Field(default_factory=lambda: Path(__file__).resolve().parent.parent / "var")
 
     method: Method | None = Field(None, description="retrieval method; None = the retriever's default")
     baseline_k: int = Field(3, ge=1, le=64, description="naive-RAG top-k of the GBR baseline (s3: 3)")

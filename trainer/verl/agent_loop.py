@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from services.common.clients import RetrieverClient
 from services.common.schemas.searcher import SearchParams
-from services.searcher.env import PolicyCall, RetrieverBackend, SearchOutcome
+from services.searcher.env import PolicyCall, RetrieverBackend
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from trainer.episode import ChatTokens, Episode, Sampled, run_episode
@@ -153,11 +153,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def outcome_fields(outcome: SearchOutcome) -> dict[str, Any]:
-    """The outcome as it travels to the reward (plain JSON types; the transcript stays behind)."""
-    return outcome.model_dump(mode="json", exclude={"messages"})
-
-
 def episode_output(episode: Episode, *, prompt_length: int, logprobs: bool) -> AgentLoopOutput:
     """veRL's output for one episode: prompt, response (policy ids mask 1, environment ids mask 0), the
     sampling logprobs when veRL asked for them, and the outcome for the reward."""
@@ -173,7 +168,9 @@ def episode_output(episode: Episode, *, prompt_length: int, logprobs: bool) -> A
         response_mask=list(episode.env_mask),
         response_logprobs=list(episode.logprobs) if logprobs and episode.logprobs is not None else None,
         num_turns=len(outcome.messages), metrics=metrics,
-        extra_fields={OUTCOME_FIELD: outcome_fields(outcome), "turn_scores": [], "tool_rewards": []})
+        # the outcome travels to the reward as plain JSON types; the transcript stays behind
+        extra_fields={OUTCOME_FIELD: outcome.model_dump(mode="json", exclude={"messages"}), "turn_scores": [],
+                      "tool_rewards": []})
 
 
 def service_retriever() -> RetrieverBackend:
