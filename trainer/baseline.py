@@ -1,10 +1,7 @@
 """Naive-RAG baselines: GenAcc(generator(q, top-k of q)) per question, the subtrahend of GBR.
 
-Stored twice: an append-only JSONL file (the durable record; one fsync'd line per finished question,
-so a SIGKILL loses at most the question in flight) and Redis (shared with other jobs; optional).
-The job is resumable: it reads the file, skips what is done and computes the rest, `concurrency`
-questions at a time. A reward that finds no baseline computes it the same way and stores it; it is
-never replaced by a no-retrieval answer.
+Stored in an append-only JSONL file (one fsync'd line per question: a SIGKILL loses at most the one in
+flight) and optionally Redis (shared with other jobs). Resumable: what the file holds is skipped.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The search environment driven at the token level: what TRL rollouts and veRL's agent loop train on.
 
-`run_episode` drives a `services.searcher.env.SearchEnv` with a `TokenSampler` (HF `generate`-style
-sampling on the CPU, vLLM on GPUs): the policy continues the exact token sequence so far, the ids it
-sampled are kept as they are (mask 1), and what the environment answers is rendered with the policy's
-chat template and appended as ids (mask 0: system prompt, question, information blocks, re-prompts,
-role headers, the end-of-turn token the policy did not sample). Nothing is re-tokenised after the fact,
-so the ids trained on are the ids that were sampled, and the reward reads the documents from the
-environment's state (`Episode.outcome.documents`), exactly what the searcher service would return.
+The policy continues the exact token sequence so far and its sampled ids are kept as they are (mask 1);
+what the environment answers is rendered with the policy's chat template and appended as ids (mask 0).
+Nothing is re-tokenised after the fact, so the ids trained on are the ids that were sampled, and the
+reward reads the documents from the environment's state, exactly what the searcher service returns.
 """
 
 from __future__ import annotations

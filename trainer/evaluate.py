@@ -1,9 +1,6 @@
-"""`plugsearch-train eval`: direct (no retrieval), naive RAG, s3 and qagent through the services, on the
-first `n` questions of every question set; GenAcc, EM and F1 per dataset and on average.
-
-Resumable and cached: every finished (method, question) is appended (fsync'd) to
-`<out>/results.jsonl` and skipped on restart; the generator, judge and searcher services cache their
-own results too (Redis in the local stack), so a rerun costs almost nothing.
+"""`plugsearch-train eval`: direct, naive RAG, s3 and qagent through the services on the first `n` questions
+of every set; GenAcc, EM and F1 per dataset and on average. Resumable: every finished (method, question) is
+appended to `<out>/results.jsonl`; the services cache their own results too.
 """
 
 from __future__ import annotations

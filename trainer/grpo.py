@@ -1,11 +1,9 @@
 """RL on TRL's `GRPOTrainer` with the searcher's own loop as a custom multi-turn rollout.
 
-One training step = `questions_per_step` questions x `num_generations` rollouts; rewards for the whole
-batch go through the services concurrently (generator + judge, baselines from the store); the loss
-mask excludes every token the environment inserted. Checkpoints every `save_steps` steps (model,
-optimizer, scheduler, RNG, trainer state); `train` resumes from the newest checkpoint in `output_dir`
-and the Trainer skips the batches already consumed, so the data order is the same as without the crash.
-Every step appends a line to `rewards.jsonl` (the reward curve, with question ids for auditing).
+A step = `questions_per_step` questions x `num_generations` rollouts, rewarded through the services as one
+concurrent batch; the loss mask excludes every token the environment inserted. `train` resumes from the
+newest complete checkpoint and the Trainer skips the batches already consumed, so the data order is the
+same as without the crash. Every step appends a line to `rewards.jsonl` (with question ids for auditing).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Token samplers for `trainer.episode.run_episode`: the policy being trained, continuing exact id sequences.
 
-Concurrent `sample` calls (the episodes of a batch run together) are gathered into one batch per
-sampling setting and run in a worker thread, so the event loop keeps serving the episodes' retrievals.
-
-- `HFSampler`: a KV-cached sampling loop over a Hugging Face causal LM (CPU, or a GPU without vLLM).
-  Identical prompts in a batch (the rollouts of one GRPO group) are read once and the cache is shared;
-  every row stops at the end-of-turn token, at a stop string, or at its token budget.
-- `VLLMSampler`: TRL's own vLLM (colocate: `trainer.vllm_generation.llm`; server: its `vllm_client`),
-  prompts given as token ids, the stop string kept in the output ids.
+Concurrent `sample` calls are batched per sampling setting and run in a worker thread, so the event loop
+keeps serving the episodes' retrievals. `HFSampler`: a KV-cached loop over a Hugging Face causal LM that
+reads identical prompts (a GRPO group) once. `VLLMSampler`: TRL's own vLLM (colocate or server).
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """Supervised warm start before RL: behaviour cloning of an answer-aware demonstrator, through the same
 search environment and token path as RL (`trainer.episode.drive`).
 
-A 135M instruct model neither follows the s3 action format nor knows what a useful selection looks like,
-so GRPO from it sees almost no reward variance (every rollout of a question fails alike). The warm start
-shows it, on training questions only, what good actions look like, in the environment's own transcripts:
-
-- select: the documents of the current block whose text contains a gold answer (GenAcc's span check),
-  in rank order, at most `select_k`; none found in the first block -> its top document (the naive
-  choice, so a search never returns nothing); none in a later block -> `[]`;
+A 135M instruct model neither follows the s3 action format nor knows a useful selection, so GRPO from it
+sees almost no reward variance. The demonstrator (training questions only):
+- select: the current block's documents that contain a gold answer (GenAcc's span check), in rank order,
+  at most `select_k`; none in the first block -> its top document (a search never returns nothing),
+  none in a later one -> `[]`;
 - stop once a selected document holds the answer, or when no further search would find it;
-- search: among strings the policy can see (titles and capitalised phrases of the documents shown so
-  far, phrases of the question), the query whose results rank an answer document highest: a hindsight
-  choice, but one the policy can learn to copy from its context.
+- search: among strings the policy can see (document titles and capitalised phrases so far, phrases of
+  the question), the one whose results rank an answer document highest: hindsight, but copyable.
 
-Every demonstrated episode is kept with its ids and mask exactly as RL would see them (the demonstrator's
-text is the "sampled" output); the loss is the policy's negative log-likelihood of the mask-1 tokens.
-Training is resumable (`--keep`): a checkpoint every `save_steps` optimizer steps holds the adapter, the
-optimizer state and the data position.
+The loss is the negative log-likelihood of the mask-1 tokens of the episodes, kept exactly as RL sees
+them. Resumable: a checkpoint every `save_steps` steps holds the adapter, optimizer state and data position.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """veRL's multi-turn rollout = the search environment the searcher service runs.
 
-`PlugsearchAgentLoop` is a veRL agent loop (`verl.experimental.agent_loop.AgentLoopBase`, veRL 0.9.1) that
-runs `trainer.episode.run_episode`: the same `SearchEnv` as `POST /search` and the TRL rollouts, with the
-same prompts (s3's `<query>` / `<important_info>` / `<search_complete>` tags, QAgent's `<search>`; no
-tool-call format), sampled through veRL's rollout servers by `ServerSampler`. The ids veRL trains on are
-the ids the server sampled (mask 1) and the environment's turns appended as ids (mask 0: information
-blocks, re-prompts, role headers), so retrieved text carries no loss and no KL.
-
-The reward never reads the transcript: the episode's `SearchOutcome` (its documents computed from the
-environment's state, exactly what the service would return) travels in the output's `extra_fields`
-under `plugsearch`; veRL's reward loop hands those fields to `trainer.verl.reward.compute_score` in
-`extra_info`, which scores them with `trainer.rewards.RewardComputer`.
-
-Registered as `plugsearch_s3` / `plugsearch_qagent` by `agent_loop.yaml`
-(`actor_rollout_ref.rollout.agent.agent_loop_config_path`, read by every agent-loop worker); a parquet row
-picks one with its `agent_name` (`python -m trainer.verl.data`). The question comes from
-`extra_info.question`: the first observation is rebuilt by `SearchEnv.reset()` (it holds the naive top-k
-retrieved at rollout time), the row's `prompt` only mirrors it for veRL's length filter and logs.
-
-Importable without veRL (tests and the CPU trainer): veRL's classes are used when installed, otherwise
-stand-ins with the same fields.
+`PlugsearchAgentLoop` (a veRL 0.9.1 agent loop, registered as `plugsearch_s3` / `plugsearch_qagent` by
+`agent_loop.yaml`) runs `trainer.episode.run_episode`, the same `SearchEnv` and prompts as `POST /search`,
+sampled through veRL's rollout servers by `ServerSampler`: sampled ids mask 1, the environment's turns
+mask 0, so retrieved text carries no loss and no KL. The reward never reads the transcript: the episode's
+`SearchOutcome` travels in `extra_fields[OUTCOME_FIELD]` to `trainer.verl.reward.compute_score`. The
+question comes from `extra_info.question`; the first observation is rebuilt by `SearchEnv.reset()`.
+Importable without veRL (tests, the CPU trainer): stand-ins with the same fields then.
 """
 
 from __future__ import annotations
@@ -94,14 +81,10 @@ class RolloutAborted(RuntimeError):
 
 
 class ServerSampler:
-    """`TokenSampler` over veRL's LLM server manager: `await server_manager.generate(request_id=...,
-    prompt_ids=..., sampling_params=...)` returns a `TokenOutput` (`token_ids`, `log_probs`, `stop_reason`).
-
-    veRL's sampling settings (temperature, top_p, top_k, logprobs; greedy for validation) are kept; the
-    environment's call adds its stop strings and token budget. The budget is cut to what is left of
-    `max_model_len`; with no room left the sampler returns an empty output, which the environment counts as
-    an invalid action, so an over-long episode ends with the documents it has instead of failing the step.
-    """
+    """`TokenSampler` over veRL's LLM server manager. veRL's sampling settings are kept; the environment's
+    call adds its stop strings and token budget, cut to what is left of `max_model_len`. With no room left
+    the output is empty, which the environment counts as an invalid action, so an over-long episode ends
+    with the documents it has instead of failing the step."""
 
     def __init__(self, server_manager: Any, tokenizer: Any, sampling_params: Mapping[str, Any], *,
                  request_id: str | None = None, max_model_len: int | None = None, engine: str = "vllm") -> None:

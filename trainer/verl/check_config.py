@@ -2,20 +2,10 @@
 
     python -m trainer.verl.check_config [--layout 1x1 --layout 1x8 --layout 2x8] [OVERRIDE ...]
 
-Run it where veRL is installed (the trainer-verl image, or a virtualenv: see trainer/README.md). For each
-layout NODESxGPUS it composes the config with Hydra as `verl.trainer.main_ppo` does (plus the overrides),
-then runs what veRL runs before it starts workers:
-
-- `verl.utils.config.validate_config` with `need_reference_policy` / `need_critic` (main_ppo's own call):
-  train batch x n divisible by the GPU count, actor mini/micro batch rules, log-prob micro batch sizes;
-- the config dataclasses veRL builds from it (`omega_conf_to_dataclass`: rollout, actor, reward, algorithm),
-  whose `__post_init__`s refuse impossible settings;
-- `batch_problems`: the divisibility the workers assert at run time (quoted below), which validate_config
-  does not check;
-- that the agent loop registry (`agent_loop_config_path`) names `default_agent_loop` and that veRL's loader
-  finds the reward function.
-
-Exit status 0 when every layout passes; one log line per layout either way.
+Run it where veRL is installed (see trainer/README.md). Per NODESxGPUS layout it composes the config as
+`verl.trainer.main_ppo` does and runs what veRL runs before it starts workers: `validate_config`, the config
+dataclasses' `__post_init__` checks, `batch_problems` (what the workers assert at run time), the agent loop
+registry and the reward function loader. Exit status 0 when every layout passes.
 """
 
 from __future__ import annotations
