@@ -133,7 +133,8 @@ async def compute_baselines(services: QAServices, items: Sequence[QAItem], confi
             for it, d, a in zip(items, docs, answered, strict=True)]
 
 
-async def _stored(store: BaselineStore, items: Sequence[QAItem]) -> tuple[dict[str, BaselineRecord], list[QAItem]]:
+async def _stored(store: BaselineStore, items: Sequence[QAItem]
+                  ) -> tuple[dict[str, BaselineRecord], list[QAItem]]:
     """(the stored baselines of `items` by id, the items that have none)."""
     found: dict[str, BaselineRecord] = {}
     missing: list[QAItem] = []

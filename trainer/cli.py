@@ -169,7 +169,8 @@ async def _contested(settings: TrainerSettings, items: list[QAItem], args: argpa
 
 
 @contextmanager
-def _services(settings: TrainerSettings, args: argparse.Namespace, **options: Any) -> Iterator[TrainerSettings]:
+def _services(settings: TrainerSettings, args: argparse.Namespace, **options: Any
+              ) -> Iterator[TrainerSettings]:
     """`settings`; with `--local`, the same pointing at services started here (`LocalServices(**options)`) for
     as long as the command runs."""
     if not args.local:
@@ -178,7 +179,8 @@ def _services(settings: TrainerSettings, args: argparse.Namespace, **options: An
     from trainer.localstack import LocalServices
 
     kept = ("baseline_k", "method", "reward", "format_lambda", "var_dir", "data_dir")
-    with LocalServices(settings.var_dir, corpus=settings.data_dir / "corpus" / "combined.jsonl", **options) as stack:
+    corpus = settings.data_dir / "corpus" / "combined.jsonl"
+    with LocalServices(settings.var_dir, corpus=corpus, **options) as stack:
         yield stack.settings(**{k: getattr(settings, k) for k in kept})
 
 
@@ -221,8 +223,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     png = plot_reward_curve(entries, out / "reward_curve.png") if entries else None
     result = {**summary, "questions": len(items), "reward": reward, "device": device, "recipe": recipe,
               "png": str(png) if png else None}
-    _record_run(out, args, result, kind="grpo", search=config.search.model_dump(), prompts_dir=config.prompts_dir,
-                lora=config.lora.model_dump() if config.lora else None, init_adapter=config.init_adapter)
+    _record_run(out, args, result, kind="grpo", search=config.search.model_dump(),
+                prompts_dir=config.prompts_dir, lora=config.lora.model_dump() if config.lora else None,
+                init_adapter=config.init_adapter)
     return result
 
 
@@ -246,8 +249,8 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     lora = _lora(args, recipe)
     summary = train_warm_start(config, examples, lora, resume=not args.no_resume, progress=not args.quiet)
     result = {**summary, **stats, "recipe": recipe}
-    _record_run(out, args, result, kind="warmstart", search=params.model_dump(), prompts_dir=_prompts_dir(args, recipe),
-                lora=lora.model_dump() if lora else None)
+    _record_run(out, args, result, kind="warmstart", search=params.model_dump(),
+                prompts_dir=_prompts_dir(args, recipe), lora=lora.model_dump() if lora else None)
     return result
 
 
@@ -320,8 +323,9 @@ def _portable(value: Any) -> Any:
 def _record_run(out: Path, args: argparse.Namespace, result: dict[str, Any], **details: Any) -> None:
     """`<out>/run.json`: the command, its result and its setting (what `export` puts in the manifest)."""
     out.mkdir(parents=True, exist_ok=True)
-    record = {"command": "plugsearch-train " + " ".join(args.argv), "result": result, **details, "seed": args.seed,
-              "datasets": args.datasets, "per_dataset": args.per_dataset, "eval_holdout": args.eval_holdout}
+    record = {"command": "plugsearch-train " + " ".join(args.argv), "result": result, **details,
+              "seed": args.seed, "datasets": args.datasets, "per_dataset": args.per_dataset,
+              "eval_holdout": args.eval_holdout}
     (out / RUN_RECORD).write_text(json.dumps(_portable(record), indent=2, default=str) + "\n")
 
 
@@ -335,7 +339,8 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
         if not records:
             raise SystemExit(f"no question finished by every method in {out / 'results.jsonl'}")
     else:
-        with _services(settings, args, searcher=True, llm_url=args.llm_url, llm_threads=args.llm_threads) as settings:
+        options = {"searcher": True, "llm_url": args.llm_url, "llm_threads": args.llm_threads}
+        with _services(settings, args, **options) as settings:
             records = _eval(args, settings, out)
     report = write_report(records, args.datasets, out)
     print(report["markdown"])
@@ -403,7 +408,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _train_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", nargs="+", default=list(TRAIN_DATASETS))
-    p.add_argument("--per-dataset", type=int, help="training candidates per dataset (after the eval hold-out)")
+    p.add_argument("--per-dataset", type=int,
+                   help="training candidates per dataset (after the eval hold-out)")
     p.add_argument("--eval-holdout", type=int, default=100)
 
 
@@ -472,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vllm", choices=["off", "colocate", "server"], default="off",
                    help="rollouts through TRL's vLLM (GPU only); off: HF sampling")
     t.add_argument("--vllm-server-url")
-    t.add_argument("--init-adapter", help="start from this LoRA adapter folder (e.g. `warmstart`'s <out>/adapter)")
+    t.add_argument("--init-adapter",
+                   help="start from this LoRA adapter folder (e.g. `warmstart`'s <out>/adapter)")
     t.set_defaults(func=cmd_train)
 
     w = _run_parser(sub, "warmstart", "supervised warm start: LoRA on answer-aware demonstrations (resumable)",

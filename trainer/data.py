@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import TypeVar
 
@@ -71,12 +72,7 @@ def train_split(data_dir: Path, datasets: Sequence[str] = TRAIN_DATASETS, *, per
     """Training candidates: each set's questions after its first `eval_holdout`, interleaved by set
     (nq, hotpotqa, nq, ...) so any prefix mixes single-hop and multi-hop questions."""
     per_set = [load_qa(qa_path(data_dir, name), limit=per_dataset, offset=eval_holdout) for name in datasets]
-    mixed: list[QAItem] = []
-    for row in range(max((len(s) for s in per_set), default=0)):
-        for items in per_set:
-            if row < len(items):
-                mixed.append(items[row])
-    return mixed
+    return [item for row in zip_longest(*per_set) for item in row if item is not None]
 
 
 def s3_filter(items: Iterable[QAItem], baseline_genacc: Mapping[str, float]) -> list[QAItem]:

@@ -118,9 +118,8 @@ def summarise(records: Sequence[EvalRecord]) -> dict[str, dict[str, dict[str, fl
             sums[r.method][r.dataset][metric].append(getattr(r, metric))
     table: dict[str, dict[str, dict[str, float]]] = {}
     for method, by_ds in sums.items():
-        table[method] = {ds: {m: 100 * sum(v) / len(v) for m, v in metrics.items()} for ds, metrics in by_ds.items()}
-        for ds, metrics in by_ds.items():
-            table[method][ds]["n"] = float(len(metrics["genacc"]))
+        table[method] = {ds: {**{m: 100 * sum(v) / len(v) for m, v in metrics.items()},
+                              "n": float(len(metrics["genacc"]))} for ds, metrics in by_ds.items()}
         table[method]["average"] = {m: sum(table[method][ds][m] for ds in by_ds) / len(by_ds) for m in METRICS}
         table[method]["average"]["n"] = float(sum(len(v["genacc"]) for v in by_ds.values()))
         table[method]["average"]["degraded"] = float(sum(r.degraded for r in records if r.method == method))

@@ -22,7 +22,7 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchOutcome
 from services.searcher.prompts import PromptSet
 from trainer.baseline import BaselineStore
-from trainer.data import QAItem, read_jsonl
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.rewards import RewardComputer, Trajectory, format_score
 from trainer.rollout import SearchRollout
 from trainer.runner import AsyncRunner
@@ -53,10 +53,11 @@ class LoraSettings(BaseModel):
         """`model` (a causal LM) with a new adapter of these settings."""
         from peft import LoraConfig, get_peft_model
 
-        n_layers = int(model.config.num_hidden_layers)
-        layers = None if self.top_layers is None else list(range(max(0, n_layers - self.top_layers), n_layers))
-        return get_peft_model(model, LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.modules),
-                                                lora_dropout=0.0, layers_to_transform=layers, task_type="CAUSAL_LM"))
+        n = int(model.config.num_hidden_layers)
+        layers = None if self.top_layers is None else list(range(max(0, n - self.top_layers), n))
+        return get_peft_model(model, LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
+                                                target_modules=list(self.modules), layers_to_transform=layers,
+                                                task_type="CAUSAL_LM"))
 
 
 class TrainConfig(BaseModel):
@@ -161,10 +162,7 @@ class ServiceReward:
                 "queries": [len(o.queries) for o in search], "documents": [len(o.documents) for o in search],
                 "stop": [o.stop_reason for o in search],
             }
-            with self.log_path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_durable(self.log_path, json.dumps(line) + "\n")
         return [r.reward for r in results]
 
 

@@ -122,7 +122,8 @@ class RewardComputer:
 
     def _breakdown(self, t: Trajectory, reward: float, **parts: Any) -> RewardBreakdown:
         fmt = format_score(t.valid_actions, t.invalid_actions)
-        return RewardBreakdown(reward=reward, format_score=fmt, total=reward + self.format_lambda * fmt, **parts)
+        total = reward + self.format_lambda * fmt
+        return RewardBreakdown(reward=reward, format_score=fmt, total=total, **parts)
 
     async def score(self, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
         """Every trajectory's answer + judgement and every needed baseline, all concurrently."""
@@ -141,7 +142,7 @@ class RewardComputer:
         for t, a in zip(trajectories, answered, strict=True):
             baseline = baselines.get(t.item.id)
             hit = trajectory_hit(t)
-            out.append(self._breakdown(t, combine(self.kind, a, baseline, hit), genacc=a.genacc, em=a.em, f1=a.f1,
-                                       answer=a.answer, hit=hit,
+            out.append(self._breakdown(t, combine(self.kind, a, baseline, hit), genacc=a.genacc, em=a.em,
+                                       f1=a.f1, answer=a.answer, hit=hit,
                                        baseline_genacc=baseline.genacc if baseline is not None else None))
         return out

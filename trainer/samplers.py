@@ -80,12 +80,7 @@ class BatchingSampler:
 
 def _stop_at(text: str, stop: tuple[str, ...]) -> int:
     """Index just past the first stop string in `text`, or -1."""
-    best = -1
-    for s in stop:
-        at = text.find(s)
-        if at >= 0 and (best < 0 or at + len(s) < best):
-            best = at + len(s)
-    return best
+    return min((at + len(s) for s in stop if (at := text.find(s)) >= 0), default=-1)
 
 
 class HFSampler(BatchingSampler):
@@ -178,11 +173,8 @@ class HFSampler(BatchingSampler):
                             past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
-        results = []
-        for row in range(n):
-            text = self.tokenizer.decode(new[row], skip_special_tokens=True)
-            results.append(Sampled(ids=new[row], text=text, stopped=stopped[row], logprobs=logps[row]))
-        return results
+        return [Sampled(ids=new[row], text=self.tokenizer.decode(new[row], skip_special_tokens=True),
+                        stopped=stopped[row], logprobs=logps[row]) for row in range(n)]
 
 
 def _top_p(probs: Any, top_p: float) -> Any:
@@ -232,8 +224,8 @@ class VLLMSampler(BatchingSampler):
                 results.append(engine_output(self.tokenizer, ids, logps, stop=call.stop,
                                              finish_reason=first.finish_reason))
             return results
-        generation_kwargs = {k: kwargs.pop(k) for k in ("stop", "include_stop_str_in_output", "structured_outputs")
-                             if k in kwargs}
+        engine_keys = ("stop", "include_stop_str_in_output", "structured_outputs")
+        generation_kwargs = {k: kwargs.pop(k) for k in engine_keys if k in kwargs}
         out = self.client.generate(prompts=rows, **kwargs, generation_kwargs=generation_kwargs)
         results = []
         for i, ids in enumerate(out["completion_ids"]):

@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, count, islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -296,13 +297,10 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     if resume and (checkpoint / "optimizer.pt").is_file():
         optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=device))
-    plan: list[list[int]] = []
     total = max(1, round(len(batches(examples, config.batch_tokens, config.seed, 0)) * config.epochs))
-    epoch = 0
-    while len(plan) < total:  # whole epochs, each shuffled anew, cut at `epochs`
-        plan += batches(examples, config.batch_tokens, config.seed, epoch)
-        epoch += 1
-    plan = plan[:total]
+    # whole epochs, each shuffled anew, cut at `epochs`
+    plan = list(islice(chain.from_iterable(batches(examples, config.batch_tokens, config.seed, epoch)
+                                           for epoch in count()), total))
     pad_id = int(tokenizer.pad_token_id)
     model.train()
     bar = tqdm(total=len(plan), initial=state["step"], desc="warm start", disable=not progress)
