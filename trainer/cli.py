@@ -1,6 +1,6 @@
 """`plugsearch-train`: the trainer's console script.
 
-    plugsearch-train baseline --n 400             # naive-RAG GenAcc per training question (resumable)
+    plugsearch-train baseline --per-dataset 200   # naive-RAG GenAcc per training question (resumable)
     plugsearch-train train --steps 20 --out var/runs/s3   # GRPO on TRL, resumes from the last checkpoint
     plugsearch-train eval --n 50                  # direct / naive / s3 / qagent table + bar chart
     plugsearch-train plot var/runs/s3             # reward curve PNG of a run
@@ -39,13 +39,9 @@ logger = logging.getLogger("trainer.cli")
 
 
 def _settings(args: argparse.Namespace) -> TrainerSettings:
-    settings = TrainerSettings()
-    updates: dict[str, Any] = {}
-    for name in ("reward", "format_lambda", "baseline_k", "method"):
-        value = getattr(args, name, None)
-        if value is not None:
-            updates[name] = value
-    return settings.model_copy(update=updates) if updates else settings
+    names = ("reward", "format_lambda", "baseline_k", "method")
+    return TrainerSettings().model_copy(update={n: getattr(args, n) for n in names
+                                                if getattr(args, n, None) is not None})
 
 
 def _baseline_store(settings: TrainerSettings) -> BaselineStore:

@@ -15,10 +15,7 @@ from trainer.data import default_data_dir
 
 RewardKind = Literal["gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
 RewardSetting = Literal["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
-"""gbr: GenAcc(searched) - GenAcc(naive RAG) (s3); genacc / em: of the frozen generator's answer;
-qagent: EM + 0.5 x hit(gold in trajectory) (QAgent stage 2); gbr_genacc: GBR + GenAcc (s3's
-`use_utility_score and use_generation_score`); recall: gain beyond RAG without an LLM, the GenAcc span
-check on the searcher's documents minus the same check on naive top-n at the same number of documents."""
+"""The kinds are described in `trainer.rewards`; `auto` is resolved by `TrainerSettings.reward_kind`."""
 
 
 def _client(url: str, timeout_s: float) -> ClientSettings:

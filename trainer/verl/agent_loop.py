@@ -41,18 +41,14 @@ try:  # pragma: no cover - exercised where veRL is installed (the trainer-verl i
         AgentLoopOutput,
         register,
     )
-except ImportError:
+except ImportError:  # stand-ins: the fields and __init__ of veRL 0.9.1's classes that this loop uses
     class AgentLoopMetrics(BaseModel):  # type: ignore[no-redef]
-        """Same fields as `verl.experimental.agent_loop.agent_loop.AgentLoopMetrics` (0.9.1)."""
-
         generate_sequences: float = 0.0
         tool_calls: float = 0.0
         compute_score: float = 0.0
         num_preempted: int = -1
 
     class AgentLoopOutput(BaseModel):  # type: ignore[no-redef]
-        """The fields of `verl.experimental.agent_loop.agent_loop.AgentLoopOutput` (0.9.1) this loop sets."""
-
         prompt_ids: list[int]
         response_ids: list[int]
         response_mask: list[int]
@@ -63,8 +59,6 @@ except ImportError:
         extra_fields: dict[str, Any] = {}
 
     class AgentLoopBase:  # type: ignore[no-redef]
-        """The part of veRL's `AgentLoopBase.__init__` this loop relies on."""
-
         def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, *args: Any,
                      **kwargs: Any) -> None:
             self.config = trainer_config.config

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import operator
 import sys
 from collections.abc import Mapping, Sequence
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,7 @@ LAYOUTS = ("1x1", "1x8", "2x8")
 
 
 def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for key in dotted.split("."):
-        value = value[key]
-    return value
+    return reduce(operator.getitem, dotted.split("."), config)
 
 
 def batch_problems(config: Mapping[str, Any], *, nnodes: int, gpus_per_node: int) -> list[str]:

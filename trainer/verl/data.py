@@ -32,7 +32,6 @@ from trainer.verl import CONFIG_DIR
 logger = logging.getLogger(__name__)
 
 
-
 def agent_search_params() -> dict[str, SearchParams]:
     """agent_name -> the search setting its agent loop runs (`agent_loop.yaml`, what every worker reads)."""
     from omegaconf import OmegaConf
