@@ -125,9 +125,9 @@ TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def outcome_trajectory(item: QAItem, outcome: SearchOutcome) -> Trajectory:
-    retrieved = [doc for block in outcome.blocks for doc in block.documents]
     return Trajectory(item=item, documents=list(outcome.documents), valid_actions=outcome.valid_actions,
-                      invalid_actions=outcome.invalid_actions, retrieved=list(retrieved))
+                      invalid_actions=outcome.invalid_actions,
+                      retrieved=[doc for block in outcome.blocks for doc in block.documents])
 
 
 class ServiceReward:

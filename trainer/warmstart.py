@@ -68,15 +68,10 @@ def candidate_queries(question: str, blocks: Sequence[InfoBlock], seen: set[str]
             keys.add(key)
             out.append(text)
 
-    for block in blocks:
-        for doc in block.documents:
-            add(doc.title)
-    for block in blocks:
-        for doc in block.documents:
-            for match in _PHRASE.finditer(doc.text):
-                add(match.group(0))
-    for match in _PHRASE.finditer(question):
-        add(match.group(0))
+    docs = [doc for block in blocks for doc in block.documents]
+    for text in [doc.title for doc in docs] + [m.group(0) for source in [*(d.text for d in docs), question]
+                                               for m in _PHRASE.finditer(source)]:
+        add(text)
     return out[:MAX_CANDIDATES]
 
 
@@ -105,13 +100,10 @@ class Demonstrator:
             return None
         results = await self.retriever.retrieve(candidates, env.params.retrieve_k, env.params.method)
         seen_text = {" ".join(d.text.split()) for b in env.blocks for d in b.documents}
-        best: tuple[int, int] | None = None
-        for index, hits in enumerate(results):
-            for rank, doc in enumerate(hits):
-                if " ".join(doc.text.split()) not in seen_text and span_match(doc.text, self.item.golden_answers):
-                    if best is None or (rank, index) < best:
-                        best = (rank, index)
-                    break
+        answers = self.item.golden_answers
+        # (rank of a new document holding an answer, query): the best-ranked, then the first query
+        best = min(((rank, index) for index, hits in enumerate(results) for rank, doc in enumerate(hits)
+                    if " ".join(doc.text.split()) not in seen_text and span_match(doc.text, answers)), default=None)
         return candidates[best[1]] if best is not None else None
 
     async def sample(self, ids: list[int], call: PolicyCall) -> Sampled:
