@@ -103,7 +103,8 @@ class Demonstrator:
         answers = self.item.golden_answers
         # (rank of a new document holding an answer, query): the best-ranked, then the first query
         best = min(((rank, index) for index, hits in enumerate(results) for rank, doc in enumerate(hits)
-                    if " ".join(doc.text.split()) not in seen_text and span_match(doc.text, answers)), default=None)
+                    if " ".join(doc.text.split()) not in seen_text and span_match(doc.text, answers)),
+                   default=None)
         return candidates[best[1]] if best is not None else None
 
     async def sample(self, ids: list[int], call: PolicyCall) -> Sampled:
