@@ -1,12 +1,9 @@
 """A trained LoRA adapter as a llama.cpp GGUF adapter, so the local llama.cpp server serves the trained
 searcher (`--lora_path`) over the same SmolLM2 GGUF it already serves.
 
-Layout written (as llama.cpp's own `convert_lora_to_gguf.py` does): `general.type = adapter`,
-`adapter.type = lora`, `adapter.lora.alpha`, and per adapted weight `blk.N.<name>.weight.lora_a`
-(rank x in) and `.lora_b` (out x rank), in float32 or float16. Only the modules llama.cpp stores
-unpermuted are supported (value/output projections and the MLP): llama.cpp permutes the rows of the
-query and key projections for its rope layout, so adapters on `q_proj` / `k_proj` are refused here
-rather than exported wrong.
+The layout of llama.cpp's own `convert_lora_to_gguf.py` (`blk.N.<name>.weight.lora_a` / `.lora_b`).
+llama.cpp permutes the rows of the query and key projections for its rope layout, so adapters on
+`q_proj` / `k_proj` are refused here rather than exported wrong.
 """
 
 from __future__ import annotations

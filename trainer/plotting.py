@@ -41,10 +41,7 @@ def plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path:
     """Grouped bars: one group per dataset (+ average), one bar per method. `table[method][dataset][metric]`."""
     plt = _pyplot()
     methods = list(table)
-    datasets = sorted({d for m in table.values() for d in m})
-    if "average" in datasets:
-        datasets.remove("average")
-        datasets.append("average")
+    datasets = sorted({d for m in table.values() for d in m}, key=lambda d: (d == "average", d))  # average last
     width = 0.8 / max(1, len(methods))
     fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(datasets)), 4))
     for i, method in enumerate(methods):

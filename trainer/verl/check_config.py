@@ -36,21 +36,12 @@ def _get(config: Mapping[str, Any], dotted: str) -> Any:
 
 
 def batch_problems(config: Mapping[str, Any], *, nnodes: int, gpus_per_node: int) -> list[str]:
-    """The batch divisibility veRL 0.9.1's FSDP workers assert at run time (empty when it all holds).
-
-    Mirrors, for the FSDP engine without dynamic batch sizes:
-    - `workers/engine_workers.py` (init_model): world size % (rollout TP x DP x PP) == 0;
-    - `workers/rollout/replica.py`: a rollout replica's GPUs fit the node (its world size % min(GPUs per node,
-      world size) == 0);
-    - `utils/config.py` validate_config: train_batch_size x n % GPUs == 0 (FSDP: minimal batch = GPUs);
-    - `trainer/ppo/v1/trainer_base.py` (_update_actor) + `workers/engine_workers.py` (train_mini_batch): the
-      global mini-batch ppo_mini_batch_size x n % data-parallel size == 0;
-    - `workers/engine/utils.py` (prepare_micro_batches): a GPU's mini-batch % ppo_micro_batch_size_per_gpu == 0,
-      and a GPU's share of the step % log_prob_micro_batch_size_per_gpu == 0 (rollout and ref log-probs);
-    - `trainer/ppo/v1/trainer_base.py` (_get_required_batch_multiple): a step that is not a multiple of the
-      global mini-batch is padded with synthetic samples; counted as a problem here (wasted GPU work).
-    `config` is the composed config or this repository's `s3_grpo.yaml` alone (it sets every key read here).
-    """
+    """The batch divisibility veRL 0.9.1's FSDP workers (no dynamic batch sizes) assert at run time, each
+    problem as a sentence (empty when it all holds). Where veRL checks them: `workers/engine_workers.py`
+    (init_model, train_mini_batch), `workers/rollout/replica.py` (a replica fits a node), `utils/config.py`
+    (validate_config), `trainer/ppo/v1/trainer_base.py` (_update_actor; _get_required_batch_multiple pads a
+    step that is not whole mini-batches with synthetic samples: wasted GPU work, so a problem here) and
+    `workers/engine/utils.py` (prepare_micro_batches). `config`: the composed config or `s3_grpo.yaml` alone."""
     gpus = nnodes * gpus_per_node
     problems: list[str] = []
     actor = _get(config, "actor_rollout_ref.actor")
