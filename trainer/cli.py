@@ -102,9 +102,9 @@ def _recipe(args: argparse.Namespace, device: str) -> str:
 def _search_params(args: argparse.Namespace, recipe: str, method: Any) -> Any:
     """The search setting: the recipe's, with every flag given on the command line in its place."""
     from services.common.schemas.searcher import SearchParams
+    from trainer.grpo import S3_SEARCH
 
-    base = local.SEARCH if recipe == "local" else SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3,
-                                                                  max_new_tokens=80)
+    base = local.SEARCH if recipe == "local" else S3_SEARCH
     updates = {name: getattr(args, name) for name in ("mode", "max_turns", "retrieve_k", "select_k", "doc_chars",
                                                        "max_new_tokens") if getattr(args, name, None) is not None}
     values = {**base.model_dump(), **updates, "method": method}

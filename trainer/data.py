@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import zip_longest
+from itertools import islice, zip_longest
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,8 +43,8 @@ def load_qa(path: Path, limit: int | None = None, offset: int = 0) -> list[QAIte
     """Rows `offset .. offset+limit` of one QA file, in file order (deterministic)."""
     items: list[QAItem] = []
     with path.open(encoding="utf-8") as fh:
-        for index, line in enumerate(fh):
-            if index < offset or not line.strip():
+        for line in islice(fh, offset, None):
+            if not line.strip():
                 continue
             if limit is not None and len(items) >= limit:
                 break

@@ -60,27 +60,34 @@ class LoraSettings(BaseModel):
                                                 task_type="CAUSAL_LM"))
 
 
-class TrainConfig(BaseModel):
+S3_SEARCH = SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3, max_new_tokens=80)
+"""The s3 paper's search setting (`--recipe s3`); an s3 search action is ~55 SmolLM2 tokens."""
+
+
+class RunConfig(BaseModel):
+    """What every training run of the policy (GRPO, the warm start) is given."""
+
     output_dir: Path
     model_path: Path
+    seed: int = 0
+    threads: int | None = None
+    device: Device = "auto"
+    precision: Precision = "auto"
+
+
+class TrainConfig(RunConfig):
     max_steps: int = Field(20, ge=1)
     questions_per_step: int = Field(4, ge=1)
     num_generations: int = Field(2, ge=2)
     learning_rate: float = Field(1e-5, gt=0)
     save_steps: int = Field(5, ge=1)
     save_total_limit: int = Field(2, ge=1)
-    seed: int = 0
     beta: float = Field(0.0, ge=0.0, description="KL coefficient (0 = no reference model)")
     temperature: float = Field(1.0, gt=0.0, le=2.0, description="rollout sampling temperature")
     max_completion_tokens: int = Field(1024, ge=16)
-    # an s3 search action (selection, completion flag, JSON query) is ~55 SmolLM2 tokens: leave room for it
-    search: SearchParams = Field(default_factory=lambda: SearchParams(mode="s3", max_turns=3, retrieve_k=8,
-                                                                      select_k=3, max_new_tokens=80))
+    search: SearchParams = Field(default_factory=S3_SEARCH.model_copy)
     prompts_dir: Path | None = Field(None, description="prompt templates of the environment (None = packaged)")
     format_lambda: float = Field(0.0, ge=0.0)
-    threads: int | None = None
-    device: Device = "auto"
-    precision: Precision = "auto"
     vllm: VLLMMode = "off"
     vllm_server_url: str | None = None
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter instead of every weight")

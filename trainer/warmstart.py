@@ -25,17 +25,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, count, islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from services.common.answers import span_match
 from services.common.schemas.searcher import SearchParams
 from services.searcher import parsing
 from services.searcher.env import InfoBlock, PolicyCall, RetrieverBackend, SearchEnv
 from services.searcher.prompts import PromptSet
-from trainer.data import QAItem, read_jsonl
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.episode import ChatTokens, Episode, Sampled, drive
+from trainer.grpo import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -157,21 +158,19 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
         bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="demonstrations", disable=not progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with path.open("a") as sink:
-                async def one(item: QAItem) -> None:
-                    async with sem:
-                        episode = await demonstrate(item, params, retriever=retriever, chat=chat, prompts=prompts)
-                    docs = episode.outcome.documents
-                    row = {"id": item.id, "dataset": item.dataset, "prompt_ids": episode.prompt_ids,
-                           "completion_ids": episode.completion_ids, "env_mask": episode.env_mask,
-                           "queries": episode.outcome.queries, "documents": len(docs),
-                           "hit": any(span_match(d.text, item.golden_answers) for d in docs)}
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-                    done[item.id] = row
-                    bar.update(1)
+            async def one(item: QAItem) -> None:
+                async with sem:
+                    episode = await demonstrate(item, params, retriever=retriever, chat=chat, prompts=prompts)
+                docs = episode.outcome.documents
+                row = {"id": item.id, "dataset": item.dataset, "prompt_ids": episode.prompt_ids,
+                       "completion_ids": episode.completion_ids, "env_mask": episode.env_mask,
+                       "queries": episode.outcome.queries, "documents": len(docs),
+                       "hit": any(span_match(d.text, item.golden_answers) for d in docs)}
+                append_durable(path, json.dumps(row) + "\n")
+                done[item.id] = row
+                bar.update(1)
 
-                await asyncio.gather(*(one(item) for item in todo))
+            await asyncio.gather(*(one(item) for item in todo))
         finally:
             bar.close()
             await client.aclose()
@@ -189,19 +188,14 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
     return examples, stats
 
 
-class WarmStartConfig(BaseModel):
-    output_dir: Path
-    model_path: Path
+class WarmStartConfig(RunConfig):
+    """`precision` auto: bf16 autocast on GPUs (fp16 with loss scaling where bf16 is missing), fp32 on the
+    CPU; the trained weights stay fp32 either way."""
+
     epochs: float = Field(1.0, gt=0)
     learning_rate: float = Field(2e-4, gt=0)
     batch_tokens: int = Field(4096, ge=256, description="tokens per optimizer step (examples packed by length)")
     save_steps: int = Field(20, ge=1)
-    seed: int = 0
-    threads: int | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """auto: bf16 autocast on GPUs (fp16 with loss scaling where bf16 is missing), fp32 on the CPU; the
-    trained weights stay fp32 either way"""
 
 
 @dataclass
@@ -308,8 +302,8 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
             scaler.update()
             value = float(loss.detach())
             state["step"] = step + 1
-            with (out / LOSS_LOG).open("a") as fh:
-                fh.write(json.dumps({"step": step + 1, "loss": value, "examples": len(plan[step])}) + "\n")
+            line = {"step": step + 1, "loss": value, "examples": len(plan[step])}
+            append_durable(out / LOSS_LOG, json.dumps(line) + "\n")
             bar.update(1)
             bar.set_postfix(loss=f"{value:.3f}")
             if state["step"] % config.save_steps == 0 or state["step"] == len(plan):

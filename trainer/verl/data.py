@@ -122,9 +122,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     settings = TrainerSettings()
     baselines = None
     if args.s3_filter:
-        store = BaselineStore(settings.var_dir / "baselines",
-                              BaselineConfig(k=settings.baseline_k, method=settings.method))
-        baselines = store.genacc_by_id()
+        config = BaselineConfig(k=settings.baseline_k, method=settings.method)
+        baselines = BaselineStore(settings.var_dir / "baselines", config).genacc_by_id()
     summary = build(args.data_dir or settings.data_dir, args.out, datasets=args.datasets,
                     per_dataset=args.per_dataset, val_per_dataset=args.val_per_dataset,
                     eval_holdout=args.eval_holdout, agent=args.agent, prompts=PromptSet.load(args.prompts_dir),
