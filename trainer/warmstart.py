@@ -36,7 +36,7 @@ from services.searcher.env import InfoBlock, PolicyCall, RetrieverBackend, Searc
 from services.searcher.prompts import PromptSet
 from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.episode import ChatTokens, Episode, Sampled, drive
-from trainer.grpo import RunConfig
+from trainer.grpo import TORCH_DTYPES, RunConfig, resolve_device, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +260,6 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
     from peft import PeftModel
     from tqdm import tqdm
 
-    from trainer.grpo import TORCH_DTYPES, resolve_device, resolve_precision
     from trainer.model import load_policy
 
     torch.manual_seed(config.seed)
