@@ -75,11 +75,8 @@ class BaselineStore:
 
     def _rewrite(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
-            for record in self._records.values():
-                fh.write(record.model_dump_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        tmp.unlink(missing_ok=True)
+        append_durable(tmp, "".join(r.model_dump_json() + "\n" for r in self._records.values()))
         os.replace(tmp, self.path)
 
     def _key(self, qid: str) -> str:
