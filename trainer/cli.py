@@ -307,12 +307,8 @@ def _portable(value: Any) -> Any:
         return [_portable(v) for v in value]
     if isinstance(value, Path):
         value = str(value)
-    if isinstance(value, str) and value.startswith("/"):
-        here = str(Path.cwd())
-        if value == here:
-            return "."
-        if value.startswith(here + "/"):
-            return value[len(here) + 1:]
+    if isinstance(value, str) and value.startswith("/") and Path(value).is_relative_to(Path.cwd()):
+        return str(Path(value).relative_to(Path.cwd()))
     return value
 
 

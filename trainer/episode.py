@@ -138,10 +138,8 @@ async def drive(env: SearchEnv, sampler: TokenSampler, chat: ChatTokens, *,
         mask += [0] * len(inserted)
         logprobs += [0.0] * len(inserted)
     outcome = await env.finish()
-    truncated = False
-    if max_completion_tokens is not None and len(completion) > max_completion_tokens:
-        completion, mask, truncated = completion[:max_completion_tokens], mask[:max_completion_tokens], True
-        logprobs = logprobs[:max_completion_tokens]
-    return Episode(outcome=outcome, prompt_ids=prompt_ids, completion_ids=completion, env_mask=mask,
-                   logprobs=logprobs if have_logprobs and sampled_turns else None, sampled=sampled_turns,
+    truncated = max_completion_tokens is not None and len(completion) > max_completion_tokens
+    cut = max_completion_tokens if truncated else None
+    return Episode(outcome=outcome, prompt_ids=prompt_ids, completion_ids=completion[:cut], env_mask=mask[:cut],
+                   logprobs=logprobs[:cut] if have_logprobs and sampled_turns else None, sampled=sampled_turns,
                    truncated=truncated)

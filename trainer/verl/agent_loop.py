@@ -176,8 +176,7 @@ class PlugsearchAgentLoop(AgentLoopBase):  # type: ignore[misc]
         rollout = self.rollout_config
         self.prompt_length = int(rollout.prompt_length)
         self.response_length = int(rollout.response_length)
-        max_model_len = rollout.get("max_model_len")
-        self.max_model_len = int(max_model_len) if max_model_len else self.prompt_length + self.response_length
+        self.max_model_len = int(rollout.get("max_model_len") or self.prompt_length + self.response_length)
         self.engine = str(rollout.get("name") or "vllm")
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
