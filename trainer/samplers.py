@@ -8,15 +8,12 @@ reads identical prompts (a GRPO group) once. `VLLMSampler`: TRL's own vLLM (colo
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.searcher.env import PolicyCall
 from trainer.episode import Sampled
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
