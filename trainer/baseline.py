@@ -1,10 +1,7 @@
 """Naive-RAG baselines: GenAcc(generator(q, top-k of q)) per question, the subtrahend of GBR.
 
-Stored twice: an append-only JSONL file (the durable record; one fsync'd line per finished question,
-so a SIGKILL loses at most the question in flight) and Redis (shared with other jobs; optional).
-The job is resumable: it reads the file, skips what is done and computes the rest, `concurrency`
-questions at a time. A reward that finds no baseline computes it the same way and stores it; it is
-never replaced by a no-retrieval answer.
+Stored in an append-only JSONL file (one fsync'd line per question: a SIGKILL loses at most the one in
+flight) and optionally Redis (shared with other jobs). Resumable: what the file holds is skipped.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from pydantic import BaseModel
 
 from services.common.cache import ResultCache, cache_key, make_cache
 from services.common.schemas.retriever import Method
-from trainer.data import QAItem
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
@@ -70,47 +67,26 @@ class BaselineStore:
         self._load()
 
     def _load(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as fh:
-            lines = fh.read().split(b"\n")
-        bad = 0
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = BaselineRecord.model_validate_json(line)
-            except ValueError:
-                bad += 1  # a line cut by a kill mid-write: that question is simply recomputed
-                continue
-            self._records[record.id] = record
-        if bad:
+        records, bad = read_jsonl(self.path, BaselineRecord.model_validate_json)
+        self._records = {r.id: r for r in records}
+        if bad:  # rewritten, so the next appended line does not continue the cut one
             logger.warning("baseline file %s: skipped %s incomplete line(s)", self.path, bad)
             self._rewrite()
 
     def _rewrite(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
-            for record in self._records.values():
-                fh.write(record.model_dump_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        tmp.unlink(missing_ok=True)
+        append_durable(tmp, "".join(r.model_dump_json() + "\n" for r in self._records.values()))
         os.replace(tmp, self.path)
 
     def _key(self, qid: str) -> str:
         return cache_key("baseline", {"v": BASELINE_VERSION, "cfg": self.config.model_dump(), "id": qid})
-
-    def __len__(self) -> int:
-        return len(self._records)
 
     def __contains__(self, qid: object) -> bool:
         return qid in self._records
 
     def genacc_by_id(self) -> dict[str, float]:
         return {qid: r.genacc for qid, r in self._records.items()}
-
-    def records(self) -> list[BaselineRecord]:
-        return list(self._records.values())
 
     async def get(self, qid: str) -> BaselineRecord | None:
         record = self._records.get(qid)
@@ -132,13 +108,7 @@ class BaselineStore:
         async with self._lock:
             if record.id in self._records:
                 return
-            line = (record.model_dump_json() + "\n").encode()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            append_durable(self.path, record.model_dump_json() + "\n")
             self._records[record.id] = record
 
     async def aclose(self) -> None:
@@ -160,17 +130,26 @@ async def compute_baselines(services: QAServices, items: Sequence[QAItem], confi
             for it, d, a in zip(items, docs, answered, strict=True)]
 
 
+async def _stored(store: BaselineStore, items: Sequence[QAItem]
+                  ) -> tuple[dict[str, BaselineRecord], list[QAItem]]:
+    """(the stored baselines of `items` by id, the items that have none)."""
+    found: dict[str, BaselineRecord] = {}
+    missing: list[QAItem] = []
+    for item in items:
+        record = await store.get(item.id)
+        if record is None:
+            missing.append(item)
+        else:
+            found[item.id] = record
+    return found, missing
+
+
 async def ensure_baselines(services: QAServices, store: BaselineStore, items: Sequence[QAItem], *,
                            batch: int = 8, progress: Callable[[int], Any] | None = None) -> dict[str, int]:
     """Compute every missing baseline, `batch` questions per round; each finished record is durable
     before the next round starts. Returns counts: already done, computed now."""
-    todo: list[QAItem] = []
-    done = 0
-    for item in items:
-        if await store.get(item.id) is not None:
-            done += 1
-        else:
-            todo.append(item)
+    _, todo = await _stored(store, items)
+    done = len(items) - len(todo)
     logger.info("baselines: %s done already, %s to compute", done, len(todo))
     for start in range(0, len(todo), batch):
         chunk = todo[start:start + batch]
@@ -185,15 +164,7 @@ async def baselines_for(services: QAServices, store: BaselineStore, items: Seque
                         ) -> dict[str, BaselineRecord]:
     """Baselines of a batch (ids may repeat: GRPO samples each question several times). Missing ones
     are computed together, once per question, and stored."""
-    unique = {it.id: it for it in items}
-    found: dict[str, BaselineRecord] = {}
-    missing: list[QAItem] = []
-    for qid, item in unique.items():
-        record = await store.get(qid)
-        if record is None:
-            missing.append(item)
-        else:
-            found[qid] = record
+    found, missing = await _stored(store, list({it.id: it for it in items}.values()))
     if missing:
         logger.warning("no naive-RAG baseline for %s question(s): computing them now", len(missing))
         for record in await compute_baselines(services, missing, store.config):

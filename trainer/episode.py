@@ -1,12 +1,9 @@
 """The search environment driven at the token level: what TRL rollouts and veRL's agent loop train on.
 
-`run_episode` drives a `services.searcher.env.SearchEnv` with a `TokenSampler` (HF `generate`-style
-sampling on the CPU, vLLM on GPUs): the policy continues the exact token sequence so far, the ids it
-sampled are kept as they are (mask 1), and what the environment answers is rendered with the policy's
-chat template and appended as ids (mask 0: system prompt, question, information blocks, re-prompts,
-role headers, the end-of-turn token the policy did not sample). Nothing is re-tokenised after the fact,
-so the ids trained on are the ids that were sampled, and the reward reads the documents from the
-environment's state (`Episode.outcome.documents`), exactly what the searcher service would return.
+The policy continues the exact token sequence so far and its sampled ids are kept as they are (mask 1);
+what the environment answers is rendered with the policy's chat template and appended as ids (mask 0).
+Nothing is re-tokenised after the fact, so the ids trained on are the ids that were sampled, and the
+reward reads the documents from the environment's state, exactly what the searcher service returns.
 """
 
 from __future__ import annotations
@@ -141,10 +138,8 @@ async def drive(env: SearchEnv, sampler: TokenSampler, chat: ChatTokens, *,
         mask += [0] * len(inserted)
         logprobs += [0.0] * len(inserted)
     outcome = await env.finish()
-    truncated = False
-    if max_completion_tokens is not None and len(completion) > max_completion_tokens:
-        completion, mask, truncated = completion[:max_completion_tokens], mask[:max_completion_tokens], True
-        logprobs = logprobs[:max_completion_tokens]
-    return Episode(outcome=outcome, prompt_ids=prompt_ids, completion_ids=completion, env_mask=mask,
-                   logprobs=logprobs if have_logprobs and sampled_turns else None, sampled=sampled_turns,
+    truncated = max_completion_tokens is not None and len(completion) > max_completion_tokens
+    cut = max_completion_tokens if truncated else None
+    return Episode(outcome=outcome, prompt_ids=prompt_ids, completion_ids=completion[:cut], env_mask=mask[:cut],
+                   logprobs=logprobs[:cut] if have_logprobs and sampled_turns else None, sampled=sampled_turns,
                    truncated=truncated)

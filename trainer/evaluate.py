@@ -1,16 +1,12 @@
-"""`plugsearch-train eval`: direct (no retrieval), naive RAG, s3 and qagent through the services, on the
-first `n` questions of every question set; GenAcc, EM and F1 per dataset and on average.
-
-Resumable and cached: every finished (method, question) is appended (fsync'd) to
-`<out>/results.jsonl` and skipped on restart; the generator, judge and searcher services cache their
-own results too (Redis in the local stack), so a rerun costs almost nothing.
+"""`plugsearch-train eval`: direct, naive RAG, s3 and qagent through the services on the first `n` questions
+of every set; GenAcc, EM and F1 per dataset and on average. Resumable: every finished (method, question) is
+appended to `<out>/results.jsonl`; the services cache their own results too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from itertools import zip_longest
@@ -22,7 +18,7 @@ from pydantic import BaseModel
 from services.common.clients import SearcherClient
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchRequest
-from trainer.data import QAItem
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
@@ -60,28 +56,7 @@ def _prepare(out_dir: Path) -> Path:
 
 
 def _done(path: Path) -> dict[tuple[str, str], EvalRecord]:
-    done: dict[tuple[str, str], EvalRecord] = {}
-    if not path.exists():
-        return done
-    for line in path.read_bytes().split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            record = EvalRecord.model_validate_json(line)
-        except ValueError:
-            continue  # torn line from a kill: recomputed
-        done[(record.method, record.id)] = record
-    return done
-
-
-def _append(path: Path, records: Sequence[EvalRecord]) -> None:
-    data = "".join(r.model_dump_json() + "\n" for r in records).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return {(r.method, r.id): r for r in read_jsonl(path, EvalRecord.model_validate_json)[0]}
 
 
 async def _documents(method: EvalMethod, items: Sequence[QAItem], services: QAServices,
@@ -126,7 +101,7 @@ async def run_eval(items_by_dataset: dict[str, list[QAItem]], methods: Sequence[
             records = [EvalRecord(method=method, dataset=it.dataset, id=it.id, genacc=a.genacc, em=a.em, f1=a.f1,
                                   answer=a.answer, doc_ids=[d.id for d in docs], queries=queries, degraded=degraded)
                        for it, (docs, queries, degraded), a in zip(pending, found, answered, strict=True)]
-            _append(path, records)
+            append_durable(path, "".join(r.model_dump_json() + "\n" for r in records))
             for r in records:
                 done[(r.method, r.id)] = r
         bar.update(len(chunk))
@@ -143,9 +118,8 @@ def summarise(records: Sequence[EvalRecord]) -> dict[str, dict[str, dict[str, fl
             sums[r.method][r.dataset][metric].append(getattr(r, metric))
     table: dict[str, dict[str, dict[str, float]]] = {}
     for method, by_ds in sums.items():
-        table[method] = {ds: {m: 100 * sum(v) / len(v) for m, v in metrics.items()} for ds, metrics in by_ds.items()}
-        for ds, metrics in by_ds.items():
-            table[method][ds]["n"] = float(len(metrics["genacc"]))
+        table[method] = {ds: {**{m: 100 * sum(v) / len(v) for m, v in metrics.items()},
+                              "n": float(len(metrics["genacc"]))} for ds, metrics in by_ds.items()}
         table[method]["average"] = {m: sum(table[method][ds][m] for ds in by_ds) / len(by_ds) for m in METRICS}
         table[method]["average"]["n"] = float(sum(len(v["genacc"]) for v in by_ds.values()))
         table[method]["average"]["degraded"] = float(sum(r.degraded for r in records if r.method == method))

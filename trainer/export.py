@@ -1,12 +1,9 @@
 """A trained LoRA adapter as a llama.cpp GGUF adapter, so the local llama.cpp server serves the trained
 searcher (`--lora_path`) over the same SmolLM2 GGUF it already serves.
 
-Layout written (as llama.cpp's own `convert_lora_to_gguf.py` does): `general.type = adapter`,
-`adapter.type = lora`, `adapter.lora.alpha`, and per adapted weight `blk.N.<name>.weight.lora_a`
-(rank x in) and `.lora_b` (out x rank), in float32 or float16. Only the modules llama.cpp stores
-unpermuted are supported (value/output projections and the MLP): llama.cpp permutes the rows of the
-query and key projections for its rope layout, so adapters on `q_proj` / `k_proj` are refused here
-rather than exported wrong.
+The layout of llama.cpp's own `convert_lora_to_gguf.py` (`blk.N.<name>.weight.lora_a` / `.lora_b`).
+llama.cpp permutes the rows of the query and key projections for its rope layout, so adapters on
+`q_proj` / `k_proj` are refused here rather than exported wrong.
 """
 
 from __future__ import annotations
@@ -65,7 +62,7 @@ def export_gguf(state: dict[str, Any], alpha: float, out: Path, *, arch: str = "
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
-    for name in sorted(tensors, key=_order):
+    for name in sorted(tensors, key=lambda n: (int(n.split(".")[1]), n.split(".", 2)[2])):  # block, then name
         array = tensors[name].astype(np.float16 if half else np.float32)
         writer.add_tensor(name, array)
     writer.write_header_to_file()
@@ -74,11 +71,6 @@ def export_gguf(state: dict[str, Any], alpha: float, out: Path, *, arch: str = "
     writer.close()
     tmp.replace(out)
     return out
-
-
-def _order(name: str) -> tuple[int, str]:
-    parts = name.split(".")
-    return int(parts[1]), ".".join(parts[2:])
 
 
 def export_peft_dir(adapter_dir: Path, out: Path, *, half: bool = True) -> Path:

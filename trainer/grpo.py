@@ -1,11 +1,9 @@
 """RL on TRL's `GRPOTrainer` with the searcher's own loop as a custom multi-turn rollout.
 
-One training step = `questions_per_step` questions x `num_generations` rollouts; rewards for the whole
-batch go through the services concurrently (generator + judge, baselines from the store); the loss
-mask excludes every token the environment inserted. Checkpoints every `save_steps` steps (model,
-optimizer, scheduler, RNG, trainer state); `train` resumes from the newest checkpoint in `output_dir`
-and the Trainer skips the batches already consumed, so the data order is the same as without the crash.
-Every step appends a line to `rewards.jsonl` (the reward curve, with question ids for auditing).
+A step = `questions_per_step` questions x `num_generations` rollouts, rewarded through the services as one
+concurrent batch; the loss mask excludes every token the environment inserted. `train` resumes from the
+newest complete checkpoint and the Trainer skips the batches already consumed, so the data order is the
+same as without the crash. Every step appends a line to `rewards.jsonl` (with question ids for auditing).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchOutcome
 from services.searcher.prompts import PromptSet
 from trainer.baseline import BaselineStore
-from trainer.data import QAItem
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.rewards import RewardComputer, Trajectory, format_score
 from trainer.rollout import SearchRollout
 from trainer.runner import AsyncRunner
@@ -51,28 +49,45 @@ class LoraSettings(BaseModel):
         "adapt only the last N layers: backpropagation stops below them, which cuts a step's backward "
         "pass when the lower layers stay frozen (None = every layer)"))
 
+    def wrap(self, model: Any) -> Any:
+        """`model` (a causal LM) with a new adapter of these settings."""
+        from peft import LoraConfig, get_peft_model
 
-class TrainConfig(BaseModel):
+        n = int(model.config.num_hidden_layers)
+        layers = None if self.top_layers is None else list(range(max(0, n - self.top_layers), n))
+        return get_peft_model(model, LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
+                                                target_modules=list(self.modules), layers_to_transform=layers,
+                                                task_type="CAUSAL_LM"))
+
+
+S3_SEARCH = SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3, max_new_tokens=80)
+"""The s3 paper's search setting (`--recipe s3`); an s3 search action is ~55 SmolLM2 tokens."""
+
+
+class RunConfig(BaseModel):
+    """What every training run of the policy (GRPO, the warm start) is given."""
+
     output_dir: Path
     model_path: Path
+    seed: int = 0
+    threads: int | None = None
+    device: Device = "auto"
+    precision: Precision = "auto"
+
+
+class TrainConfig(RunConfig):
     max_steps: int = Field(20, ge=1)
     questions_per_step: int = Field(4, ge=1)
     num_generations: int = Field(2, ge=2)
     learning_rate: float = Field(1e-5, gt=0)
     save_steps: int = Field(5, ge=1)
     save_total_limit: int = Field(2, ge=1)
-    seed: int = 0
     beta: float = Field(0.0, ge=0.0, description="KL coefficient (0 = no reference model)")
     temperature: float = Field(1.0, gt=0.0, le=2.0, description="rollout sampling temperature")
     max_completion_tokens: int = Field(1024, ge=16)
-    # an s3 search action (selection, completion flag, JSON query) is ~55 SmolLM2 tokens: leave room for it
-    search: SearchParams = Field(default_factory=lambda: SearchParams(mode="s3", max_turns=3, retrieve_k=8,
-                                                                      select_k=3, max_new_tokens=80))
+    search: SearchParams = Field(default_factory=S3_SEARCH.model_copy)
     prompts_dir: Path | None = Field(None, description="prompt templates of the environment (None = packaged)")
     format_lambda: float = Field(0.0, ge=0.0)
-    threads: int | None = None
-    device: Device = "auto"
-    precision: Precision = "auto"
     vllm: VLLMMode = "off"
     vllm_server_url: str | None = None
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter instead of every weight")
@@ -117,9 +132,9 @@ TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def outcome_trajectory(item: QAItem, outcome: SearchOutcome) -> Trajectory:
-    retrieved = [doc for block in outcome.blocks for doc in block.documents]
     return Trajectory(item=item, documents=list(outcome.documents), valid_actions=outcome.valid_actions,
-                      invalid_actions=outcome.invalid_actions, retrieved=list(retrieved))
+                      invalid_actions=outcome.invalid_actions,
+                      retrieved=[doc for block in outcome.blocks for doc in block.documents])
 
 
 class ServiceReward:
@@ -154,10 +169,7 @@ class ServiceReward:
                 "queries": [len(o.queries) for o in search], "documents": [len(o.documents) for o in search],
                 "stop": [o.stop_reason for o in search],
             }
-            with self.log_path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_durable(self.log_path, json.dumps(line) + "\n")
         return [r.reward for r in results]
 
 
@@ -169,13 +181,6 @@ class FormatReward:
     def __call__(self, prompts: list[Any], completions: list[Any], *, search: list[SearchOutcome],
                  **_: Any) -> list[float]:
         return [format_score(o.valid_actions, o.invalid_actions) for o in search]
-
-
-def to_dataset(items: Sequence[QAItem]) -> Any:
-    from datasets import Dataset
-
-    return Dataset.from_list([{"prompt": it.question, "qid": it.id, "golden_answers": it.golden_answers,
-                               "dataset": it.dataset} for it in items])
 
 
 def last_checkpoint(output_dir: Path) -> str | None:
@@ -208,15 +213,7 @@ def load_model(config: TrainConfig, device: str, precision: str) -> tuple[Any, A
 
         model = PeftModel.from_pretrained(model, str(config.init_adapter), is_trainable=True)
     elif config.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        layers = None
-        n_layers = int(model.config.num_hidden_layers)
-        if config.lora.top_layers is not None:
-            layers = list(range(max(0, n_layers - config.lora.top_layers), n_layers))
-        model = get_peft_model(model, LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha,
-                                                 target_modules=list(config.lora.modules), lora_dropout=0.0,
-                                                 layers_to_transform=layers, task_type="CAUSAL_LM"))
+        model = config.lora.wrap(model)
     return model, tokenizer
 
 
@@ -226,6 +223,7 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
     """A ready `GRPOTrainer`: the model from `config.model_path` on `config.device` in `config.precision`
     (a LoRA when asked), rollouts through the search environment (vLLM ones when `config.vllm` is on), the
     log-probability pass reading each group's shared prompt once (`trainer.shared_prefix`)."""
+    from datasets import Dataset
     from trl import GRPOConfig
 
     from trainer.shared_prefix import trainer_class
@@ -284,7 +282,9 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
         disable_tqdm=True,
         **vllm,
     )
-    return trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=to_dataset(items),
+    dataset = Dataset.from_list([{"prompt": it.question, "qid": it.id, "golden_answers": it.golden_answers,
+                                  "dataset": it.dataset} for it in items])
+    return trainer_class()(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
                            processing_class=tokenizer, rollout_func=rollout)
 
 
@@ -301,14 +301,5 @@ def train(trainer: Any, output_dir: Path, *, resume: bool = True) -> dict[str, A
 
 def read_reward_log(path: Path) -> list[dict[str, Any]]:
     """One entry per step; a step redone after a crash keeps its last entry."""
-    by_step: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # torn last line after a kill
-        if entry.get("step") is not None:
-            by_step[int(entry["step"])] = entry
+    by_step = {int(e["step"]): e for e in read_jsonl(path, json.loads)[0] if e.get("step") is not None}
     return [by_step[s] for s in sorted(by_step)]

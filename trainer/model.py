@@ -18,17 +18,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def clean_checkpoint_from_gguf(gguf: Path, var_dir: Path) -> Path:
     """Folder with a plain float32 HF checkpoint + tokenizer converted from `gguf` (built once)."""
-    out = var_dir / "models" / f"{gguf.stem}-{_digest(gguf)}"
+    with gguf.open("rb") as fh:
+        out = var_dir / "models" / f"{gguf.stem}-{hashlib.file_digest(fh, 'sha256').hexdigest()[:16]}"
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         return out
     import torch

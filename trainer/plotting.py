@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 
@@ -26,21 +27,13 @@ def plot_reward_curve(entries: Sequence[Mapping[str, Any]], path: Path, *, title
     ax.plot(steps, rewards, marker="o", label=f"mean {kind}")
     if len(rewards) >= 10:
         window = 10
-        smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):i + 1])
-                  for i in range(len(rewards))]
+        smooth = [fmean(rewards[max(0, i - window + 1):i + 1]) for i in range(len(rewards))]
         ax.plot(steps, smooth, linewidth=2.5, label=f"mean {kind}, last {window} steps")
     second = "share of searches whose documents hold the answer" if kind == "recall" else "mean GenAcc"
     ax.plot(steps, [e["mean_genacc"] for e in entries], marker=".", linestyle="--", label=second)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, ylabel="reward", title=title)
 
 
 def plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path: Path, *,
@@ -48,10 +41,7 @@ def plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path:
     """Grouped bars: one group per dataset (+ average), one bar per method. `table[method][dataset][metric]`."""
     plt = _pyplot()
     methods = list(table)
-    datasets = sorted({d for m in table.values() for d in m})
-    if "average" in datasets:
-        datasets.remove("average")
-        datasets.append("average")
+    datasets = sorted({d for m in table.values() for d in m}, key=lambda d: (d == "average", d))  # average last
     width = 0.8 / max(1, len(methods))
     fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(datasets)), 4))
     for i, method in enumerate(methods):
@@ -59,8 +49,12 @@ def plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path:
         ax.bar(xs, [table[method].get(d, {}).get(metric, 0.0) for d in datasets], width, label=method)
     ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(datasets))])
     ax.set_xticklabels(datasets, rotation=20)
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} per dataset")
+    return _save(plt, fig, ax, path, ylabel=metric, title=f"{metric} per dataset")
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path, *, ylabel: str, title: str) -> Path:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

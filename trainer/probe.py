@@ -1,13 +1,7 @@
-"""Checks on a live GRPO step: what the loss really reaches, and whether the ids trained on are the ids
-the policy sampled. Used by `bench/train_gpu_check.py` and the trainer's e2e test.
-
-`GradientProbe(trainer)` wraps the trainer's loss to keep the step's inputs, and keeps the gradient of the
-final hidden states of the step's last forward pass (the input of the LM head: position t predicts token
-t+1; over prompt + completion, or over the completions alone after the shared-prefix pass). After a step:
-`masked_grad_max()` is the largest gradient on any completion position the loss must not see (an inserted
-environment token or padding: exactly 0 when the mask works) and `unmasked_grad_max()` the largest on the
-policy's own tokens (> 0 when the step learned anything); `trained_vs_sampled(episodes)` compares, row by
-row, the completion ids at mask 1 with the ids the sampler returned.
+"""Checks on a live GRPO step (`bench/train_gpu_check.py`, the trainer's e2e test): the gradient that
+reaches the final hidden states on masked completion positions (inserted environment tokens, padding:
+exactly 0 when the mask works) and on the policy's own tokens (> 0), and whether the ids trained on are
+the ids the policy sampled.
 """
 
 from __future__ import annotations
@@ -30,6 +24,9 @@ def final_norm(model: Any) -> Any:
 
 
 class GradientProbe:
+    """Keeps a step's loss inputs and the gradient of the final hidden states (position t predicts token t+1;
+    over prompt + completion, or the completions alone after the shared-prefix pass)."""
+
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.inputs: dict[str, Any] = {}

@@ -1,19 +1,13 @@
-"""Rewards of searcher trajectories, computed through the services, a whole batch concurrently.
+"""Rewards of searcher trajectories through the services, a whole batch concurrently.
 
-- gbr (s3): GenAcc(generator(q, searcher's documents)) - GenAcc(generator(q, naive top-k)); the
-  baseline comes from the `BaselineStore` (missing ones are computed and stored, never replaced by a
-  no-retrieval answer).
-- genacc / em: of the frozen generator's answer from the searcher's documents.
-- qagent (QAgent stage 2): EM(answer) + 0.5 x hit, hit = a gold answer occurs (normalised span
-  match) in the documents the trajectory retrieved.
-- gbr_genacc: GBR + GenAcc (s3's `use_utility_score and use_generation_score`).
-- recall: GBR without an LLM: hit(searcher's documents) - hit(naive top-n of the question), n = the
-  number of documents the searcher returned, hit = GenAcc's span check (a gold answer, normalised, as a
-  token span) over the documents. It keeps s3's reading of GBR, "what the searched context adds over
-  naive RAG for the same question", with the frozen generator replaced by the check GenAcc itself starts
-  with, and it compares at equal document budget, so returning more documents earns nothing by itself.
-  `genacc` / `baseline_genacc` in its breakdown are those two document hits.
-- format (Search-R1 empirical study): share of the policy's actions that parsed, weighted by lambda.
+- gbr (s3): GenAcc(generator(q, searcher's documents)) - GenAcc(generator(q, naive top-k)), the baseline
+  from the `BaselineStore` (never replaced by a no-retrieval answer);
+- genacc / em: of the frozen generator's answer; gbr_genacc: GBR + GenAcc;
+- qagent (QAgent stage 2): EM + 0.5 x hit (a gold answer in the documents the trajectory retrieved);
+- recall: GBR without an LLM: hit(searcher's documents) - hit(naive top-n), n = the number of documents the
+  searcher returned, hit = GenAcc's span check; equal budgets, so more documents earn nothing by
+  themselves. Its breakdown's `genacc` / `baseline_genacc` are those two hits;
+- format (Search-R1): share of the policy's actions that parsed, weighted by lambda.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.answers import span_match
 from services.common.schemas.base import Document
@@ -121,11 +116,14 @@ class RewardComputer:
         for t, base in zip(trajectories, naive, strict=True):
             found = documents_hit(t.documents, t.item.golden_answers)
             baseline = documents_hit(base, t.item.golden_answers) if t.documents else 0.0
-            fmt = format_score(t.valid_actions, t.invalid_actions)
-            out.append(RewardBreakdown(reward=found - baseline, format_score=fmt,
-                                       total=found - baseline + self.format_lambda * fmt, genacc=found, em=0.0,
-                                       f1=0.0, answer="", baseline_genacc=baseline, hit=found))
+            out.append(self._breakdown(t, found - baseline, genacc=found, em=0.0, f1=0.0, answer="",
+                                       baseline_genacc=baseline, hit=found))
         return out
+
+    def _breakdown(self, t: Trajectory, reward: float, **parts: Any) -> RewardBreakdown:
+        fmt = format_score(t.valid_actions, t.invalid_actions)
+        total = reward + self.format_lambda * fmt
+        return RewardBreakdown(reward=reward, format_score=fmt, total=total, **parts)
 
     async def score(self, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
         """Every trajectory's answer + judgement and every needed baseline, all concurrently."""
@@ -144,10 +142,7 @@ class RewardComputer:
         for t, a in zip(trajectories, answered, strict=True):
             baseline = baselines.get(t.item.id)
             hit = trajectory_hit(t)
-            reward = combine(self.kind, a, baseline, hit)
-            fmt = format_score(t.valid_actions, t.invalid_actions)
-            out.append(RewardBreakdown(reward=reward, format_score=fmt, total=reward + self.format_lambda * fmt,
-                                       genacc=a.genacc, em=a.em, f1=a.f1, answer=a.answer,
-                                       baseline_genacc=baseline.genacc if baseline is not None else None,
-                                       hit=hit))
+            out.append(self._breakdown(t, combine(self.kind, a, baseline, hit), genacc=a.genacc, em=a.em,
+                                       f1=a.f1, answer=a.answer, hit=hit,
+                                       baseline_genacc=baseline.genacc if baseline is not None else None))
         return out

@@ -1,27 +1,19 @@
 """Token samplers for `trainer.episode.run_episode`: the policy being trained, continuing exact id sequences.
 
-Concurrent `sample` calls (the episodes of a batch run together) are gathered into one batch per
-sampling setting and run in a worker thread, so the event loop keeps serving the episodes' retrievals.
-
-- `HFSampler`: a KV-cached sampling loop over a Hugging Face causal LM (CPU, or a GPU without vLLM).
-  Identical prompts in a batch (the rollouts of one GRPO group) are read once and the cache is shared;
-  every row stops at the end-of-turn token, at a stop string, or at its token budget.
-- `VLLMSampler`: TRL's own vLLM (colocate: `trainer.vllm_generation.llm`; server: its `vllm_client`),
-  prompts given as token ids, the stop string kept in the output ids.
+Concurrent `sample` calls are batched per sampling setting and run in a worker thread, so the event loop
+keeps serving the episodes' retrievals. `HFSampler`: a KV-cached loop over a Hugging Face causal LM that
+reads identical prompts (a GRPO group) once. `VLLMSampler`: TRL's own vLLM (colocate or server).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.searcher.env import PolicyCall
 from trainer.episode import Sampled
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,10 +26,6 @@ class _Pending:
 class _Group:
     call: PolicyCall
     items: list[_Pending] = field(default_factory=list)
-
-
-def _group_key(call: PolicyCall) -> tuple[Any, ...]:
-    return (call.temperature, call.max_tokens, tuple(call.stop))
 
 
 class BatchingSampler:
@@ -53,7 +41,8 @@ class BatchingSampler:
     async def sample(self, ids: list[int], call: PolicyCall) -> Sampled:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Sampled] = loop.create_future()
-        self._queue.setdefault(_group_key(call), _Group(call)).items.append(_Pending(list(ids), future))
+        key = (call.temperature, call.max_tokens, tuple(call.stop))
+        self._queue.setdefault(key, _Group(call)).items.append(_Pending(list(ids), future))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._drain())
         return await future
@@ -88,12 +77,7 @@ class BatchingSampler:
 
 def _stop_at(text: str, stop: tuple[str, ...]) -> int:
     """Index just past the first stop string in `text`, or -1."""
-    best = -1
-    for s in stop:
-        at = text.find(s)
-        if at >= 0 and (best < 0 or at + len(s) < best):
-            best = at + len(s)
-    return best
+    return min((at + len(s) for s in stop if (at := text.find(s)) >= 0), default=-1)
 
 
 class HFSampler(BatchingSampler):
@@ -186,11 +170,8 @@ class HFSampler(BatchingSampler):
                             past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
-        results = []
-        for row in range(n):
-            text = self.tokenizer.decode(new[row], skip_special_tokens=True)
-            results.append(Sampled(ids=new[row], text=text, stopped=stopped[row], logprobs=logps[row]))
-        return results
+        return [Sampled(ids=new[row], text=self.tokenizer.decode(new[row], skip_special_tokens=True),
+                        stopped=stopped[row], logprobs=logps[row]) for row in range(n)]
 
 
 def _top_p(probs: Any, top_p: float) -> Any:
@@ -217,15 +198,11 @@ class VLLMSampler(BatchingSampler):
         self.client = client
         self.eos_id: int | None = tokenizer.eos_token_id
 
-    def sampling_kwargs(self, call: PolicyCall) -> dict[str, Any]:
+    def sample_batch(self, rows: list[list[int]], call: PolicyCall) -> list[Sampled]:
         kwargs: dict[str, Any] = {"n": 1, "temperature": call.temperature, "max_tokens": call.max_tokens,
                                   "stop": list(call.stop), "include_stop_str_in_output": True, "logprobs": 0}
         if call.grammar is not None:
             kwargs["structured_outputs"] = {"grammar": call.grammar}
-        return kwargs
-
-    def sample_batch(self, rows: list[list[int]], call: PolicyCall) -> list[Sampled]:
-        kwargs = self.sampling_kwargs(call)
         if self.llm is not None:
             from vllm import SamplingParams  # GPU images only
             from vllm.sampling_params import StructuredOutputsParams
@@ -241,28 +218,19 @@ class VLLMSampler(BatchingSampler):
                 logps = None
                 if first.logprobs is not None:
                     logps = [float(step[t].logprob) for step, t in zip(first.logprobs, ids, strict=True)]
-                results.append(self._result(ids, logps, first.finish_reason, call.stop))
+                results.append(engine_output(self.tokenizer, ids, logps, stop=call.stop,
+                                             finish_reason=first.finish_reason))
             return results
-        n = kwargs.pop("n")
-        structured = kwargs.pop("structured_outputs", None)
-        generation_kwargs = {"stop": kwargs.pop("stop"), "include_stop_str_in_output": kwargs.pop(
-            "include_stop_str_in_output")}
-        if structured is not None:
-            generation_kwargs["structured_outputs"] = structured
-        out = self.client.generate(prompts=rows, n=n, temperature=kwargs["temperature"],
-                                   max_tokens=kwargs["max_tokens"], logprobs=kwargs["logprobs"],
-                                   generation_kwargs=generation_kwargs)
+        engine_keys = ("stop", "include_stop_str_in_output", "structured_outputs")
+        generation_kwargs = {k: kwargs.pop(k) for k in engine_keys if k in kwargs}
+        out = self.client.generate(prompts=rows, **kwargs, generation_kwargs=generation_kwargs)
         results = []
         for i, ids in enumerate(out["completion_ids"]):
             logps = None
             if out.get("logprobs") is not None:
                 logps = [float(step[0]) if isinstance(step, list) else float(step) for step in out["logprobs"][i]]
-            results.append(self._result([int(t) for t in ids], logps, None, call.stop))
+            results.append(engine_output(self.tokenizer, [int(t) for t in ids], logps, stop=call.stop))
         return results
-
-    def _result(self, ids: list[int], logps: list[float] | None, finish_reason: str | None,
-                stop: list[str]) -> Sampled:
-        return engine_output(self.tokenizer, ids, logps, stop=stop, finish_reason=finish_reason)
 
 
 def engine_output(tokenizer: Any, ids: list[int], logprobs: list[float] | None, *, stop: list[str],

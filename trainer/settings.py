@@ -15,18 +15,11 @@ from trainer.data import default_data_dir
 
 RewardKind = Literal["gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
 RewardSetting = Literal["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
-"""gbr: GenAcc(searched) - GenAcc(naive RAG) (s3); genacc / em: of the frozen generator's answer;
-qagent: EM + 0.5 x hit(gold in trajectory) (QAgent stage 2); gbr_genacc: GBR + GenAcc (s3's
-`use_utility_score and use_generation_score`); recall: gain beyond RAG without an LLM, the GenAcc span
-check on the searcher's documents minus the same check on naive top-n at the same number of documents."""
+"""The kinds are described in `trainer.rewards`; `auto` is resolved by `TrainerSettings.reward_kind`."""
 
 
 def _client(url: str, timeout_s: float) -> ClientSettings:
     return ClientSettings.model_validate({"url": url, "timeout_s": timeout_s})
-
-
-def _repo_var() -> Path:
-    return Path(__file__).resolve().parent.parent / "var"
 
 
 class TrainerSettings(BaseSettings):
@@ -40,7 +33,7 @@ class TrainerSettings(BaseSettings):
     redis_url: str | None = Field(None, description="baselines are mirrored here as well as in the JSONL file")
 
     data_dir: Path = Field(default_factory=default_data_dir)
-    var_dir: Path = Field(default_factory=_repo_var)
+    var_dir: Path = Field(default_factory=lambda: Path(__file__).resolve().parent.parent / "var")
 
     method: Method | None = Field(None, description="retrieval method; None = the retriever's default")
     baseline_k: int = Field(3, ge=1, le=64, description="naive-RAG top-k of the GBR baseline (s3: 3)")

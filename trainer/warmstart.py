@@ -1,22 +1,17 @@
 """Supervised warm start before RL: behaviour cloning of an answer-aware demonstrator, through the same
 search environment and token path as RL (`trainer.episode.drive`).
 
-A 135M instruct model neither follows the s3 action format nor knows what a useful selection looks like,
-so GRPO from it sees almost no reward variance (every rollout of a question fails alike). The warm start
-shows it, on training questions only, what good actions look like, in the environment's own transcripts:
-
-- select: the documents of the current block whose text contains a gold answer (GenAcc's span check),
-  in rank order, at most `select_k`; none found in the first block -> its top document (the naive
-  choice, so a search never returns nothing); none in a later block -> `[]`;
+A 135M instruct model neither follows the s3 action format nor knows a useful selection, so GRPO from it
+sees almost no reward variance. The demonstrator (training questions only):
+- select: the current block's documents that contain a gold answer (GenAcc's span check), in rank order,
+  at most `select_k`; none in the first block -> its top document (a search never returns nothing),
+  none in a later one -> `[]`;
 - stop once a selected document holds the answer, or when no further search would find it;
-- search: among strings the policy can see (titles and capitalised phrases of the documents shown so
-  far, phrases of the question), the query whose results rank an answer document highest: a hindsight
-  choice, but one the policy can learn to copy from its context.
+- search: among strings the policy can see (document titles and capitalised phrases so far, phrases of
+  the question), the one whose results rank an answer document highest: hindsight, but copyable.
 
-Every demonstrated episode is kept with its ids and mask exactly as RL would see them (the demonstrator's
-text is the "sampled" output); the loss is the policy's negative log-likelihood of the mask-1 tokens.
-Training is resumable (`--keep`): a checkpoint every `save_steps` optimizer steps holds the adapter, the
-optimizer state and the data position.
+The loss is the negative log-likelihood of the mask-1 tokens of the episodes, kept exactly as RL sees
+them. Resumable: a checkpoint every `save_steps` steps holds the adapter, optimizer state and data position.
 """
 
 from __future__ import annotations
@@ -28,18 +23,20 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, count, islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from services.common.answers import span_match
 from services.common.schemas.searcher import SearchParams
 from services.searcher import parsing
 from services.searcher.env import InfoBlock, PolicyCall, RetrieverBackend, SearchEnv
 from services.searcher.prompts import PromptSet
-from trainer.data import QAItem
+from trainer.data import QAItem, append_durable, read_jsonl
 from trainer.episode import ChatTokens, Episode, Sampled, drive
+from trainer.grpo import TORCH_DTYPES, RunConfig, resolve_device, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +69,10 @@ def candidate_queries(question: str, blocks: Sequence[InfoBlock], seen: set[str]
             keys.add(key)
             out.append(text)
 
-    for block in blocks:
-        for doc in block.documents:
-            add(doc.title)
-    for block in blocks:
-        for doc in block.documents:
-            for match in _PHRASE.finditer(doc.text):
-                add(match.group(0))
-    for match in _PHRASE.finditer(question):
-        add(match.group(0))
+    docs = [doc for block in blocks for doc in block.documents]
+    for text in [doc.title for doc in docs] + [m.group(0) for source in [*(d.text for d in docs), question]
+                                               for m in _PHRASE.finditer(source)]:
+        add(text)
     return out[:MAX_CANDIDATES]
 
 
@@ -109,13 +101,11 @@ class Demonstrator:
             return None
         results = await self.retriever.retrieve(candidates, env.params.retrieve_k, env.params.method)
         seen_text = {" ".join(d.text.split()) for b in env.blocks for d in b.documents}
-        best: tuple[int, int] | None = None
-        for index, hits in enumerate(results):
-            for rank, doc in enumerate(hits):
-                if " ".join(doc.text.split()) not in seen_text and span_match(doc.text, self.item.golden_answers):
-                    if best is None or (rank, index) < best:
-                        best = (rank, index)
-                    break
+        answers = self.item.golden_answers
+        # (rank of a new document holding an answer, query): the best-ranked, then the first query
+        best = min(((rank, index) for index, hits in enumerate(results) for rank, doc in enumerate(hits)
+                    if " ".join(doc.text.split()) not in seen_text and span_match(doc.text, answers)),
+                   default=None)
         return candidates[best[1]] if best is not None else None
 
     async def sample(self, ids: list[int], call: PolicyCall) -> Sampled:
@@ -156,14 +146,7 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
     from services.searcher.retrieval import ServiceRetriever
     from trainer.model import load_tokenizer
 
-    done: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: demonstrated again
-            done[row["id"]] = row
+    done: dict[str, dict[str, Any]] = {row["id"]: row for row in read_jsonl(path, json.loads)[0]}
     todo = [it for it in items if it.id not in done]
     chat = ChatTokens(load_tokenizer(model_path))
     prompts = PromptSet.load(prompts_dir)
@@ -175,21 +158,19 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
         bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="demonstrations", disable=not progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with path.open("a") as sink:
-                async def one(item: QAItem) -> None:
-                    async with sem:
-                        episode = await demonstrate(item, params, retriever=retriever, chat=chat, prompts=prompts)
-                    docs = episode.outcome.documents
-                    row = {"id": item.id, "dataset": item.dataset, "prompt_ids": episode.prompt_ids,
-                           "completion_ids": episode.completion_ids, "env_mask": episode.env_mask,
-                           "queries": episode.outcome.queries, "documents": len(docs),
-                           "hit": any(span_match(d.text, item.golden_answers) for d in docs)}
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-                    done[item.id] = row
-                    bar.update(1)
+            async def one(item: QAItem) -> None:
+                async with sem:
+                    episode = await demonstrate(item, params, retriever=retriever, chat=chat, prompts=prompts)
+                docs = episode.outcome.documents
+                row = {"id": item.id, "dataset": item.dataset, "prompt_ids": episode.prompt_ids,
+                       "completion_ids": episode.completion_ids, "env_mask": episode.env_mask,
+                       "queries": episode.outcome.queries, "documents": len(docs),
+                       "hit": any(span_match(d.text, item.golden_answers) for d in docs)}
+                append_durable(path, json.dumps(row) + "\n")
+                done[item.id] = row
+                bar.update(1)
 
-                await asyncio.gather(*(one(item) for item in todo))
+            await asyncio.gather(*(one(item) for item in todo))
         finally:
             bar.close()
             await client.aclose()
@@ -207,19 +188,14 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
     return examples, stats
 
 
-class WarmStartConfig(BaseModel):
-    output_dir: Path
-    model_path: Path
+class WarmStartConfig(RunConfig):
+    """`precision` auto: bf16 autocast on GPUs (fp16 with loss scaling where bf16 is missing), fp32 on the
+    CPU; the trained weights stay fp32 either way."""
+
     epochs: float = Field(1.0, gt=0)
     learning_rate: float = Field(2e-4, gt=0)
     batch_tokens: int = Field(4096, ge=256, description="tokens per optimizer step (examples packed by length)")
     save_steps: int = Field(20, ge=1)
-    seed: int = 0
-    threads: int | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """auto: bf16 autocast on GPUs (fp16 with loss scaling where bf16 is missing), fp32 on the CPU; the
-    trained weights stay fp32 either way"""
 
 
 @dataclass
@@ -281,10 +257,9 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
     `<output_dir>/adapter` (the latest weights), checkpoints under `<output_dir>/checkpoint` every
     `save_steps` steps, and `loss.jsonl` (one line per step); a rerun resumes from the checkpoint."""
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
     from tqdm import tqdm
 
-    from trainer.grpo import TORCH_DTYPES, resolve_device, resolve_precision
     from trainer.model import load_policy
 
     torch.manual_seed(config.seed)
@@ -302,22 +277,16 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
         model = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
         logger.info("resuming the warm start at step %s", state["step"])
     else:
-        n_layers = int(model.config.num_hidden_layers)
-        layers = None if lora.top_layers is None else list(range(max(0, n_layers - lora.top_layers), n_layers))
-        model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.modules),
-                                                 lora_dropout=0.0, layers_to_transform=layers, task_type="CAUSAL_LM"))
+        model = lora.wrap(model)
         (out / LOSS_LOG).unlink(missing_ok=True)
     model.to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     if resume and (checkpoint / "optimizer.pt").is_file():
         optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=device))
-    plan: list[list[int]] = []
     total = max(1, round(len(batches(examples, config.batch_tokens, config.seed, 0)) * config.epochs))
-    epoch = 0
-    while len(plan) < total:  # whole epochs, each shuffled anew, cut at `epochs`
-        plan += batches(examples, config.batch_tokens, config.seed, epoch)
-        epoch += 1
-    plan = plan[:total]
+    # whole epochs, each shuffled anew, cut at `epochs`
+    plan = list(islice(chain.from_iterable(batches(examples, config.batch_tokens, config.seed, epoch)
+                                           for epoch in count()), total))
     pad_id = int(tokenizer.pad_token_id)
     model.train()
     bar = tqdm(total=len(plan), initial=state["step"], desc="warm start", disable=not progress)
@@ -332,8 +301,8 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
             scaler.update()
             value = float(loss.detach())
             state["step"] = step + 1
-            with (out / LOSS_LOG).open("a") as fh:
-                fh.write(json.dumps({"step": step + 1, "loss": value, "examples": len(plan[step])}) + "\n")
+            line = {"step": step + 1, "loss": value, "examples": len(plan[step])}
+            append_durable(out / LOSS_LOG, json.dumps(line) + "\n")
             bar.update(1)
             bar.set_postfix(loss=f"{value:.3f}")
             if state["step"] % config.save_steps == 0 or state["step"] == len(plan):

@@ -1,25 +1,12 @@
 """veRL's multi-turn rollout = the search environment the searcher service runs.
 
-`PlugsearchAgentLoop` is a veRL agent loop (`verl.experimental.agent_loop.AgentLoopBase`, veRL 0.9.1) that
-runs `trainer.episode.run_episode`: the same `SearchEnv` as `POST /search` and the TRL rollouts, with the
-same prompts (s3's `<query>` / `<important_info>` / `<search_complete>` tags, QAgent's `<search>`; no
-tool-call format), sampled through veRL's rollout servers by `ServerSampler`. The ids veRL trains on are
-the ids the server sampled (mask 1) and the environment's turns appended as ids (mask 0: information
-blocks, re-prompts, role headers), so retrieved text carries no loss and no KL.
-
-The reward never reads the transcript: the episode's `SearchOutcome` (its documents computed from the
-environment's state, exactly what the service would return) travels in the output's `extra_fields`
-under `plugsearch`; veRL's reward loop hands those fields to `trainer.verl.reward.compute_score` in
-`extra_info`, which scores them with `trainer.rewards.RewardComputer`.
-
-Registered as `plugsearch_s3` / `plugsearch_qagent` by `agent_loop.yaml`
-(`actor_rollout_ref.rollout.agent.agent_loop_config_path`, read by every agent-loop worker); a parquet row
-picks one with its `agent_name` (`python -m trainer.verl.data`). The question comes from
-`extra_info.question`: the first observation is rebuilt by `SearchEnv.reset()` (it holds the naive top-k
-retrieved at rollout time), the row's `prompt` only mirrors it for veRL's length filter and logs.
-
-Importable without veRL (tests and the CPU trainer): veRL's classes are used when installed, otherwise
-stand-ins with the same fields.
+`PlugsearchAgentLoop` (a veRL 0.9.1 agent loop, registered as `plugsearch_s3` / `plugsearch_qagent` by
+`agent_loop.yaml`) runs `trainer.episode.run_episode`, the same `SearchEnv` and prompts as `POST /search`,
+sampled through veRL's rollout servers by `ServerSampler`: sampled ids mask 1, the environment's turns
+mask 0, so retrieved text carries no loss and no KL. The reward never reads the transcript: the episode's
+`SearchOutcome` travels in `extra_fields[OUTCOME_FIELD]` to `trainer.verl.reward.compute_score`. The
+question comes from `extra_info.question`; the first observation is rebuilt by `SearchEnv.reset()`.
+Importable without veRL (tests, the CPU trainer): stand-ins with the same fields then.
 """
 
 from __future__ import annotations
@@ -34,7 +21,7 @@ from pydantic import BaseModel
 
 from services.common.clients import RetrieverClient
 from services.common.schemas.searcher import SearchParams
-from services.searcher.env import PolicyCall, RetrieverBackend, SearchOutcome
+from services.searcher.env import PolicyCall, RetrieverBackend
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from trainer.episode import ChatTokens, Episode, Sampled, run_episode
@@ -54,18 +41,14 @@ try:  # pragma: no cover - exercised where veRL is installed (the trainer-verl i
         AgentLoopOutput,
         register,
     )
-except ImportError:
+except ImportError:  # stand-ins: the fields and __init__ of veRL 0.9.1's classes that this loop uses
     class AgentLoopMetrics(BaseModel):  # type: ignore[no-redef]
-        """Same fields as `verl.experimental.agent_loop.agent_loop.AgentLoopMetrics` (0.9.1)."""
-
         generate_sequences: float = 0.0
         tool_calls: float = 0.0
         compute_score: float = 0.0
         num_preempted: int = -1
 
     class AgentLoopOutput(BaseModel):  # type: ignore[no-redef]
-        """The fields of `verl.experimental.agent_loop.agent_loop.AgentLoopOutput` (0.9.1) this loop sets."""
-
         prompt_ids: list[int]
         response_ids: list[int]
         response_mask: list[int]
@@ -76,8 +59,6 @@ except ImportError:
         extra_fields: dict[str, Any] = {}
 
     class AgentLoopBase:  # type: ignore[no-redef]
-        """The part of veRL's `AgentLoopBase.__init__` this loop relies on."""
-
         def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, *args: Any,
                      **kwargs: Any) -> None:
             self.config = trainer_config.config
@@ -94,14 +75,10 @@ class RolloutAborted(RuntimeError):
 
 
 class ServerSampler:
-    """`TokenSampler` over veRL's LLM server manager: `await server_manager.generate(request_id=...,
-    prompt_ids=..., sampling_params=...)` returns a `TokenOutput` (`token_ids`, `log_probs`, `stop_reason`).
-
-    veRL's sampling settings (temperature, top_p, top_k, logprobs; greedy for validation) are kept; the
-    environment's call adds its stop strings and token budget. The budget is cut to what is left of
-    `max_model_len`; with no room left the sampler returns an empty output, which the environment counts as
-    an invalid action, so an over-long episode ends with the documents it has instead of failing the step.
-    """
+    """`TokenSampler` over veRL's LLM server manager. veRL's sampling settings are kept; the environment's
+    call adds its stop strings and token budget, cut to what is left of `max_model_len`. With no room left
+    the output is empty, which the environment counts as an invalid action, so an over-long episode ends
+    with the documents it has instead of failing the step."""
 
     def __init__(self, server_manager: Any, tokenizer: Any, sampling_params: Mapping[str, Any], *,
                  request_id: str | None = None, max_model_len: int | None = None, engine: str = "vllm") -> None:
@@ -153,11 +130,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def outcome_fields(outcome: SearchOutcome) -> dict[str, Any]:
-    """The outcome as it travels to the reward (plain JSON types; the transcript stays behind)."""
-    return outcome.model_dump(mode="json", exclude={"messages"})
-
-
 def episode_output(episode: Episode, *, prompt_length: int, logprobs: bool) -> AgentLoopOutput:
     """veRL's output for one episode: prompt, response (policy ids mask 1, environment ids mask 0), the
     sampling logprobs when veRL asked for them, and the outcome for the reward."""
@@ -173,7 +145,9 @@ def episode_output(episode: Episode, *, prompt_length: int, logprobs: bool) -> A
         response_mask=list(episode.env_mask),
         response_logprobs=list(episode.logprobs) if logprobs and episode.logprobs is not None else None,
         num_turns=len(outcome.messages), metrics=metrics,
-        extra_fields={OUTCOME_FIELD: outcome_fields(outcome), "turn_scores": [], "tool_rewards": []})
+        # the outcome travels to the reward as plain JSON types; the transcript stays behind
+        extra_fields={OUTCOME_FIELD: outcome.model_dump(mode="json", exclude={"messages"}), "turn_scores": [],
+                      "tool_rewards": []})
 
 
 def service_retriever() -> RetrieverBackend:
@@ -202,8 +176,7 @@ class PlugsearchAgentLoop(AgentLoopBase):  # type: ignore[misc]
         rollout = self.rollout_config
         self.prompt_length = int(rollout.prompt_length)
         self.response_length = int(rollout.response_length)
-        max_model_len = rollout.get("max_model_len")
-        self.max_model_len = int(max_model_len) if max_model_len else self.prompt_length + self.response_length
+        self.max_model_len = int(rollout.get("max_model_len") or self.prompt_length + self.response_length)
         self.engine = str(rollout.get("name") or "vllm")
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:

@@ -2,20 +2,10 @@
 
     python -m trainer.verl.check_config [--layout 1x1 --layout 1x8 --layout 2x8] [OVERRIDE ...]
 
-Run it where veRL is installed (the trainer-verl image, or a virtualenv: see trainer/README.md). For each
-layout NODESxGPUS it composes the config with Hydra as `verl.trainer.main_ppo` does (plus the overrides),
-then runs what veRL runs before it starts workers:
-
-- `verl.utils.config.validate_config` with `need_reference_policy` / `need_critic` (main_ppo's own call):
-  train batch x n divisible by the GPU count, actor mini/micro batch rules, log-prob micro batch sizes;
-- the config dataclasses veRL builds from it (`omega_conf_to_dataclass`: rollout, actor, reward, algorithm),
-  whose `__post_init__`s refuse impossible settings;
-- `batch_problems`: the divisibility the workers assert at run time (quoted below), which validate_config
-  does not check;
-- that the agent loop registry (`agent_loop_config_path`) names `default_agent_loop` and that veRL's loader
-  finds the reward function.
-
-Exit status 0 when every layout passes; one log line per layout either way.
+Run it where veRL is installed (see trainer/README.md). Per NODESxGPUS layout it composes the config as
+`verl.trainer.main_ppo` does and runs what veRL runs before it starts workers: `validate_config`, the config
+dataclasses' `__post_init__` checks, `batch_problems` (what the workers assert at run time), the agent loop
+registry and the reward function loader. Exit status 0 when every layout passes.
 """
 
 from __future__ import annotations
@@ -23,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import operator
 import sys
 from collections.abc import Mapping, Sequence
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -40,28 +32,16 @@ LAYOUTS = ("1x1", "1x8", "2x8")
 
 
 def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for key in dotted.split("."):
-        value = value[key]
-    return value
+    return reduce(operator.getitem, dotted.split("."), config)
 
 
 def batch_problems(config: Mapping[str, Any], *, nnodes: int, gpus_per_node: int) -> list[str]:
-    """The batch divisibility veRL 0.9.1's FSDP workers assert at run time (empty when it all holds).
-
-    Mirrors, for the FSDP engine without dynamic batch sizes:
-    - `workers/engine_workers.py` (init_model): world size % (rollout TP x DP x PP) == 0;
-    - `workers/rollout/replica.py`: a rollout replica's GPUs fit the node (its world size % min(GPUs per node,
-      world size) == 0);
-    - `utils/config.py` validate_config: train_batch_size x n % GPUs == 0 (FSDP: minimal batch = GPUs);
-    - `trainer/ppo/v1/trainer_base.py` (_update_actor) + `workers/engine_workers.py` (train_mini_batch): the
-      global mini-batch ppo_mini_batch_size x n % data-parallel size == 0;
-    - `workers/engine/utils.py` (prepare_micro_batches): a GPU's mini-batch % ppo_micro_batch_size_per_gpu == 0,
-      and a GPU's share of the step % log_prob_micro_batch_size_per_gpu == 0 (rollout and ref log-probs);
-    - `trainer/ppo/v1/trainer_base.py` (_get_required_batch_multiple): a step that is not a multiple of the
-      global mini-batch is padded with synthetic samples; counted as a problem here (wasted GPU work).
-    `config` is the composed config or this repository's `s3_grpo.yaml` alone (it sets every key read here).
-    """
+    """The batch divisibility veRL 0.9.1's FSDP workers (no dynamic batch sizes) assert at run time, each
+    problem as a sentence (empty when it all holds). Where veRL checks them: `workers/engine_workers.py`
+    (init_model, train_mini_batch), `workers/rollout/replica.py` (a replica fits a node), `utils/config.py`
+    (validate_config), `trainer/ppo/v1/trainer_base.py` (_update_actor; _get_required_batch_multiple pads a
+    step that is not whole mini-batches with synthetic samples: wasted GPU work, so a problem here) and
+    `workers/engine/utils.py` (prepare_micro_batches). `config`: the composed config or `s3_grpo.yaml` alone."""
     gpus = nnodes * gpus_per_node
     problems: list[str] = []
     actor = _get(config, "actor_rollout_ref.actor")

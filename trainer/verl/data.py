@@ -3,19 +3,11 @@
     python -m trainer.verl.data --out var/verl/data [--data-dir DIR] [--datasets nq hotpotqa]
         [--per-dataset N] [--val-per-dataset 100] [--agent plugsearch_s3] [--s3-filter]
 
-One row per question (veRL's RLHFDataset format): `data_source` (the set), `prompt` (chat messages),
-`ability`, `reward_model` (`style: rule`, `ground_truth`: the gold answers), `extra_info` (`index`, `id`,
-`question`, `split`, `prompt_version`) and `agent_name` (the agent loop of `agent_loop.yaml`).
-
-Splits are the trainer's (`trainer.data`): train = each set's questions after its first `--eval-holdout`
-(100), never the evaluation questions; val = the first `--val-per-dataset` of each set's held-out
-questions (a subset of what `plugsearch-train eval` reports on). `--s3-filter` keeps s3's training
-questions only (naive-RAG GenAcc 0, no yes/no; baselines from `plugsearch-train baseline`).
-
-`prompt` is the environment's own first observation (`SearchEnv.reset()` with the packaged or given
-prompt set) without documents: the rollout rebuilds it with the naive top-k it retrieves then, so this
-copy serves veRL's length filter and logs; `prompt_version` lets the agent loop refuse rows built with
-other prompts.
+One row per question in veRL's RLHFDataset format. Splits are the trainer's (`trainer.data`): train never
+holds an evaluation question; val = the first `--val-per-dataset` held-out questions of each set.
+`prompt` is the environment's first observation without documents (the rollout rebuilds it with the
+naive top-k it retrieves then), for veRL's length filter and logs; `prompt_version` lets the agent loop
+refuse rows built with other prompts.
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ from trainer.settings import TrainerSettings
 from trainer.verl import CONFIG_DIR
 
 logger = logging.getLogger(__name__)
-
 
 
 def agent_search_params() -> dict[str, SearchParams]:
@@ -131,9 +122,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     settings = TrainerSettings()
     baselines = None
     if args.s3_filter:
-        store = BaselineStore(settings.var_dir / "baselines",
-                              BaselineConfig(k=settings.baseline_k, method=settings.method))
-        baselines = store.genacc_by_id()
+        config = BaselineConfig(k=settings.baseline_k, method=settings.method)
+        baselines = BaselineStore(settings.var_dir / "baselines", config).genacc_by_id()
     summary = build(args.data_dir or settings.data_dir, args.out, datasets=args.datasets,
                     per_dataset=args.per_dataset, val_per_dataset=args.val_per_dataset,
                     eval_holdout=args.eval_holdout, agent=args.agent, prompts=PromptSet.load(args.prompts_dir),

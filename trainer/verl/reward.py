@@ -1,14 +1,10 @@
 """veRL reward: GBR (or another `TRAINER_REWARD` kind) of a searcher episode through the plugsearch services.
 
-veRL config (0.9.1): `reward.custom_reward_function.path=pkg://trainer.verl.reward`,
-`name=compute_score`, with the default `naive` reward manager of veRL's reward loop, which calls it once
-per trajectory with the agent loop's `extra_fields` merged into `extra_info`.
-
-The documents scored are the ones `trainer.verl.agent_loop` put there: the episode's `SearchOutcome`,
-whose documents the search environment computed from its state (the same as `POST /search` returns).
-Nothing is parsed back out of `solution_str`; a trajectory without the outcome (another agent loop) is an
-error, never a silent fallback. Concurrent calls of one worker are scored together (one batch through the
-generator and judge, baselines from the trainer's store), with clients kept per worker.
+veRL config (0.9.1): `reward.custom_reward_function.path=pkg://trainer.verl.reward`, `name=compute_score`,
+with the default `naive` reward manager, which calls it once per trajectory with the agent loop's
+`extra_fields` merged into `extra_info`. The documents scored are the episode's `SearchOutcome`'s, never
+parsed back out of `solution_str`; a trajectory without it is an error. Concurrent calls of one worker are
+scored as one batch, with clients kept per worker.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Per-process state of veRL's workers: clients built once per event loop, not once per trajectory.
 
-veRL builds a new agent loop object for every trajectory and calls the reward function once per
-trajectory, each in a long-lived Ray actor with its own event loop. HTTP clients (the retriever for the
-rollout, the generator and judge for the reward) are therefore kept per running event loop and reused by
-every trajectory that loop serves; they live as long as the worker process.
+veRL builds an agent loop object and calls the reward function once per trajectory, in long-lived Ray
+actors with their own event loops; HTTP clients are kept per running loop for the worker's lifetime.
 """
 
 from __future__ import annotations
