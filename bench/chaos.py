@@ -1,24 +1,19 @@
 """Faults in the middle of a heavy load: does every request still get an answer, and how fast does
 throughput come back?
 
-The real local stack as separate processes (`bench.load.LocalStack`: redis-server with its password, the
-BM25 retriever over ../shared/data/corpus/combined.jsonl with two workers, the searcher with its Redis
-cache, and the policy a fake OpenAI-compatible LLM answering s3 actions after `--llm-latency-ms`, as in
-`bench/load.py`). `--clients` (50) closed-loop clients send distinct NQ questions for `--seconds` (60);
-beside them one hostile client alternates a 3,000-character question (over the retriever's 2,048: the
-searcher cuts it, and the searches merged with it must not fail) and a 5,000-character one (422). During
-the window, one after another:
+The local stack of `bench/load.py` (`bench.load.LocalStack`; here the retriever runs two workers and the
+searcher its Redis cache). `--clients` (50) closed-loop clients send distinct NQ questions for `--seconds`
+(60); beside them one hostile client alternates a 3,000-character question (over the retriever's 2,048: the
+searcher cuts it, and the searches merged with it must not fail) and a 5,000-character one (422). One after
+another in the window: `retriever_worker` (SIGKILL of one of the retriever's two workers; its supervisor
+starts another), then `policy_llm` and `redis` (SIGKILL, restarted `--down-s` (3) seconds later).
 
-- `retriever_worker`: SIGKILL of one of the retriever's two worker processes (its supervisor starts another);
-- `policy_llm`: SIGKILL of the policy LLM, restarted `--down-s` (3) seconds later;
-- `redis`: SIGKILL of Redis, restarted `--down-s` seconds later.
-
-Every request must end in 200 (whole or `degraded`), a 4xx, or 429/503 with Retry-After (clients honour it):
-`errors` counts the answers other than a whole 200 between a fault and the next one, `lost` the requests
-that got no HTTP answer (reset, refused), `hung` those with no answer within the client timeout (above the
-searcher's own deadline), `no_retry_after` 429/503 answers without Retry-After. `recovery_s`: seconds from
-the fault until whole 200 answers per second, averaged over two seconds, are back at 90% of the 5 seconds
-before it (null: not within the window).
+Every request must end in 200 (whole or `degraded`), a 4xx, or 429/503 with Retry-After (clients honour it).
+Per fault, over the answers until the next one: `errors` (anything but a whole 200), `lost` (no HTTP answer:
+reset, refused), `hung` (no answer within the client timeout, above the searcher's own deadline);
+`recovery_s`: seconds from the fault until whole 200s per second, averaged over two seconds, are back at 90%
+of the 5 seconds before it (null: not within the window). `no_retry_after`: 429/503 answers without
+Retry-After.
 
     python bench/chaos.py [--quick] [--clients 50] [--seconds 60]
 

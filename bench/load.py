@@ -1,23 +1,19 @@
 """Load on the local stack: N concurrent clients on `POST /search` for S seconds, then 4N to show overload.
 
-Real processes on free localhost ports, started the way `plugsearch-stack` starts them (the same
-`services.stack.build_specs` env: internal token between searcher and retriever, Redis caches):
-redis-server, the retriever (`python -m services.retriever`, BM25 over the shared combined corpus, index
-cached under var/indexes/ by content), the searcher (`python -m services.searcher`, its result cache off
-so every request runs the loop) and, as the policy, the fake OpenAI-compatible LLM
-(`tests.support.fake_llm`) answering with the scripted s3 policy after `--llm-latency-ms` (50 ms): each
-search = 4 policy calls + 4 retrievals. Generator and judge are not on the /search path.
+Real processes on free localhost ports, started as `plugsearch-stack` starts them
+(`services.stack.build_specs`): redis-server, the retriever (BM25 over the shared combined corpus, index
+cached under var/indexes/), the searcher (its result cache off, so every request runs the loop) and, as the
+policy, the fake OpenAI-compatible LLM answering with the scripted s3 policy after `--llm-latency-ms` (50 ms):
+each search = 4 policy calls + 4 retrievals.
 
-Phase 1 (baseline): `--clients` (50) closed-loop clients, each sends the next NQ question as soon as
-its previous answer arrives. Every non-200 answer or client-side failure is an error.
-Phase 2 (overload): 4x the clients against the same searcher, which admits against its adaptive
-concurrency limit (`services.common.admission`: it follows latency) under the ceiling
-`SEARCHER_MAX_IN_FLIGHT` (`--max-in-flight`, default the service's 256; `--fixed` turns the adaptive limit
-off, so the ceiling alone decides, as before issue 21). Clients honour Retry-After after a 429. `lost` =
-requests that got no HTTP answer at all (timeouts, resets) within `--timeout`.
-`overload.p99_ratio` = p99 of the admitted (200) searches under overload over the p99 of the baseline in the
-same run (`unloaded_p99_ms`); `overload.rps_ratio` the same for searches/s. `admission_limit` = the searcher's
-limit (`searcher_admission_limit`) after each phase.
+Phase 1 (baseline): `--clients` (50) closed-loop clients sending NQ questions; every non-200 answer or
+client-side failure is an error. Phase 2 (overload): 4x the clients against the searcher's adaptive
+concurrency limit (`services.common.admission`, it follows latency) under the ceiling `SEARCHER_MAX_IN_FLIGHT`
+(`--max-in-flight`, default the service's 256; `--fixed`: no adaptive limit, the ceiling alone decides).
+Clients honour Retry-After after a 429. `lost` = requests with no HTTP answer (timeouts, resets) within
+`--timeout`. `overload.p99_ratio` = p99 of the admitted (200) searches under overload over the baseline's p99
+in the same run (`unloaded_p99_ms`); `overload.rps_ratio` the same for searches/s; `admission_limit` = the
+searcher's `searcher_admission_limit` after each phase.
 
     python bench/load.py [--quick] [--clients 50] [--seconds 60] [--fixed] [--max-in-flight N]
 

@@ -22,15 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from retriever_common import CORPUS, DATASETS, INDEX_DIR, dense_available, ensure_indexes, load_questions  # noqa: E402
+from bench.common import CORPUS, load_questions, log  # noqa: E402
+from bench.retriever_common import DATASETS, INDEX_DIR, dense_available, ensure_indexes  # noqa: E402
 
 KS = (1, 3, 5, 10)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -49,7 +46,7 @@ def main() -> None:
     from services.retriever.settings import EncoderSettings, FaissSettings
 
     t_start = time.perf_counter()
-    ensure_indexes(bm25=["bm25s", "pyserini"], dense=args.build_dense, log=log)
+    ensure_indexes(bm25=["bm25s", "pyserini"], dense=args.build_dense)
     corpus = Corpus.load(CORPUS)
     lookup = {d: i for i, d in enumerate(corpus.ids)}
     retrievers: dict[str, object] = {

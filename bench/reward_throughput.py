@@ -1,21 +1,16 @@
 """GenAcc reward throughput: a batch judged concurrently vs one item at a time (as s3's reward loop does).
 
-120 (prediction, gold answers) items whose span check fails (predictions are other questions' gold
-answers, from ../shared/data/qa/nq.jsonl), so every item needs the LLM judge. The judge LLM is the fake
-OpenAI-compatible server (tests/support/fake_llm.py) in its own process with 100 ms latency per
-call. Both runs go through the judge service (in-process app, real OpenAI client over HTTP to the fake):
-
-- sequential: one POST /judge per item, each awaited before the next (s3's `check_answer_correct` loop,
-  through the same service, so the two runs differ only in batching + concurrency);
+120 (prediction, gold answers) items whose span check fails (predictions are other NQ questions' gold
+answers), so every item needs the LLM judge: the fake OpenAI-compatible LLM in its own process, 100 ms per
+call. Both runs go through the judge service (in-process app, real OpenAI client over HTTP to the fake; a
+fresh app per run, so no verdict comes from the other run's cache) and must return the same scores, all
+decided by the LLM:
+- sequential: one POST /judge per item, each awaited before the next (s3's `check_answer_correct` loop);
 - concurrent: one POST /judge/batch with all items (the LLM client's concurrency limit bounds the fan-out).
+  The stderr line also times s3's loop in-process (no service hop per item), the CPU the concurrent run used
+  and the load average: on a shared 2-core machine the concurrent run is CPU-bound, not latency-bound.
 
-The detail line on stderr also times s3's loop in-process (the judging function called directly, no
-service hop per item), the CPU the concurrent run used, and the load average: on a shared 2-core
-machine the concurrent run is CPU-bound, not latency-bound.
-
-Each run gets a fresh judge app, so no verdict is served from the other run's cache; both runs must
-return the same scores, all decided by the LLM. Final line:
-{"items": 120, "sequential_s": .., "concurrent_s": .., "speedup": ..}
+Final line: {"items": 120, "sequential_s": .., "concurrent_s": .., "speedup": ..}
 
     python bench/reward_throughput.py [--quick] [--items 120] [--latency-ms 100] [--concurrency 64]
 """

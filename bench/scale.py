@@ -1,31 +1,28 @@
 """Scaling curves of the retriever backends: build time, memory, disk and served throughput against corpus size.
 
 For each size (default 100k, 1M and 5M passages) and backend (bm25s, Lucene via pyserini, FAISS flat / HNSW /
-SQ8, Milvus flat / HNSW on milvus-lite) this measures:
-- `build_s`: wall seconds of the index build in a child process (for dense: from ready embeddings, the
-  encoding is not part of it), and `build_rss_mb`: that child's peak RSS (VmHWM);
-- `rss_mb`: peak RSS (VmHWM) of the served retriever (`python -m services.retriever`, one worker) after
-  loading and answering: the index *and* the corpus text it keeps in memory to return documents;
+SQ8, Milvus flat / HNSW on milvus-lite):
+- `build_s`: wall seconds of the index build in a child process (dense: from ready embeddings, the encoding is
+  not part of it), and `build_rss_mb`: that child's peak RSS (VmHWM);
+- `rss_mb`: peak RSS of the served retriever (one worker) after loading and answering: the index *and* the
+  corpus text it keeps in memory to return documents;
 - `disk_mb`: the index folder on disk (Milvus: its milvus-lite folder);
 - `qps_b32`: queries/s of `POST /retrieve` at batch 32, k=10, 8 keep-alive clients (the client of
-  bench/retriever_throughput.py), real questions from ../shared/data/qa; the adaptive admission limit is
-  off (capacity, not admission, is measured here);
-- `recall_at_10`: dense only, the served top-10 against exact inner-product search over the same vectors
-  (the same questions, encoded in-process by the same MiniLM). bm25 backends are exact: null.
+  bench/retriever_throughput.py), real questions; the adaptive admission limit is off (capacity is measured);
+- `recall_at_10`: dense only, the served top-10 against exact inner-product search over the same vectors (the
+  same questions, encoded in-process by the same MiniLM). bm25 backends are exact: null.
 
-The corpora are synthetic, made from the real one (../shared/data/corpus/combined.jsonl, 23,652 passages):
-each passage's length in words is drawn from the real passages' lengths, its words independently from the
-real corpus's unigram distribution (the word frequencies of all its passages, case and punctuation kept as
-whitespace-split tokens), its title from the real titles. So posting-list lengths follow the real Zipf
-curve; word co-occurrence does not (no topics), which makes BM25 a little cheaper than on real text.
-Dense vectors are synthetic too: a real MiniLM passage vector (from the full-corpus embeddings built by
-bench/retriever_throughput.py, or encoded here if missing) plus gaussian noise (sigma 0.04 per dimension),
-normalised; queries are real questions encoded by MiniLM.
+The corpora are synthetic, made from the real one (../shared/data/corpus/combined.jsonl): each passage's
+length drawn from the real passages' lengths, its words independently from the real unigram distribution
+(whitespace tokens), its title from the real titles. Posting-list lengths follow the real Zipf curve;
+co-occurrence does not (no topics), which makes BM25 a little cheaper than on real text. Dense vectors: a real
+MiniLM passage vector (the full-corpus embeddings, or encoded here if missing) plus gaussian noise (sigma 0.04
+per dimension), normalised; queries are real questions encoded by MiniLM.
 
-Each backend has a largest size it is run at by default (`--max` backend=size): 1M for the text backends,
-HNSW and Milvus (their 5M builds take hours on 2 cores), 5M for FAISS flat and SQ8. Skipped points are
-listed with the reason. Growth is fitted per backend (build_s and disk_mb as a power law a*n^b, rss_mb as
-a line base + per-passage) and extrapolated to wiki-18's 21,015,324 passages.
+`--max` backend=size: the largest size a backend runs at (default 1M for the text backends, HNSW and Milvus,
+whose 5M builds take hours on 2 cores; 5M for FAISS flat and SQ8); skipped points are listed with the reason.
+Growth is fitted per backend (build_s and disk_mb a power law a*n^b, rss_mb a line base + per-passage) and
+extrapolated to wiki-18's 21,015,324 passages.
 
     python bench/scale.py                       # ~1 h on 2 cores; corpora and vectors cached in var/scale
     python bench/scale.py --sizes 100000,1000000 --backends bm25s,faiss-flat
@@ -53,10 +50,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from retriever_common import CORPUS, INDEX_DIR, REPO, ServedRetriever, peak_rss_mb  # noqa: E402
-from retriever_throughput import _service_rate, recall_questions  # noqa: E402
+from bench.common import CORPUS, REPO, log  # noqa: E402
+from bench.retriever_common import INDEX_DIR, ServedRetriever, peak_rss_mb  # noqa: E402
+from bench.retriever_throughput import _service_rate, recall_questions  # noqa: E402
 
 BACKENDS = ("bm25s", "pyserini", "faiss-flat", "faiss-hnsw", "faiss-sq8", "milvus-flat", "milvus-hnsw")
 DEFAULT_MAX = {"bm25s": 1_000_000, "pyserini": 1_000_000, "faiss-flat": 5_000_000, "faiss-hnsw": 1_000_000,
@@ -68,13 +66,6 @@ K = 10
 CHUNK = 50_000
 WORK = REPO / "var" / "scale"
 PLOT = REPO / "docs" / "scale.png"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- synthetic corpus and vectors
 
 
 def corpus_model(source: Path = CORPUS) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
@@ -198,9 +189,6 @@ def exact_top10(embeddings: Path, queries: np.ndarray) -> np.ndarray:
     return best_i
 
 
-# --------------------------------------------------------------------------- builds (in a child process)
-
-
 def backend_env(backend: str, size_dir: Path) -> dict[str, str]:
     """The retriever's environment serving `backend` (one method, one worker)."""
     if backend in ("bm25s", "pyserini"):
@@ -276,9 +264,6 @@ def disk_mb(paths: list[Path]) -> float:
     return round(total / 2**20, 1)
 
 
-# --------------------------------------------------------------------------- one point
-
-
 def served_ids(port: int, questions: list[str], method: str) -> list[list[str]]:
     import httpx
 
@@ -311,9 +296,6 @@ def measure(backend: str, size_dir: Path, pool: list[str], seconds: float, truth
             point["recall_at_10"] = round(float(np.mean([len(set(g) & w) / K for g, w in zip(got, want, strict=True)])), 4)
         point["rss_mb"] = round(srv.peak_rss_mb(), 1)
     return point
-
-
-# --------------------------------------------------------------------------- fits and the plot
 
 
 def fit(sizes: list[int], values: list[float], kind: str) -> dict[str, float] | None:
@@ -383,9 +365,6 @@ def plot(result: dict[str, Any], path: Path = PLOT) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     log(f"plot: {path}")
-
-
-# --------------------------------------------------------------------------- main
 
 
 def parse_max(values: list[str]) -> dict[str, int]:

@@ -1,27 +1,20 @@
 """Searcher overhead and concurrency: what the searcher itself costs per search, and whether it serialises.
 
-Three real processes on localhost: the searcher (`python -m services.searcher`, cache off), the fake
-OpenAI-compatible LLM (`tests.support.fake_llm`) answering with the scripted s3 policy
-(`tests.support.fake_policy`: every search runs the full 3 turns + final step = 4 policy calls and
-4 retrievals), and a fake retriever server defined here (`--serve-fake-retriever`: returns k synthetic
-documents at once, no index), so retrieval time is not the retriever's work but only the HTTP round trip.
+Real processes on localhost: the searcher (`python -m services.searcher`, cache off, `--workers N` worker
+processes), the fake LLM answering with the scripted s3 policy (every search: 4 policy calls, 4 retrievals)
+and a fake retriever defined here (`--serve-fake-retriever`: k synthetic documents at once, no index), so
+retrieval costs only the HTTP round trip.
 
-1. Policy answers instantly. For 1, 16 and 64 concurrent clients: searches/s, and the searcher's own
-   time per search = its reported total minus its policy and retrieval time (`timings.overhead_ms`),
-   p50 / p99 over all searches.
-2. Policy latency 50 ms per call. Wall time of one search alone (median of 7) vs 64 searches started
-   together (median of 5 bursts, after one unmeasured burst that opens the connections to the restarted
-   fake LLM): `concurrency_slowdown_64` = t(64) / t(1); <= 2 means no serialisation.
+1. Policy answers instantly. For 1, 16 and 64 concurrent clients: searches/s, and the searcher's own time per
+   search (`timings.overhead_ms`: its total minus policy and retrieval time), p50 / p99 over all searches.
+2. Policy latency 50 ms per call. One search alone (median of 7) vs 64 started together (median of 5 bursts,
+   after an unmeasured one that opens the connections to the restarted fake LLM): `concurrency_slowdown_64` =
+   t(64) / t(1); <= 2 means no serialisation.
 
-`--workers N` runs the searcher with N worker processes (`SEARCHER_WORKERS`; default 1).
-
-`searcher_cpu_ms_per_search` is the searcher process's CPU time per search in the 64-search bursts (its
-HTTP handling and its upstream clients included); `cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1) is
-the slowdown a single busy core would force even with no serialisation at all: when the measured slowdown is
-close to it, the burst is CPU-bound (a small, loaded machine), not serialised.
-
-`loop_only_slowdown_64` runs the same 64-vs-1 comparison on the loop alone, in-process (a policy that
-sleeps 50 ms, an in-memory retriever): what the search loop itself adds when no HTTP stack eats the CPU.
+`searcher_cpu_ms_per_search`: the searcher's CPU time (workers included) per search in those bursts;
+`cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1), the slowdown one busy core would force with no
+serialisation at all (a measured slowdown close to it: CPU-bound, not serialised). `loop_only_slowdown_64`:
+the same comparison on the loop alone, in-process (a policy sleeping 50 ms, an in-memory retriever, no HTTP).
 
 Final line: {"overhead_ms_p50", "overhead_ms_p99", "throughput": {"1", "16", "64"}, "concurrency_slowdown_64", ...}
 """

@@ -1,16 +1,14 @@
 """Steady load for a long time: does any service's memory or open files grow?
 
-The local stack of `bench/load.py` (redis-server, the BM25 retriever with `--retriever-workers` workers, the
-searcher with its Redis cache, the fake policy LLM at `--llm-latency-ms`) under `--clients` (20)
-closed-loop clients sending distinct NQ questions for `--minutes` (30). Every `--every-s` (10) seconds the
-resident memory (VmRSS) and the number of open file descriptors of every process of every service (a
-supervisor and its workers summed) are read from /proc.
+The local stack of `bench/load.py` (here the retriever with `--retriever-workers` workers, the searcher with
+its Redis cache) under `--clients` (20) closed-loop clients sending distinct NQ questions for `--minutes`
+(30). Every `--every-s` (10) seconds the resident memory (VmRSS) and open file descriptors of every service (a
+supervisor and its workers summed) are read from /proc. Redis is capped at `--redis-maxmemory` (32 MB): the
+cache fills it during the warm-up (`--warmup-min`, 3: caches, allocator and connection pools fill first), then
+evicts as much as it stores.
 
-Redis runs with a 32 MB cap (`--redis-maxmemory`): the cache fills it during the warm-up, then evicts as
-much as it stores. Growth is measured after the warm-up (`--warmup-min`, default 3 minutes: caches, allocator pools and
-connection pools fill first): the mean of the last 10% of samples over the mean of the first 10% after the
-warm-up. A leak grows without bound and shows as a steady slope; `rss_slope_mb_per_h` is the least-squares
-slope over the samples after the warm-up.
+Over the samples after the warm-up: growth = the mean of the last 10% over the mean of the first 10%;
+`rss_slope_mb_per_h` = the least-squares slope (a leak grows without bound: a steady slope).
 
     python bench/soak.py [--quick] [--minutes 30] [--clients 20]
 
