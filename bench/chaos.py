@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.load import LocalStack, PhaseResult, load_questions, run_phase  # noqa: E402
-from services.stack import default_data_dir  # noqa: E402
+from bench.common import arg_parser  # noqa: E402
+from bench.load import LocalStack, PhaseResult, bench_stack, run_phase  # noqa: E402
 from tests.support.procs import children  # noqa: E402
 
 SEARCHER_ENV = {
@@ -154,7 +153,7 @@ async def drive(stack: LocalStack, questions: list[str], args: argparse.Namespac
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="20 clients, 24 s, faults 6 s apart")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -166,12 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         args.clients, args.seconds = 20, 24.0
     gap = args.seconds / 4
     faults = [Fault("retriever_worker", gap), Fault("policy_llm", 2 * gap), Fault("redis", 3 * gap)]
-    data_dir = default_data_dir(REPO)
-    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
-    questions = load_questions(data_dir)
-    stack = LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=SEARCHER_ENV,
-                       log_dir=REPO / "var" / "logs" / "chaos")
-    stack.specs["retriever"].env["RETRIEVER_WORKERS"] = "2"
+    stack, questions = bench_stack(args, SEARCHER_ENV, "chaos", retriever_workers=2)
     with stack:
         asyncio.run(run_phase(stack.url("searcher"), questions, clients=4, seconds=1.0, timeout_s=10))  # warm-up
         result, hostile, start, end = asyncio.run(drive(stack, questions, args, faults))

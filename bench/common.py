@@ -28,7 +28,7 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
 
 def load_questions(name: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The first `limit` rows (default all) of ../shared/data/qa/<name>.jsonl."""
-    with (DATA / "qa" / f"{name}.jsonl").open() as fh:
+    with (DATA / "qa" / f"{name}.jsonl").open(encoding="utf-8") as fh:
         return [json.loads(line) for line in itertools.islice(fh, limit)]
 
 

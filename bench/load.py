@@ -38,18 +38,11 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import CORPUS, DATA, REPO, arg_parser, fake_llm_spec  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
-from services.stack import (  # noqa: E402 - after the path set-up, so `python bench/load.py` works
-    StackOptions,
-    allocate_ports,
-    build_specs,
-    default_data_dir,
-    index_command,
-    index_dir_for,
-)
+from services.stack import StackOptions, allocate_ports, build_specs, index_command, index_dir_for  # noqa: E402
 
 START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first
 
@@ -71,11 +64,7 @@ class LocalStack(ProcessGroup):
                                     llm_model="fake-policy", log_level="WARNING")
         specs = {spec.name: spec for spec in build_specs(self.options, redis_server=redis_server)}
         specs["searcher"].env.update(searcher_env or {})
-        specs["llm"] = ProcessSpec(
-            "llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(ports["llm"]),
-                    "--latency-ms", str(llm_latency_ms), "--model", "fake-policy",
-                    "--responder", "tests.support.fake_policy:respond"],
-            ready_url=f"http://127.0.0.1:{ports['llm']}/v1/models", port=ports["llm"])
+        specs["llm"] = fake_llm_spec(ports["llm"], llm_latency_ms)
         self.add(*(specs[name] for name in START_ORDER if name in specs))
 
     def url(self, name: str) -> str:
@@ -92,6 +81,17 @@ class LocalStack(ProcessGroup):
 def load_questions(data_dir: Path, n: int = 1000) -> list[str]:
     with (data_dir / "qa" / "nq.jsonl").open() as fh:
         return [json.loads(line)["question"] for _, line in zip(range(n), fh, strict=False)]
+
+
+def bench_stack(args: argparse.Namespace, searcher_env: dict[str, str], logs: str,
+                retriever_workers: int = 0) -> tuple[LocalStack, list[str]]:
+    """A bench's stack over its `--corpus` (default the shared combined corpus), the policy answering after
+    `--llm-latency-ms`, logs in var/logs/<logs>; and the NQ questions its clients send."""
+    stack = LocalStack((args.corpus or CORPUS).resolve(), REPO / "var", llm_latency_ms=args.llm_latency_ms,
+                       searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs)
+    if retriever_workers:
+        stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(retriever_workers)
+    return stack, load_questions(DATA)
 
 
 @dataclass
@@ -229,7 +229,7 @@ def server_quantiles(before: dict[str, float], after: dict[str, float]) -> dict[
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="8 s phases (the whole run well under a minute "
                         "once the index is cached)")
     parser.add_argument("--clients", type=int, default=50)
@@ -248,16 +248,13 @@ def main(argv: list[str] | None = None) -> None:
     seconds = 8.0 if args.quick else args.seconds
     overload_clients = args.clients * args.overload_factor
     max_in_flight = args.max_in_flight or (args.clients + max(1, args.clients // 4) if args.fixed else 256)
-    data_dir = default_data_dir(REPO)
-    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
-    questions = load_questions(data_dir)
     searcher_env = {"SEARCHER_MAX_IN_FLIGHT": str(max_in_flight), "SEARCHER_CACHE_ENABLED": "false",
                     "SEARCHER_ADAPTIVE_CONCURRENCY": "false" if args.fixed else "true",
                     **({"SEARCHER_LATENCY_TOLERANCE": str(args.tolerance)} if args.tolerance else {}),
                     "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
+    stack, questions = bench_stack(args, searcher_env, "bench_load")
     t_start = time.monotonic()
-    with LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=searcher_env,
-                    log_dir=REPO / "var" / "logs" / "bench_load") as stack:
+    with stack:
         url = stack.url("searcher")
         startup_s = time.monotonic() - t_start
         asyncio.run(run_phase(url, questions, clients=4, seconds=1.0, timeout_s=args.timeout))  # warm-up

@@ -28,27 +28,24 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import REPO, fake_llm_spec, load_questions  # noqa: E402
 from services.common.answers import span_match  # noqa: E402
 from services.common.clients import JudgeClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
 from services.common.llm import LLMSettings  # noqa: E402
-from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
+from services.common.procgroup import ProcessGroup  # noqa: E402
 from services.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
 from services.common.workers import free_port  # noqa: E402
 from services.judge.api import create_app  # noqa: E402
 from services.judge.settings import JudgeSettings  # noqa: E402
 from tests.support.procs import cpu_seconds  # noqa: E402
 
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
-
 
 def build_items(n: int) -> list[JudgeRequest]:
     """Predictions that are another question's gold answer: the span check fails on every one."""
-    with (DATA / "qa" / "nq.jsonl").open(encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
+    rows = load_questions("nq")
     items: list[JudgeRequest] = []
     for i, row in enumerate(rows):
         prediction = rows[(i + 1) % len(rows)]["golden_answers"][0]
@@ -58,13 +55,6 @@ def build_items(n: int) -> list[JudgeRequest]:
         if len(items) == n:
             return items
     raise SystemExit(f"only {len(items)} items whose span check fails")
-
-
-def fake_llm(port: int, latency_ms: float) -> ProcessGroup:
-    """The fake LLM answering "no" after `latency_ms`, as a started, ready one-member process group."""
-    return ProcessGroup(cwd=REPO).up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port",
-                                                        str(port), "--latency-ms", str(latency_ms), "--responder", "no"],
-                                                 ready_url=f"http://127.0.0.1:{port}/v1/models"), timeout_s=30)
 
 
 async def run(items: list[JudgeRequest], llm_url: str, concurrency: int, batched: bool,
@@ -99,7 +89,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
     items = build_items(args.items)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    with fake_llm(port, args.latency_ms) as group:
+    llm = fake_llm_spec(port, args.latency_ms, "no", model="fake-llm")  # every verdict "no", after the latency
+    with ProcessGroup(cwd=REPO).up(llm, timeout_s=30) as group:
         proc = group.procs["llm"]
         seq_times, con_times, con_cpu, local_times = [], [], [], []
         for _ in range(1 if args.quick else 3):

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import random
 import statistics
 import sys
@@ -39,9 +38,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
 from services.common.answers import is_yes_no, span_match  # noqa: E402
 from services.common.clients import RetrieverClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
@@ -55,7 +54,6 @@ from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
 from services.searcher.trained import TrainedSearcher  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
 
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
 DATASETS = ("hotpotqa", "nq", "2wikimultihopqa")
 BUDGETS = (3, 5)
@@ -74,18 +72,6 @@ def bootstrap(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) 
     n = len(values)
     means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
     return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
-
-
-def questions(dataset: str, n: int) -> list[dict[str, Any]]:
-    rows = []
-    with (DATA / "qa" / f"{dataset}.jsonl").open() as fh:
-        for index, line in enumerate(fh):
-            if index >= n:
-                break
-            row = json.loads(line)
-            if not is_yes_no(row["golden_answers"]):
-                rows.append(row)
-    return rows
 
 
 def results_path(args: argparse.Namespace, params: SearchParams, prompts: PromptSet, adapter_digest: str) -> Path:
@@ -118,7 +104,8 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, policies: dict[
             for name, (url, model) in policies.items()}
     records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    sets = {d: questions(d, args.n) for d in args.datasets}
+    sets = {d: [r for r in load_questions(d, args.n) if not is_yes_no(r["golden_answers"])]
+            for d in args.datasets}
     order = [(i, d) for i in range(args.n) for d in args.datasets if i < len(sets[d])]
     try:
         with path.open("a") as sink:
@@ -200,10 +187,6 @@ def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
             "all": block(records)}
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=100, help="first n questions of every set (the eval hold-out)")
@@ -237,11 +220,11 @@ def main() -> None:
     if done:
         log(f"resuming: {len(done)} searches already in {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    corpus = DATA / "corpus" / "combined.jsonl"
-    index_dir = ensure_bm25_index(corpus, VAR)
+    index_dir = ensure_bm25_index(CORPUS, VAR)
     t0 = time.perf_counter()
     with ExitStack() as stack:
-        retriever_url = stack.enter_context(retriever_process(corpus, index_dir, VAR / "logs" / "bench_retriever.log"))
+        retriever_log = VAR / "logs" / "bench_retriever.log"
+        retriever_url = stack.enter_context(retriever_process(CORPUS, index_dir, retriever_log))
         from services.common.llama_server import LlamaServer
 
         policies: dict[str, tuple[str, str]] = {}

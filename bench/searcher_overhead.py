@@ -26,16 +26,14 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import REPO, fake_llm_spec  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
 from services.common.schemas.base import Document  # noqa: E402
 from services.common.schemas.retriever import RetrieveRequest  # noqa: E402
@@ -43,33 +41,25 @@ from services.common.workers import free_port  # noqa: E402
 from tests.support.procs import children, cpu_seconds  # noqa: E402
 
 
-def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> None:
-    """Serve `await handle(path, body)` as the JSON answer to every request: a bare ASGI app (no validation
-    layer), so that a stand-in takes as little of the machine's CPU as possible."""
+def serve_fake_retriever(port: int) -> None:
+    """`POST /retrieve` answering k synthetic documents at once, served bare (`tests.support.fake_llm.bare`: no
+    validation layer), so that the stand-in takes as little of the machine's CPU as possible."""
+    import orjson
     import uvicorn
 
     from tests.support.fake_llm import bare
 
     async def answer(_method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
-        return 200, "application/json", await handle(path, body)
-
-    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def serve_fake_retriever(port: int) -> None:
-    """`POST /retrieve` answering k synthetic documents at once."""
-    import orjson
-
-    async def handle(path: str, body: bytes) -> bytes:
         if path != "/retrieve":
-            return b'{"status": "ready"}'
+            return 200, "application/json", b'{"status": "ready"}'
         request = RetrieveRequest.model_validate_json(body)
         results = [[{"id": f"{abs(hash(q)) % 10_000}-{i}", "title": f"Title {i}",
                      "text": f"Passage {i} about {q}. " * 6, "score": 1.0 / i}
                     for i in range(1, request.k + 1)] for q in request.queries]
-        return orjson.dumps({"method": request.method or "bm25", "results": results, "took_ms": 0.0})
+        return 200, "application/json", orjson.dumps({"method": request.method or "bm25", "results": results,
+                                                      "took_ms": 0.0})
 
-    serve_bare(port, handle)
+    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 class Servers(ProcessGroup):
@@ -87,10 +77,7 @@ class Servers(ProcessGroup):
     def start_llm(self, latency_ms: float) -> None:
         """The one fake LLM (`tests.support.fake_llm`, served bare) answering with the scripted s3 policy."""
         self.stop("llm")
-        self.up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(self.llm_port),
-                                    "--latency-ms", str(latency_ms), "--model", "fake-policy",
-                                    "--responder", "tests.support.fake_policy:respond"],
-                            ready_url=f"http://127.0.0.1:{self.llm_port}/v1/models"), timeout_s=30)
+        self.up(fake_llm_spec(self.llm_port, latency_ms), timeout_s=30)
 
     def start_searcher(self) -> str:
         env = {
@@ -108,10 +95,6 @@ class Servers(ProcessGroup):
                             ready_url=f"{url}/health/live"), timeout_s=30)
         return url
 
-    @property
-    def searcher(self) -> subprocess.Popen[bytes]:
-        return self.procs["searcher"]
-
 
 async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[float, list[float]]:
     """n searches with `concurrency` in flight; returns (wall seconds, overhead_ms per search).
@@ -124,13 +107,10 @@ async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[fl
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(base_url=url, connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=60)) as client:
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(n):
-            queue.put_nowait(i)
+        todo = iter(range(n))  # shared by the workers
 
         async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
+            for i in todo:
                 async with client.post("/search", json={"question": f"question {tag} number {i}?"}) as response:
                     if response.status != 200:
                         raise RuntimeError(f"search answered {response.status}: {(await response.text())[:300]}")
@@ -146,9 +126,8 @@ async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[fl
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and its live children (its workers), to tell CPU-bound slowdowns from
-    serialisation."""
-    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
+    """CPU seconds of a process and its live children (its workers)."""
+    return sum(cpu_seconds(p) for p in [pid, *children(pid)])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -157,7 +136,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class SleepingPolicy:
-    """In-process policy: the scripted s3 answers after `latency_s` (no HTTP, no CPU)."""
+    """In-process policy: the scripted s3 answers after `latency_s` (no HTTP, no CPU); only what the loop calls."""
 
     model = "sleeping-fake"
 
@@ -170,12 +149,6 @@ class SleepingPolicy:
 
         await asyncio.sleep(self.latency_s)
         return ChatResult(text=respond({"messages": [m.model_dump() for m in messages]}), finish_reason="stop")
-
-    async def check_health(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        return None
 
 
 class MemoryRetriever:
@@ -226,12 +199,12 @@ async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
         # One burst first, not measured: it opens the 64 connections to the restarted fake LLM.
         await run_searches(url, 64, 64, "burst-warmup")
         t64s = []
-        cpu0 = tree_cpu_seconds(servers.searcher.pid)
+        cpu0 = tree_cpu_seconds(servers.procs["searcher"].pid)
         bursts = 1 if quick else 5
         for i in range(bursts):
             wall, _ = await run_searches(url, 64, 64, f"burst{i}")
             t64s.append(wall)
-        cpu_per_search = (tree_cpu_seconds(servers.searcher.pid) - cpu0) / (64 * bursts)
+        cpu_per_search = (tree_cpu_seconds(servers.procs["searcher"].pid) - cpu0) / (64 * bursts)
         t64 = statistics.median(t64s)
         print(f"latency 50 ms: one search {t1 * 1000:.0f} ms, 64 at once {t64 * 1000:.0f} ms", file=sys.stderr)
     loop_slowdown = await loop_only_slowdown(0.05, 3)

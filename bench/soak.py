@@ -18,7 +18,6 @@ Final line: {"rss_growth_pct": {service: ..}, "fd_growth": {service: ..}, "rss_m
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -29,12 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos import unique_questions  # noqa: E402
-from bench.load import LocalStack, load_questions, run_phase  # noqa: E402
-from services.stack import default_data_dir  # noqa: E402
+from bench.common import arg_parser  # noqa: E402
+from bench.load import LocalStack, bench_stack, run_phase  # noqa: E402
 from tests.support.procs import rss_and_fds  # noqa: E402
 
 SEARCHER_ENV = {"SEARCHER_CACHE_ENABLED": "true", "SEARCHER_MAX_IN_FLIGHT": "256",
@@ -57,13 +55,10 @@ class Sampler(threading.Thread):
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
-    if len(points) < 3:
+    """The least-squares slope per hour; None below 3 points or when they all share one time."""
+    if len(points) < 3 or len({t for t, _ in points}) < 2:
         return None
-    xs = [t for t, _ in points]
-    ys = [v for _, v in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return round(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den * 3600, 2) if den else None
+    return round(statistics.linear_regression(*zip(*points, strict=True)).slope * 3600, 2)
 
 
 def growth(samples: list[tuple[float, dict[str, tuple[float, int]]]], start: float, warmup_s: float
@@ -88,7 +83,7 @@ def growth(samples: list[tuple[float, dict[str, tuple[float, int]]]], start: flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="1 minute, 20 s warm-up, a sample every 2 s")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--warmup-min", dest="warmup_min", type=float, default=3.0)
@@ -101,12 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes, args.warmup_min, args.every_s = 1.0, 1 / 3, 2.0
-    data_dir = default_data_dir(REPO)
-    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
-    questions = load_questions(data_dir)
-    stack = LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=SEARCHER_ENV,
-                       log_dir=REPO / "var" / "logs" / "soak")
-    stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(args.retriever_workers)
+    stack, questions = bench_stack(args, SEARCHER_ENV, "soak", retriever_workers=args.retriever_workers)
     # a small cache cap, reached during the warm-up: after it Redis evicts as much as it stores, so what it
     # holds no longer grows with the number of distinct searches (the stack's default cap is 512mb)
     stack.specs["redis"].argv += ["--maxmemory", args.redis_maxmemory]

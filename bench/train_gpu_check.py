@@ -23,6 +23,7 @@ Retrieval: `--retriever-url` (a running retriever service), else an in-process B
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -130,13 +131,9 @@ def main() -> None:
     from trainer.runner import AsyncRunner
 
     data = Path(args.data) if args.data else default_data_dir()
-    passages = []
     with (data / "corpus" / "combined.jsonl").open() as fh:
-        for line in fh:
-            row = json.loads(line)
-            passages.append(Document(id=row["id"], title=row.get("title", ""), text=row["text"]))
-            if len(passages) >= args.passages:
-                break
+        rows = [json.loads(line) for line in itertools.islice(fh, args.passages)]
+    passages = [Document(id=row["id"], title=row.get("title", ""), text=row["text"]) for row in rows]
     items: list[QAItem] = load_qa(data / "qa" / "nq.jsonl", limit=args.questions_per_step * args.steps, offset=100)
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
