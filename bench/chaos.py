@@ -1,19 +1,15 @@
 """Faults in the middle of a heavy load: does every request still get an answer, and how fast does
 throughput come back?
 
-The local stack of `bench/load.py` (`bench.load.LocalStack`; here the retriever runs two workers and the
-searcher its Redis cache). `--clients` (50) closed-loop clients send distinct NQ questions for `--seconds`
-(60); beside them one hostile client alternates a 3,000-character question (over the retriever's 2,048: the
-searcher cuts it, and the searches merged with it must not fail) and a 5,000-character one (422). One after
-another in the window: `retriever_worker` (SIGKILL of one of the retriever's two workers; its supervisor
-starts another), then `policy_llm` and `redis` (SIGKILL, restarted `--down-s` (3) seconds later).
-
-Every request must end in 200 (whole or `degraded`), a 4xx, or 429/503 with Retry-After (clients honour it).
-Per fault, over the answers until the next one: `errors` (anything but a whole 200), `lost` (no HTTP answer:
-reset, refused), `hung` (no answer within the client timeout, above the searcher's own deadline);
-`recovery_s`: seconds from the fault until whole 200s per second, averaged over two seconds, are back at 90%
-of the 5 seconds before it (null: not within the window). `no_retry_after`: 429/503 answers without
-Retry-After.
+The stack of `bench/load.py` (the retriever with two workers, the searcher with its Redis cache) under
+`--clients` (50) closed-loop clients sending distinct NQ questions for `--seconds` (60), beside one hostile
+client alternating a 3,000-character question (the searcher cuts it to the retriever's 2,048) and a
+5,000-character one (422). In turn: `retriever_worker` (SIGKILL of a retriever worker; its supervisor starts
+another), `policy_llm` and `redis` (SIGKILL, restarted `--down-s` (3) seconds later). Every request must end
+in 200 (whole or `degraded`), a 4xx, or 429/503 with Retry-After. Per fault, until the next: `errors`
+(anything but a whole 200), `lost` (no HTTP answer), `hung` (none within the client timeout, above the
+searcher's deadline), `recovery_s` (seconds until whole 200s per second, averaged over two, are back at 90% of
+the 5 s before it; null: not in the window). `no_retry_after`: 429/503 answers without Retry-After.
 
     python bench/chaos.py [--quick] [--clients 50] [--seconds 60]
 

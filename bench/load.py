@@ -1,19 +1,13 @@
 """Load on the local stack: N concurrent clients on `POST /search` for S seconds, then 4N to show overload.
 
-Real processes on free localhost ports, started as `plugsearch-stack` starts them
-(`services.stack.build_specs`): redis-server, the retriever (BM25 over the shared combined corpus, index
-cached under var/indexes/), the searcher (its result cache off, so every request runs the loop) and, as the
-policy, the fake OpenAI-compatible LLM answering with the scripted s3 policy after `--llm-latency-ms` (50 ms):
-each search = 4 policy calls + 4 retrievals.
-
-Phase 1 (baseline): `--clients` (50) closed-loop clients sending NQ questions; every non-200 answer or
-client-side failure is an error. Phase 2 (overload): 4x the clients against the searcher's adaptive
-concurrency limit (`services.common.admission`, it follows latency) under the ceiling `SEARCHER_MAX_IN_FLIGHT`
-(`--max-in-flight`, default the service's 256; `--fixed`: no adaptive limit, the ceiling alone decides).
-Clients honour Retry-After after a 429. `lost` = requests with no HTTP answer (timeouts, resets) within
-`--timeout`. `overload.p99_ratio` = p99 of the admitted (200) searches under overload over the baseline's p99
-in the same run (`unloaded_p99_ms`); `overload.rps_ratio` the same for searches/s; `admission_limit` = the
-searcher's `searcher_admission_limit` after each phase.
+`LocalStack`: redis-server, the retriever (BM25 over the shared combined corpus), the searcher (result cache
+off) and, as the policy, the fake LLM answering with the scripted s3 policy after `--llm-latency-ms` (50 ms),
+started as `plugsearch-stack` starts them: each search = 4 policy calls + 4 retrievals. Baseline: `--clients`
+(50) closed-loop clients sending NQ questions (every non-200 answer or failure is an error). Overload: 4x the
+clients against the searcher's adaptive concurrency limit under `SEARCHER_MAX_IN_FLIGHT` (`--max-in-flight`;
+`--fixed`: the ceiling alone); clients honour Retry-After. `lost`: requests with no HTTP answer within
+`--timeout`; `overload.p99_ratio` / `rps_ratio`: the admitted (200) searches' p99 / searches/s under overload
+over the baseline's (`unloaded_p99_ms`); `admission_limit`: `searcher_admission_limit` after each phase.
 
     python bench/load.py [--quick] [--clients 50] [--seconds 60] [--fixed] [--max-in-flight N]
 
@@ -31,7 +25,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,17 +36,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, DATA, REPO, arg_parser, fake_llm_spec  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
-from services.stack import StackOptions, allocate_ports, build_specs, index_command, index_dir_for  # noqa: E402
+from services.stack import (  # noqa: E402
+    StackOptions,
+    allocate_ports,
+    build_specs,
+    index_command,
+    index_dir_for,
+)
 
 START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first
 
 
 class LocalStack(ProcessGroup):
     """Redis, fake-LLM policy, retriever and searcher as one process group whose members can be killed and
-    restarted (`stop(name, signal)`, `start(name)`, `wait_ready(name)`, `revive()`).
-
-    Used by this bench, chaos, soak and `tests/e2e/test_faults_stack.py` (fault injection).
-    """
+    restarted (`stop(name, signal)`, `start(name)`, `wait_ready(name)`, `revive()`)."""
 
     def __init__(self, corpus: Path, var_dir: Path, *, llm_latency_ms: float = 50.0,
                  searcher_env: dict[str, str] | None = None, redis: bool = True, log_dir: Path | None = None) -> None:
@@ -134,14 +131,9 @@ Body = Callable[[int], dict[str, Any]]
 """The request body of the i-th request."""
 
 
-def search_body(questions: list[str]) -> Body:
-    return lambda i: {"question": questions[i % len(questions)], "mode": "s3"}
-
-
 async def run_phase(url: str, questions: list[str], *, clients: int, seconds: float, timeout_s: float,
-                    offset: int = 0, body: Body | None = None, extra: Sequence[tuple[int, Body]] = ()
-                    ) -> PhaseResult:
-    """`clients` closed-loop clients for `seconds` (plus `extra` ones: (count, body) each); latencies of 200
+                    offset: int = 0, body: Body | None = None) -> PhaseResult:
+    """`clients` closed-loop clients for `seconds` (default body: the next question, s3); latencies of 200
     answers only. The clients use aiohttp's pool directly (httpx's pool cost the load generator more CPU
     than the searcher under 200 clients, and its queue showed up as latency)."""
     import aiohttp
@@ -162,7 +154,7 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
     async with aiohttp.ClientSession(base_url=url, connector=connector, timeout=timeout) as http:
         stop_at = time.monotonic() + seconds
 
-        async def client(make: Body, counted: bool) -> None:
+        async def client(make: Body) -> None:
             nonlocal counter, ok_in_window, no_retry_after
             while time.monotonic() < stop_at:
                 payload = make(counter)
@@ -184,19 +176,16 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
                 no_retry_after += status in (429, 503) and retry_after is None
                 if status == 200:
                     bodies["degraded" if degraded else "ok"] += 1
-                    if counted:
-                        latencies.append((answered - sent) * 1000)
-                        ok_in_window += answered <= stop_at
+                    latencies.append((answered - sent) * 1000)
+                    ok_in_window += answered <= stop_at
                 else:
                     error = data.get("error", {}) if isinstance(data, dict) else {}
                     bodies[str(error.get("type", status))] += 1
                     if retry_after is not None:
                         await asyncio.sleep(float(retry_after))
 
-        make = body or search_body(questions)
-        tasks = [client(make, True) for _ in range(clients)]
-        tasks += [client(other, False) for count, other in extra for _ in range(count)]
-        await asyncio.gather(*tasks)
+        make = body or (lambda i: {"question": questions[i % len(questions)], "mode": "s3"})
+        await asyncio.gather(*(client(make) for _ in range(clients)))
     return PhaseResult(clients, seconds, statuses, failures, latencies, ok_in_window, events, bodies,
                        time.process_time() - cpu0, no_retry_after)
 

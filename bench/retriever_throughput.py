@@ -1,29 +1,21 @@
 """Retriever throughput: the served process against the fastest in-process library call, same run.
 
-Per method (bm25 = bm25s with its numba scorer, dense = MiniLM + FAISS flat, hybrid = RRF of both): queries/s
-of the service (`POST /retrieve`, k=10, 8 concurrent clients) at batch 1, 32 and 256, next to one in-process
-caller of the same library objects (a scorer thread per core), in interleaved windows (in-process, service,
-in-process, service) so both see the same machine load. `ratio_b32` = service / in-process at batch 32 (above
-1 when the micro-batcher merges the clients' requests into larger calls); peak RSS of the service (VmHWM).
-`--workers N`: N worker processes on one port (`RETRIEVER_WORKERS`, each loads its own index, peak RSS is
-their sum); `--replicas N`: N service processes sharing the 8 clients.
+Per method (bm25 = bm25s, dense = MiniLM + FAISS flat, hybrid = RRF of both): queries/s of `POST /retrieve`
+(k=10, 8 clients) at batch 1, 32 and 256 next to one in-process caller of the same library objects, in
+interleaved windows so both see the same machine load; `ratio_b32` = service / in-process at batch 32 (above 1
+when the micro-batcher merges the clients' requests); the service's peak RSS (VmHWM, summed over `--workers`
+and `--replicas`). Encoder backends: dense queries/s of onnx and onnx-int8 against torch (in-process and
+served) and recall@10 against torch's top-10. ANN: HNSW and SQ8 / IVF-PQ against exact search on synthetic
+vectors (around real MiniLM passage vectors when the dense index exists): recall@10 and speed-up.
 
-Dense and hybrid run over the MiniLM flat index of ../shared/data/corpus/combined.jsonl, built once into
-var/indexes/combined when missing (~10-20 min on 2 cores; `--build-backend onnx` encodes the passages on ONNX
-Runtime). `--quick` never builds it: without it, dense figures come from a ~300-passage subset (a note says
-so).
-
-Encoder backends (`onnx`): dense queries/s of onnx and onnx-int8 against torch at batch 1 and 32, in-process
-and served (one service per backend, windows interleaved), and recall@10 of each against torch's top-10 over
-`--recall-questions` (300) real questions. ANN: HNSW and SQ8 / IVF-PQ against exact search on >= 1M synthetic
-vectors (around real MiniLM passage vectors when the dense index exists, else random centres): recall@10 vs
-IndexFlatIP and search speed-up, same queries, same threads.
+Dense figures use the full corpus's MiniLM flat index, built once into var/indexes/combined when missing
+(~10-20 min on 2 cores); `--quick` never builds it and uses a ~300-passage subset instead (a note says so).
 
     python bench/retriever_throughput.py           # 8 s per point, 1,000,000 vectors
     python bench/retriever_throughput.py --quick   # 0.5 s per point, 20,000 128-d vectors (says so)
 
-The client is a minimal keep-alive HTTP/1.1 client on asyncio streams, so that it takes little of the 2 cores
-from the server. The last line printed is the JSON result.
+The client is a minimal keep-alive HTTP/1.1 client on asyncio streams, so that it takes little CPU from the
+server. The last line printed is the JSON result.
 """
 
 from __future__ import annotations
@@ -172,12 +164,11 @@ def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, An
     from services.retriever.settings import FaissSettings
 
     rng = np.random.default_rng(0)
-    centres = None
     emb = sorted(INDEX_DIR.glob("embeddings-*/manifest.json"))
     if emb and dims == 384:
         centres = np.concatenate([np.asarray(c) for c in iter_chunks(emb[0].parent)])
         source = f"real MiniLM passage vectors ({len(centres)}) + gaussian noise"
-    if centres is None:
+    else:
         centres = rng.standard_normal((2000, dims)).astype(np.float32)
         source = f"2,000 random {dims}-d centres + gaussian noise"
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
@@ -233,8 +224,7 @@ def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, An
 def recall_questions(n: int) -> list[str]:
     """n real questions, taken round-robin from the question sets (not the pool's first set only)."""
     sets = [[r["question"] for r in load_questions(name, limit=n)] for name in DATASETS]
-    out = [q for row in itertools.zip_longest(*sets) for q in row if q]
-    return out[:n]
+    return [q for row in itertools.zip_longest(*sets) for q in row if q][:n]
 
 
 def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: float, n_questions: int,
@@ -356,9 +346,8 @@ def main() -> None:
     for names, corpus, index_dir in setups:
         if not names:
             continue
-        # the in-process objects are built with the same classes and parameters the service uses
-        # the fastest single in-process caller: one call with a scorer thread per core (not the service's
-        # setting, which --replicas runs may lower)
+        # the fastest single in-process caller, with the service's classes and parameters but a scorer thread
+        # per core (not the service's setting, which --replicas runs may lower)
         bm25 = Bm25sRetriever(index_dir / "bm25s", threads=os.cpu_count() or 2)
         candidates: dict[str, Any] = {"bm25": bm25}
         uses_dense = any(m in ("dense", "hybrid") for m in names)
@@ -371,8 +360,6 @@ def main() -> None:
             served_all = [replicas.enter_context(ServedRetriever(env, corpus=corpus, index_dir=index_dir))
                           for _ in range(args.replicas)]
             ports = [served.port for served in served_all]
-            # interleaved windows (in-process, service, in-process, service): on a shared machine whose load
-            # swings, both sides of each ratio then see the same conditions
             for method in names:
                 inprocess[method], service[method] = {}, {}
                 for b in BATCHES:

@@ -1,14 +1,12 @@
 """GenAcc reward throughput: a batch judged concurrently vs one item at a time (as s3's reward loop does).
 
-120 (prediction, gold answers) items whose span check fails (predictions are other NQ questions' gold
-answers), so every item needs the LLM judge: the fake OpenAI-compatible LLM in its own process, 100 ms per
-call. Both runs go through the judge service (in-process app, real OpenAI client over HTTP to the fake; a
-fresh app per run, so no verdict comes from the other run's cache) and must return the same scores, all
-decided by the LLM:
-- sequential: one POST /judge per item, each awaited before the next (s3's `check_answer_correct` loop);
-- concurrent: one POST /judge/batch with all items (the LLM client's concurrency limit bounds the fan-out).
-  The stderr line also times s3's loop in-process (no service hop per item), the CPU the concurrent run used
-  and the load average: on a shared 2-core machine the concurrent run is CPU-bound, not latency-bound.
+120 items whose span check fails (predictions are other NQ questions' gold answers), so each needs the LLM
+judge: the fake LLM in its own process, 100 ms per call, behind the judge service (a fresh in-process app per
+run, so no verdict comes from the other run's cache). Sequential: one POST /judge per item, awaited in turn
+(s3's `check_answer_correct` loop); concurrent: one POST /judge/batch (the LLM client's concurrency limit
+bounds the fan-out). Both must return the same scores, all decided by the LLM. The stderr line also times s3's
+loop in-process (no service hop), the CPU of the concurrent run and the load average (on a shared 2-core
+machine the concurrent run is CPU-bound, not latency-bound).
 
 Final line: {"items": 120, "sequential_s": .., "concurrent_s": .., "speedup": ..}
 
@@ -89,7 +87,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
     items = build_items(args.items)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    llm = fake_llm_spec(port, args.latency_ms, "no", model="fake-llm")  # every verdict "no", after the latency
+    llm = fake_llm_spec(port, args.latency_ms, "no", model="fake-llm")  # every verdict "no"
     with ProcessGroup(cwd=REPO).up(llm, timeout_s=30) as group:
         proc = group.procs["llm"]
         seq_times, con_times, con_cpu, local_times = [], [], [], []

@@ -1,28 +1,18 @@
 """Scaling curves of the retriever backends: build time, memory, disk and served throughput against corpus size.
 
-For each size (default 100k, 1M and 5M passages) and backend (bm25s, Lucene via pyserini, FAISS flat / HNSW /
-SQ8, Milvus flat / HNSW on milvus-lite):
-- `build_s`: wall seconds of the index build in a child process (dense: from ready embeddings, the encoding is
-  not part of it), and `build_rss_mb`: that child's peak RSS (VmHWM);
-- `rss_mb`: peak RSS of the served retriever (one worker) after loading and answering: the index *and* the
-  corpus text it keeps in memory to return documents;
-- `disk_mb`: the index folder on disk (Milvus: its milvus-lite folder);
-- `qps_b32`: queries/s of `POST /retrieve` at batch 32, k=10, 8 keep-alive clients (the client of
-  bench/retriever_throughput.py), real questions; the adaptive admission limit is off (capacity is measured);
-- `recall_at_10`: dense only, the served top-10 against exact inner-product search over the same vectors (the
-  same questions, encoded in-process by the same MiniLM). bm25 backends are exact: null.
+For each size (default 100k, 1M, 5M passages) and backend (bm25s, Lucene via pyserini, FAISS flat / HNSW /
+SQ8, Milvus flat / HNSW on milvus-lite): `build_s` and `build_rss_mb` (wall seconds and peak RSS of the index
+build in a child process; dense from ready embeddings), `rss_mb` (peak RSS of the served retriever, one
+worker, after loading and answering: index and corpus text), `disk_mb` (the index on disk), `qps_b32` (`POST
+/retrieve` at batch 32, k=10, 8 keep-alive clients, adaptive admission off: capacity is measured) and, dense
+only, `recall_at_10` (the served top-10 against exact inner-product search over the same vectors; bm25: null).
 
-The corpora are synthetic, made from the real one (../shared/data/corpus/combined.jsonl): each passage's
-length drawn from the real passages' lengths, its words independently from the real unigram distribution
-(whitespace tokens), its title from the real titles. Posting-list lengths follow the real Zipf curve;
-co-occurrence does not (no topics), which makes BM25 a little cheaper than on real text. Dense vectors: a real
-MiniLM passage vector (the full-corpus embeddings, or encoded here if missing) plus gaussian noise (sigma 0.04
-per dimension), normalised; queries are real questions encoded by MiniLM.
-
-`--max` backend=size: the largest size a backend runs at (default 1M for the text backends, HNSW and Milvus,
-whose 5M builds take hours on 2 cores; 5M for FAISS flat and SQ8); skipped points are listed with the reason.
-Growth is fitted per backend (build_s and disk_mb a power law a*n^b, rss_mb a line base + per-passage) and
-extrapolated to wiki-18's 21,015,324 passages.
+Corpora are synthetic, from ../shared/data/corpus/combined.jsonl: real passage lengths, words drawn from its
+unigram distribution, real titles (posting lists follow the real Zipf curve, co-occurrence does not: BM25 is a
+little cheaper than on real text). Vectors: real MiniLM passage vectors plus gaussian noise (sigma 0.04),
+normalised; queries are real questions. `--max` backend=size caps a backend's sizes (defaults: 1M for the text
+backends, HNSW and Milvus, whose 5M builds take hours on 2 cores; 5M for FAISS flat and SQ8). Growth is fitted
+(build_s, disk_mb: a*n^b; rss_mb: base + per-passage) and extrapolated to wiki-18's 21,015,324 passages.
 
     python bench/scale.py                       # ~1 h on 2 cores; corpora and vectors cached in var/scale
     python bench/scale.py --sizes 100000,1000000 --backends bm25s,faiss-flat
@@ -44,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +61,7 @@ PLOT = REPO / "docs" / "scale.png"
 
 def corpus_model(source: Path = CORPUS) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
     """Vocabulary, its cumulative unigram probabilities, passage lengths (words) and titles of the real corpus."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     lengths: list[int] = []
     titles: list[str] = []
     with source.open("rb") as fh:
@@ -79,9 +70,8 @@ def corpus_model(source: Path = CORPUS) -> tuple[list[str], np.ndarray, np.ndarr
             words = row["text"].split()
             lengths.append(max(1, len(words)))
             titles.append(row.get("title") or "")
-            for w in words:
-                counts[w] = counts.get(w, 0) + 1
-    vocab = sorted(counts, key=counts.__getitem__, reverse=True)
+            counts.update(words)
+    vocab = [w for w, _ in counts.most_common()]
     freq = np.array([counts[w] for w in vocab], dtype=np.float64)
     return vocab, np.cumsum(freq / freq.sum()), np.array(lengths, dtype=np.int64), titles
 
@@ -257,11 +247,8 @@ def run_build(backend: str, size_dir: Path) -> dict[str, float]:
 
 
 def disk_mb(paths: list[Path]) -> float:
-    total = 0
-    for root in paths:
-        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
-        total += sum(p.stat().st_size for p in files)
-    return round(total / 2**20, 1)
+    files = [p for root in paths for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()]
+    return round(sum(p.stat().st_size for p in files) / 2**20, 1)
 
 
 def served_ids(port: int, questions: list[str], method: str) -> list[list[str]]:

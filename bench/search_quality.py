@@ -1,20 +1,13 @@
 """Search quality at equal cost: answer recall of the searcher's documents against naive top-k with as many
 documents, for the untrained and the trained local searcher, on held-out questions.
 
-Real components: the retriever service (bm25s over ../shared/data/corpus/combined.jsonl) and llama.cpp's
-server with SmolLM2-135M-Instruct, plain (`s3_base`) and with the trained LoRA adapter (`s3_trained`,
-`--adapter`, default the shipped one). The loop is the searcher's own (`run_search`, in-process: HTTP does not
-change quality), both policies in the trained searcher's setting (its manifest: prompts, T, k, doc_chars) with
-constrained decoding, as `plugsearch-stack` serves them: only the adapter differs.
-
-Questions: the first `--n` of each set (the evaluation hold-out no training question comes from), yes/no ones
-skipped. Answer recall of a list of documents = 1 when a document's text contains a gold answer
-(`span_match`), averaged.
-- matched: each policy's documents against naive top-n, n = the number of documents that policy returned for
-  that question (so a policy cannot win by returning more);
-- budget3 / budget5: the first 3 / 5 documents each returns against naive top-3 / top-5;
-- ci95: 95% percentile bootstrap intervals over questions (2,000 resamples, fixed seed), for every figure and
-  for the paired difference trained - naive.
+The retriever service (bm25s) and llama.cpp's server with SmolLM2-135M-Instruct, plain (`s3_base`) and with
+the trained LoRA adapter (`s3_trained`, `--adapter`); the searcher's own loop in-process, both policies in the
+trained searcher's setting with constrained decoding, so only the adapter differs. Questions: the first `--n`
+of each set (the evaluation hold-out), yes/no ones skipped. Answer recall = 1 when a document contains a gold
+answer (`span_match`), averaged. matched: each policy's documents against naive top-n at the n it returned;
+budget3 / budget5: the first 3 / 5 documents against naive top-3 / top-5; ci95: 95% bootstrap intervals over
+questions (2,000 resamples, fixed seed) for every figure and for the paired difference trained - naive.
 
 Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed run started
 again with the same settings resumes (`--restart` discards, `--report` summarises a partial run).

@@ -1,20 +1,14 @@
 """Searcher overhead and concurrency: what the searcher itself costs per search, and whether it serialises.
 
-Real processes on localhost: the searcher (`python -m services.searcher`, cache off, `--workers N` worker
-processes), the fake LLM answering with the scripted s3 policy (every search: 4 policy calls, 4 retrievals)
-and a fake retriever defined here (`--serve-fake-retriever`: k synthetic documents at once, no index), so
-retrieval costs only the HTTP round trip.
-
-1. Policy answers instantly. For 1, 16 and 64 concurrent clients: searches/s, and the searcher's own time per
-   search (`timings.overhead_ms`: its total minus policy and retrieval time), p50 / p99 over all searches.
-2. Policy latency 50 ms per call. One search alone (median of 7) vs 64 started together (median of 5 bursts,
-   after an unmeasured one that opens the connections to the restarted fake LLM): `concurrency_slowdown_64` =
-   t(64) / t(1); <= 2 means no serialisation.
-
-`searcher_cpu_ms_per_search`: the searcher's CPU time (workers included) per search in those bursts;
-`cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1), the slowdown one busy core would force with no
-serialisation at all (a measured slowdown close to it: CPU-bound, not serialised). `loop_only_slowdown_64`:
-the same comparison on the loop alone, in-process (a policy sleeping 50 ms, an in-memory retriever, no HTTP).
+The searcher (cache off, `--workers N` processes), the fake LLM answering with the scripted s3 policy (4
+policy calls, 4 retrievals per search) and a fake retriever defined here (k synthetic documents at once), so
+retrieval costs only the HTTP round trip. 1. Policy answers instantly: searches/s at 1, 16 and 64 concurrent
+clients, and the searcher's own time per search (`timings.overhead_ms`), p50 / p99. 2. Policy latency 50 ms:
+one search alone (median of 7) vs 64 at once (median of 5 bursts, after an unmeasured one):
+`concurrency_slowdown_64` = t(64) / t(1), <= 2 means no serialisation. `searcher_cpu_ms_per_search`: the
+searcher's CPU per search in those bursts; `cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1), what one
+busy core forces without any serialisation (a slowdown close to it is CPU-bound). `loop_only_slowdown_64`: the
+same on the loop alone, in-process, no HTTP.
 
 Final line: {"overhead_ms_p50", "overhead_ms_p99", "throughput": {"1", "16", "64"}, "concurrency_slowdown_64", ...}
 """
@@ -42,8 +36,8 @@ from tests.support.procs import children, cpu_seconds  # noqa: E402
 
 
 def serve_fake_retriever(port: int) -> None:
-    """`POST /retrieve` answering k synthetic documents at once, served bare (`tests.support.fake_llm.bare`: no
-    validation layer), so that the stand-in takes as little of the machine's CPU as possible."""
+    """`POST /retrieve` answering k synthetic documents at once, served bare (`tests.support.fake_llm.bare`:
+    no validation layer), so that the stand-in takes as little of the machine's CPU as possible."""
     import orjson
     import uvicorn
 
@@ -136,7 +130,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class SleepingPolicy:
-    """In-process policy: the scripted s3 answers after `latency_s` (no HTTP, no CPU); only what the loop calls."""
+    """In-process policy: the scripted s3 answers after `latency_s` (no HTTP, no CPU); only `chat`."""
 
     model = "sleeping-fake"
 

@@ -1,14 +1,11 @@
 """Steady load for a long time: does any service's memory or open files grow?
 
-The local stack of `bench/load.py` (here the retriever with `--retriever-workers` workers, the searcher with
-its Redis cache) under `--clients` (20) closed-loop clients sending distinct NQ questions for `--minutes`
-(30). Every `--every-s` (10) seconds the resident memory (VmRSS) and open file descriptors of every service (a
-supervisor and its workers summed) are read from /proc. Redis is capped at `--redis-maxmemory` (32 MB): the
-cache fills it during the warm-up (`--warmup-min`, 3: caches, allocator and connection pools fill first), then
-evicts as much as it stores.
-
-Over the samples after the warm-up: growth = the mean of the last 10% over the mean of the first 10%;
-`rss_slope_mb_per_h` = the least-squares slope (a leak grows without bound: a steady slope).
+The stack of `bench/load.py` (the retriever with `--retriever-workers` workers, the searcher with its Redis
+cache, capped at `--redis-maxmemory`) under `--clients` (20) closed-loop clients sending distinct NQ questions
+for `--minutes` (30). Every `--every-s` (10) seconds the resident memory (VmRSS) and open file descriptors of
+every service (a supervisor and its workers summed) are read from /proc. After the warm-up (`--warmup-min`, 3:
+caches and pools fill, Redis reaches its cap): growth = the mean of the last 10% of samples over the first
+10%; `rss_slope_mb_per_h` = the least-squares slope (a leak shows as a steady one).
 
     python bench/soak.py [--quick] [--minutes 30] [--clients 20]
 
@@ -39,19 +36,14 @@ SEARCHER_ENV = {"SEARCHER_CACHE_ENABLED": "true", "SEARCHER_MAX_IN_FLIGHT": "256
                 "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
 
 
-class Sampler(threading.Thread):
-    def __init__(self, stack: LocalStack, every_s: float) -> None:
-        super().__init__(daemon=True)
-        self.stack = stack
-        self.every_s = every_s
-        self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
-        self.done = threading.Event()
+Samples = list[tuple[float, dict[str, tuple[float, int]]]]
+"""(monotonic time, {service: (RSS MB, open fds)}) per sample"""
 
-    def run(self) -> None:
-        while not self.done.is_set():
-            now = time.monotonic()
-            self.samples.append((now, {name: rss_and_fds(proc.pid) for name, proc in self.stack.procs.items()}))
-            self.done.wait(self.every_s)
+
+def sample(stack: LocalStack, every_s: float, done: threading.Event, samples: Samples) -> None:
+    while not done.is_set():
+        samples.append((time.monotonic(), {name: rss_and_fds(p.pid) for name, p in stack.procs.items()}))
+        done.wait(every_s)
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
@@ -61,8 +53,7 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return round(statistics.linear_regression(*zip(*points, strict=True)).slope * 3600, 2)
 
 
-def growth(samples: list[tuple[float, dict[str, tuple[float, int]]]], start: float, warmup_s: float
-           ) -> dict[str, dict[str, Any]]:
+def growth(samples: Samples, start: float, warmup_s: float) -> dict[str, dict[str, Any]]:
     after = [(t, s) for t, s in samples if t - start >= warmup_s]
     if len(after) < 4:
         raise SystemExit(f"only {len(after)} samples after the warm-up: run longer or sample more often")
@@ -100,18 +91,20 @@ def main(argv: list[str] | None = None) -> None:
     # a small cache cap, reached during the warm-up: after it Redis evicts as much as it stores, so what it
     # holds no longer grows with the number of distinct searches (the stack's default cap is 512mb)
     stack.specs["redis"].argv += ["--maxmemory", args.redis_maxmemory]
+    samples: Samples = []
+    done = threading.Event()
     with stack:
-        sampler = Sampler(stack, args.every_s)
+        sampler = threading.Thread(target=sample, args=(stack, args.every_s, done, samples), daemon=True)
         start = time.monotonic()
         sampler.start()
         result = asyncio.run(run_phase(stack.url("searcher"), questions, clients=args.clients,
                                        seconds=args.minutes * 60, timeout_s=60, body=unique_questions(questions)))
-        sampler.done.set()
+        done.set()
         sampler.join()
-    figures = growth(sampler.samples, start, args.warmup_min * 60)
+    figures = growth(samples, start, args.warmup_min * 60)
     print(json.dumps({**figures, "requests": len(result.events),
                       "answers": {str(k): v for k, v in result.statuses.items()}, "bodies": dict(result.bodies),
-                      "lost": result.lost, "samples": len(sampler.samples), "minutes": args.minutes,
+                      "lost": result.lost, "samples": len(samples), "minutes": args.minutes,
                       "warmup_min": args.warmup_min, "clients": args.clients,
                       "retriever_workers": args.retriever_workers, "quick": args.quick, "cpus": os.cpu_count()}))
 
