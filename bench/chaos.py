@@ -33,7 +33,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import arg_parser  # noqa: E402
 from bench.load import LocalStack, PhaseResult, bench_stack, run_phase  # noqa: E402
 from tests.support.procs import children  # noqa: E402
 
@@ -149,7 +148,7 @@ async def drive(stack: LocalStack, questions: list[str], args: argparse.Namespac
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = arg_parser(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="20 clients, 24 s, faults 6 s apart")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -21,11 +20,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def arg_parser(doc: str | None) -> argparse.ArgumentParser:
-    """A bench's parser, described by the first line of its module docstring."""
-    return argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
-
-
 def load_questions(name: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The first `limit` rows (default all) of ../shared/data/qa/<name>.jsonl."""
     with (DATA / "qa" / f"{name}.jsonl").open(encoding="utf-8") as fh:
@@ -34,8 +28,7 @@ def load_questions(name: str, limit: int | None = None) -> list[dict[str, Any]]:
 
 def fake_llm_spec(port: int, latency_ms: float, responder: str = "tests.support.fake_policy:respond",
                   model: str = "fake-policy") -> ProcessSpec:
-    """`tests.support.fake_llm` on `port` as the process "llm", answering with `responder` after `latency_ms`
-    (default: the scripted s3 policy)."""
+    """`tests.support.fake_llm` on `port` (process "llm"), answering with `responder` after `latency_ms`."""
     return ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(port),
                                "--latency-ms", str(latency_ms), "--model", model, "--responder", responder],
                        ready_url=f"http://127.0.0.1:{port}/v1/models", port=port)

@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +97,8 @@ class RawClient:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            try:
+            with suppress(ConnectionError):
                 await self.writer.wait_closed()
-            except ConnectionError:
-                pass
             self.reader = self.writer = None
 
 
@@ -375,9 +373,8 @@ def main() -> None:
         for r in candidates.values():
             r.close()
         del candidates, bm25
-    methods = list(service)
     peak = round(max(peaks), 1)
-    ratio = {m: round(service[m]["32"] / inprocess[m]["32"], 3) for m in methods}
+    ratio = {m: round(service[m]["32"] / inprocess[m]["32"], 3) for m in service}
     log(f"ratio at batch 32: {ratio}, service peak RSS {peak} MB")
 
     result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,

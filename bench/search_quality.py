@@ -44,7 +44,7 @@ from services.searcher.loop import run_search  # noqa: E402
 from services.searcher.prompts import PromptSet  # noqa: E402
 from services.searcher.retrieval import ServiceRetriever  # noqa: E402
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
-from services.searcher.trained import TrainedSearcher  # noqa: E402
+from services.searcher.trained import TrainedSearcher, sha256  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
 
 VAR = REPO / "var"
@@ -199,8 +199,6 @@ def main() -> None:
     adapter = Path(args.adapter) if args.adapter else trained.adapter
     params = trained.search.model_copy(update={"constrained": True})
     prompts = PromptSet.load(trained.prompts_dir)
-    from services.searcher.trained import sha256
-
     path = results_path(args, params, prompts, sha256(adapter)[:16])
     if args.report:
         records = list(read_results(path).values())

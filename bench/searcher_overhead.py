@@ -91,9 +91,8 @@ class Servers(ProcessGroup):
 
 
 async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[float, list[float]]:
-    """n searches with `concurrency` in flight; returns (wall seconds, overhead_ms per search).
-
-    The client is aiohttp's pool: httpx's (httpcore's) pool costs CPU quadratic in open connections, and at
+    """n searches with `concurrency` in flight; returns (wall seconds, overhead_ms per search). The client is
+    aiohttp's pool: httpx's (httpcore's) pool costs CPU quadratic in open connections, and at
     64 connections this client alone took ~18 ms CPU per search, more than the searcher it measures."""
     import aiohttp
 
@@ -185,21 +184,14 @@ async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
                   f"{n / wall:.1f}/s, overhead p50 {percentile(ov, 0.5):.2f} ms", file=sys.stderr)
 
         servers.start_llm(50)
-        singles = []
-        for i in range(3 if quick else 7):
-            wall, _ = await run_searches(url, 1, 1, f"single{i}")
-            singles.append(wall)
-        t1 = statistics.median(singles)
+        singles = 3 if quick else 7
+        t1 = statistics.median([(await run_searches(url, 1, 1, f"single{i}"))[0] for i in range(singles)])
         # One burst first, not measured: it opens the 64 connections to the restarted fake LLM.
         await run_searches(url, 64, 64, "burst-warmup")
-        t64s = []
         cpu0 = tree_cpu_seconds(servers.procs["searcher"].pid)
         bursts = 1 if quick else 5
-        for i in range(bursts):
-            wall, _ = await run_searches(url, 64, 64, f"burst{i}")
-            t64s.append(wall)
+        t64 = statistics.median([(await run_searches(url, 64, 64, f"burst{i}"))[0] for i in range(bursts)])
         cpu_per_search = (tree_cpu_seconds(servers.procs["searcher"].pid) - cpu0) / (64 * bursts)
-        t64 = statistics.median(t64s)
         print(f"latency 50 ms: one search {t1 * 1000:.0f} ms, 64 at once {t64 * 1000:.0f} ms", file=sys.stderr)
     loop_slowdown = await loop_only_slowdown(0.05, 3)
     return {

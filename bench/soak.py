@@ -15,6 +15,7 @@ Final line: {"rss_growth_pct": {service: ..}, "fd_growth": {service: ..}, "rss_m
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -28,7 +29,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos import unique_questions  # noqa: E402
-from bench.common import arg_parser  # noqa: E402
 from bench.load import LocalStack, bench_stack, run_phase  # noqa: E402
 from tests.support.procs import rss_and_fds  # noqa: E402
 
@@ -74,7 +74,7 @@ def growth(samples: Samples, start: float, warmup_s: float) -> dict[str, dict[st
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = arg_parser(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="1 minute, 20 s warm-up, a sample every 2 s")
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--warmup-min", dest="warmup_min", type=float, default=3.0)
