@@ -1,24 +1,15 @@
 """Faults in the middle of a heavy load: does every request still get an answer, and how fast does
 throughput come back?
 
-The real local stack as separate processes (`bench.load.LocalStack`: redis-server with its password, the
-BM25 retriever over ../shared/data/corpus/combined.jsonl with two workers, the searcher with its Redis
-cache, and the policy a fake OpenAI-compatible LLM answering s3 actions after `--llm-latency-ms`, as in
-`bench/load.py`). `--clients` (50) closed-loop clients send distinct NQ questions for `--seconds` (60);
-beside them one hostile client alternates a 3,000-character question (over the retriever's 2,048: the
-searcher cuts it, and the searches merged with it must not fail) and a 5,000-character one (422). During
-the window, one after another:
-
-- `retriever_worker`: SIGKILL of one of the retriever's two worker processes (its supervisor starts another);
-- `policy_llm`: SIGKILL of the policy LLM, restarted `--down-s` (3) seconds later;
-- `redis`: SIGKILL of Redis, restarted `--down-s` seconds later.
-
-Every request must end in 200 (whole or `degraded`), a 4xx, or 429/503 with Retry-After (clients honour it):
-`errors` counts the answers other than a whole 200 between a fault and the next one, `lost` the requests
-that got no HTTP answer (reset, refused), `hung` those with no answer within the client timeout (above the
-searcher's own deadline), `no_retry_after` 429/503 answers without Retry-After. `recovery_s`: seconds from
-the fault until whole 200 answers per second, averaged over two seconds, are back at 90% of the 5 seconds
-before it (null: not within the window).
+The stack of `bench/load.py` (the retriever with two workers, the searcher with its Redis cache) under
+`--clients` (50) closed-loop clients sending distinct NQ questions for `--seconds` (60), beside one hostile
+client alternating a 3,000-character question (the searcher cuts it to the retriever's 2,048) and a
+5,000-character one (422). In turn: `retriever_worker` (SIGKILL of a retriever worker; its supervisor starts
+another), `policy_llm` and `redis` (SIGKILL, restarted `--down-s` (3) seconds later). Every request must end
+in 200 (whole or `degraded`), a 4xx, or 429/503 with Retry-After. Per fault, until the next: `errors`
+(anything but a whole 200), `lost` (no HTTP answer), `hung` (none within the client timeout, above the
+searcher's deadline), `recovery_s` (seconds until whole 200s per second, averaged over two, are back at 90% of
+the 5 s before it; null: not in the window). `no_retry_after`: 429/503 answers without Retry-After.
 
     python bench/chaos.py [--quick] [--clients 50] [--seconds 60]
 
@@ -40,11 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.load import LocalStack, PhaseResult, load_questions, run_phase  # noqa: E402
-from services.stack import default_data_dir  # noqa: E402
+from bench.load import LocalStack, PhaseResult, bench_stack, run_phase  # noqa: E402
 from tests.support.procs import children  # noqa: E402
 
 SEARCHER_ENV = {
@@ -171,12 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         args.clients, args.seconds = 20, 24.0
     gap = args.seconds / 4
     faults = [Fault("retriever_worker", gap), Fault("policy_llm", 2 * gap), Fault("redis", 3 * gap)]
-    data_dir = default_data_dir(REPO)
-    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
-    questions = load_questions(data_dir)
-    stack = LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=SEARCHER_ENV,
-                       log_dir=REPO / "var" / "logs" / "chaos")
-    stack.specs["retriever"].env["RETRIEVER_WORKERS"] = "2"
+    stack, questions = bench_stack(args, SEARCHER_ENV, "chaos", retriever_workers=2)
     with stack:
         asyncio.run(run_phase(stack.url("searcher"), questions, clients=4, seconds=1.0, timeout_s=10))  # warm-up
         result, hostile, start, end = asyncio.run(drive(stack, questions, args, faults))

@@ -1,23 +1,13 @@
 """Load on the local stack: N concurrent clients on `POST /search` for S seconds, then 4N to show overload.
 
-Real processes on free localhost ports, started the way `plugsearch-stack` starts them (the same
-`services.stack.build_specs` env: internal token between searcher and retriever, Redis caches):
-redis-server, the retriever (`python -m services.retriever`, BM25 over the shared combined corpus, index
-cached under var/indexes/ by content), the searcher (`python -m services.searcher`, its result cache off
-so every request runs the loop) and, as the policy, the fake OpenAI-compatible LLM
-(`tests.support.fake_llm`) answering with the scripted s3 policy after `--llm-latency-ms` (50 ms): each
-search = 4 policy calls + 4 retrievals. Generator and judge are not on the /search path.
-
-Phase 1 (baseline): `--clients` (50) closed-loop clients, each sends the next NQ question as soon as
-its previous answer arrives. Every non-200 answer or client-side failure is an error.
-Phase 2 (overload): 4x the clients against the same searcher, which admits against its adaptive
-concurrency limit (`services.common.admission`: it follows latency) under the ceiling
-`SEARCHER_MAX_IN_FLIGHT` (`--max-in-flight`, default the service's 256; `--fixed` turns the adaptive limit
-off, so the ceiling alone decides, as before issue 21). Clients honour Retry-After after a 429. `lost` =
-requests that got no HTTP answer at all (timeouts, resets) within `--timeout`.
-`overload.p99_ratio` = p99 of the admitted (200) searches under overload over the p99 of the baseline in the
-same run (`unloaded_p99_ms`); `overload.rps_ratio` the same for searches/s. `admission_limit` = the searcher's
-limit (`searcher_admission_limit`) after each phase.
+`LocalStack`: redis-server, the retriever (BM25 over the shared combined corpus), the searcher (result cache
+off) and, as the policy, the fake LLM answering with the scripted s3 policy after `--llm-latency-ms` (50 ms),
+started as `plugsearch-stack` starts them: each search = 4 policy calls + 4 retrievals. Baseline: `--clients`
+(50) closed-loop clients sending NQ questions (every non-200 answer or failure is an error). Overload: 4x the
+clients against the searcher's adaptive concurrency limit under `SEARCHER_MAX_IN_FLIGHT` (`--max-in-flight`;
+`--fixed`: the ceiling alone); clients honour Retry-After. `lost`: requests with no HTTP answer within
+`--timeout`; `overload.p99_ratio` / `rps_ratio`: the admitted (200) searches' p99 / searches/s under overload
+over the baseline's (`unloaded_p99_ms`); `admission_limit`: `searcher_admission_limit` after each phase.
 
     python bench/load.py [--quick] [--clients 50] [--seconds 60] [--fixed] [--max-in-flight N]
 
@@ -35,22 +25,21 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import CORPUS, DATA, REPO, fake_llm_spec  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
-from services.stack import (  # noqa: E402 - after the path set-up, so `python bench/load.py` works
+from services.stack import (  # noqa: E402
     StackOptions,
     allocate_ports,
     build_specs,
-    default_data_dir,
     index_command,
     index_dir_for,
 )
@@ -60,10 +49,7 @@ START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first
 
 class LocalStack(ProcessGroup):
     """Redis, fake-LLM policy, retriever and searcher as one process group whose members can be killed and
-    restarted (`stop(name, signal)`, `start(name)`, `wait_ready(name)`, `revive()`).
-
-    Used by this bench, chaos, soak and `tests/e2e/test_faults_stack.py` (fault injection).
-    """
+    restarted (`stop(name, signal)`, `start(name)`, `wait_ready(name)`, `revive()`)."""
 
     def __init__(self, corpus: Path, var_dir: Path, *, llm_latency_ms: float = 50.0,
                  searcher_env: dict[str, str] | None = None, redis: bool = True, log_dir: Path | None = None) -> None:
@@ -75,11 +61,7 @@ class LocalStack(ProcessGroup):
                                     llm_model="fake-policy", log_level="WARNING")
         specs = {spec.name: spec for spec in build_specs(self.options, redis_server=redis_server)}
         specs["searcher"].env.update(searcher_env or {})
-        specs["llm"] = ProcessSpec(
-            "llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(ports["llm"]),
-                    "--latency-ms", str(llm_latency_ms), "--model", "fake-policy",
-                    "--responder", "tests.support.fake_policy:respond"],
-            ready_url=f"http://127.0.0.1:{ports['llm']}/v1/models", port=ports["llm"])
+        specs["llm"] = fake_llm_spec(ports["llm"], llm_latency_ms)
         self.add(*(specs[name] for name in START_ORDER if name in specs))
 
     def url(self, name: str) -> str:
@@ -96,6 +78,17 @@ class LocalStack(ProcessGroup):
 def load_questions(data_dir: Path, n: int = 1000) -> list[str]:
     with (data_dir / "qa" / "nq.jsonl").open() as fh:
         return [json.loads(line)["question"] for _, line in zip(range(n), fh, strict=False)]
+
+
+def bench_stack(args: argparse.Namespace, searcher_env: dict[str, str], logs: str,
+                retriever_workers: int = 0) -> tuple[LocalStack, list[str]]:
+    """A bench's stack over its `--corpus` (default the shared combined corpus), the policy answering after
+    `--llm-latency-ms`, logs in var/logs/<logs>; and the NQ questions its clients send."""
+    stack = LocalStack((args.corpus or CORPUS).resolve(), REPO / "var", llm_latency_ms=args.llm_latency_ms,
+                       searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs)
+    if retriever_workers:
+        stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(retriever_workers)
+    return stack, load_questions(DATA)
 
 
 @dataclass
@@ -138,14 +131,9 @@ Body = Callable[[int], dict[str, Any]]
 """The request body of the i-th request."""
 
 
-def search_body(questions: list[str]) -> Body:
-    return lambda i: {"question": questions[i % len(questions)], "mode": "s3"}
-
-
 async def run_phase(url: str, questions: list[str], *, clients: int, seconds: float, timeout_s: float,
-                    offset: int = 0, body: Body | None = None, extra: Sequence[tuple[int, Body]] = ()
-                    ) -> PhaseResult:
-    """`clients` closed-loop clients for `seconds` (plus `extra` ones: (count, body) each); latencies of 200
+                    offset: int = 0, body: Body | None = None) -> PhaseResult:
+    """`clients` closed-loop clients for `seconds` (default body: the next question, s3); latencies of 200
     answers only. The clients use aiohttp's pool directly (httpx's pool cost the load generator more CPU
     than the searcher under 200 clients, and its queue showed up as latency)."""
     import aiohttp
@@ -166,7 +154,7 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
     async with aiohttp.ClientSession(base_url=url, connector=connector, timeout=timeout) as http:
         stop_at = time.monotonic() + seconds
 
-        async def client(make: Body, counted: bool) -> None:
+        async def client(make: Body) -> None:
             nonlocal counter, ok_in_window, no_retry_after
             while time.monotonic() < stop_at:
                 payload = make(counter)
@@ -188,19 +176,16 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
                 no_retry_after += status in (429, 503) and retry_after is None
                 if status == 200:
                     bodies["degraded" if degraded else "ok"] += 1
-                    if counted:
-                        latencies.append((answered - sent) * 1000)
-                        ok_in_window += answered <= stop_at
+                    latencies.append((answered - sent) * 1000)
+                    ok_in_window += answered <= stop_at
                 else:
                     error = data.get("error", {}) if isinstance(data, dict) else {}
                     bodies[str(error.get("type", status))] += 1
                     if retry_after is not None:
                         await asyncio.sleep(float(retry_after))
 
-        make = body or search_body(questions)
-        tasks = [client(make, True) for _ in range(clients)]
-        tasks += [client(other, False) for count, other in extra for _ in range(count)]
-        await asyncio.gather(*tasks)
+        make = body or (lambda i: {"question": questions[i % len(questions)], "mode": "s3"})
+        await asyncio.gather(*(client(make) for _ in range(clients)))
     return PhaseResult(clients, seconds, statuses, failures, latencies, ok_in_window, events, bodies,
                        time.process_time() - cpu0, no_retry_after)
 
@@ -252,16 +237,13 @@ def main(argv: list[str] | None = None) -> None:
     seconds = 8.0 if args.quick else args.seconds
     overload_clients = args.clients * args.overload_factor
     max_in_flight = args.max_in_flight or (args.clients + max(1, args.clients // 4) if args.fixed else 256)
-    data_dir = default_data_dir(REPO)
-    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
-    questions = load_questions(data_dir)
     searcher_env = {"SEARCHER_MAX_IN_FLIGHT": str(max_in_flight), "SEARCHER_CACHE_ENABLED": "false",
                     "SEARCHER_ADAPTIVE_CONCURRENCY": "false" if args.fixed else "true",
                     **({"SEARCHER_LATENCY_TOLERANCE": str(args.tolerance)} if args.tolerance else {}),
                     "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
+    stack, questions = bench_stack(args, searcher_env, "bench_load")
     t_start = time.monotonic()
-    with LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=searcher_env,
-                    log_dir=REPO / "var" / "logs" / "bench_load") as stack:
+    with stack:
         url = stack.url("searcher")
         startup_s = time.monotonic() - t_start
         asyncio.run(run_phase(url, questions, clients=4, seconds=1.0, timeout_s=args.timeout))  # warm-up
@@ -281,17 +263,15 @@ def main(argv: list[str] | None = None) -> None:
         over, over_server, over_limit = phase("overload", overload_clients, 500)
     unloaded_p99 = percentile(base.latencies_ms, 0.99)
     admitted_p99 = percentile(over.latencies_ms, 0.99)
-    base_ok = base.statuses.get(200, 0)
-    over_ok = over.statuses.get(200, 0)
     base_rps = base.ok_in_window / base.seconds
     over_rps = over.ok_in_window / over.seconds
     result: dict[str, Any] = {
         "clients": args.clients, "seconds": round(base.seconds, 1), "requests": base.answered + base.lost,
-        "errors": base.answered - base_ok + base.lost, "rps": round(base_rps, 1),
+        "errors": base.answered - base.statuses.get(200, 0) + base.lost, "rps": round(base_rps, 1),
         "p50_ms": round(percentile(base.latencies_ms, 0.5), 1), "p99_ms": round(percentile(base.latencies_ms, 0.99), 1),
         "overload": {
             "clients": overload_clients, "seconds": round(over.seconds, 1),
-            "requests": over.answered + over.lost, "status_200": over_ok,
+            "requests": over.answered + over.lost, "status_200": over.statuses.get(200, 0),
             "status_429": over.statuses.get(429, 0),
             "other_status": {str(k): v for k, v in over.statuses.items() if k not in (200, 429)},
             "lost": over.lost, "lost_by_kind": dict(over.failures),

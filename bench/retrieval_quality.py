@@ -1,36 +1,32 @@
 """Answer recall@1/3/5/10 of BM25 (bm25s, pyserini), dense and hybrid over the combined corpus.
 
-A question counts as a hit at k when any of its gold answers occurs in one of the top-k passages
-(title + text) under the GenAcc span check (s3 normalisation on both sides, then DrQA-tokenised
-contiguous match: `services.common.answers.span_match`). Yes/no questions are left out (a span check
-cannot judge them). Every question set in ../shared/data/qa that has a corpus is evaluated against
-../shared/data/corpus/combined.jsonl, with the in-process library calls the service uses.
+A question is a hit at k when a gold answer occurs in one of the top-k passages (title + text) under the
+GenAcc span check (`services.common.answers.span_match`); yes/no questions are left out. Every question set in
+../shared/data/qa that has a corpus, against ../shared/data/corpus/combined.jsonl, with the in-process library
+calls the service uses. Missing indexes are built under var/indexes/combined (the MiniLM dense one takes 10-20
+min on 2 cores: `RETRIEVER_DENSE=true plugsearch-index build` or `--build-dense`).
 
     python bench/retrieval_quality.py            # all questions; dense/hybrid need the dense index
     python bench/retrieval_quality.py --quick    # 150 questions per set, BM25 backends (+ dense if built)
 
-Builds missing indexes under var/indexes/combined (bm25s and Lucene take seconds; the MiniLM dense index
-takes 10-20 min on 2 cores: build it once with `RETRIEVER_DENSE=true plugsearch-index build` or pass
---build-dense). The last line printed is the JSON result.
+The last line printed is the JSON result.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from retriever_common import CORPUS, DATASETS, INDEX_DIR, dense_available, ensure_indexes, load_questions  # noqa: E402
+from bench.common import CORPUS, load_questions, log  # noqa: E402
+from bench.retriever_common import DATASETS, INDEX_DIR, dense_available, ensure_indexes  # noqa: E402
 
 KS = (1, 3, 5, 10)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -49,7 +45,7 @@ def main() -> None:
     from services.retriever.settings import EncoderSettings, FaissSettings
 
     t_start = time.perf_counter()
-    ensure_indexes(bm25=["bm25s", "pyserini"], dense=args.build_dense, log=log)
+    ensure_indexes(bm25=["bm25s", "pyserini"], dense=args.build_dense)
     corpus = Corpus.load(CORPUS)
     lookup = {d: i for i, d in enumerate(corpus.ids)}
     retrievers: dict[str, object] = {
@@ -65,12 +61,9 @@ def main() -> None:
         notes.append(f"dense/hybrid skipped: no dense-flat index in {INDEX_DIR} (run with --build-dense)")
         log(notes[-1])
 
-    normalized: dict[int, str] = {}
-
+    @functools.cache
     def passage(i: int) -> str:
-        if i not in normalized:
-            normalized[i] = normalize_answer(f"{corpus.titles[i]} {corpus.texts[i]}")
-        return normalized[i]
+        return normalize_answer(f"{corpus.titles[i]} {corpus.texts[i]}")
 
     recall: dict[str, dict[str, dict[str, float]]] = {m: {} for m in retrievers}
     counts: dict[str, int] = {}
@@ -82,11 +75,8 @@ def main() -> None:
         for method, retriever in retrievers.items():
             t0 = time.perf_counter()
             hits = retriever.batch_search(questions, max(KS))  # type: ignore[attr-defined]
-            first_hit = []
-            for q, gold in enumerate(golds):
-                rank = next((r for r, d in enumerate(hits.ids[q]) if d >= 0 and span_match(passage(int(d)), gold)),
-                            None)
-                first_hit.append(rank)
+            first_hit = [next((r for r, d in enumerate(ids) if d >= 0 and span_match(passage(int(d)), gold)),
+                              None) for ids, gold in zip(hits.ids, golds, strict=True)]
             recall[method][name] = {str(k): round(100 * sum(r is not None and r < k for r in first_hit) / len(rows), 1)
                                     for k in KS}
             log(f"{method:14s} {name:16s} n={len(rows):4d} {recall[method][name]} ({time.perf_counter() - t0:.1f} s)")

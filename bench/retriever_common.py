@@ -1,58 +1,36 @@
-"""Helpers shared by the retriever benches: data paths, index builds (cached under var/), a served process."""
+"""Helpers shared by the retriever benches: index builds (cached under var/), a served retriever process."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from bench.common import CORPUS, DATA, REPO, log
 from services.common.procgroup import ProcessGroup, ProcessSpec, http_ok
 from services.common.workers import free_port
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
-CORPUS = DATA / "corpus" / "combined.jsonl"
 INDEX_DIR = REPO / "var" / "indexes" / "combined"
 # question sets that have a corpus (bamboogle and triviaqa have none; see ../shared/data/README.md)
 DATASETS = ["nq", "popqa", "hotpotqa", "2wikimultihopqa", "musique"]
 
 
-def load_questions(name: str, limit: int | None = None) -> list[dict[str, Any]]:
-    rows = []
-    with (DATA / "qa" / f"{name}.jsonl").open() as fh:
-        for line in fh:
-            rows.append(json.loads(line))
-            if limit is not None and len(rows) >= limit:
-                break
-    return rows
-
-
-def settings(**overrides: Any) -> Any:
-    from services.retriever.settings import RetrieverSettings
-
-    base: dict[str, Any] = {"corpus": CORPUS, "index_dir": INDEX_DIR}
-    base.update(overrides)
-    return RetrieverSettings(**base)
-
-
-def ensure_indexes(*, bm25: list[str], dense: bool, log: Any = None) -> None:
+def ensure_indexes(*, bm25: list[str], dense: bool) -> None:
     """Build whatever is missing or stale (no-op when the cached indexes match the corpus)."""
     from services.retriever.cli import build
+    from services.retriever.settings import RetrieverSettings
 
-    s = settings(bm25=True, dense=dense)
+    s = RetrieverSettings(corpus=CORPUS, index_dir=INDEX_DIR, bm25=True, dense=dense)
     built = build(s, bm25=bm25, dense=dense, force=False, show_progress=False)
-    if built and log:
+    if built:
         log(f"built {built}")
 
 
-def dense_available(index_dir: Path = INDEX_DIR) -> bool:
+def dense_available() -> bool:
     from services.retriever.manifest import Manifest
 
     try:
-        Manifest.read(index_dir / "dense-flat")
+        Manifest.read(INDEX_DIR / "dense-flat")
     except Exception:
         return False
     return True
@@ -78,19 +56,12 @@ class ServedRetriever(ProcessGroup):
         self.up(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=full, ready=ready),
                 timeout_s=timeout)
 
-    @property
-    def proc(self) -> subprocess.Popen[bytes]:
-        return self.procs["retriever"]
-
-    def pids(self) -> list[int]:
-        """The service process and its workers."""
-        from tests.support.procs import children
-
-        return [self.proc.pid, *children(self.proc.pid)]
-
     def peak_rss_mb(self) -> float:
         """Peak RSS of the service, summed over its workers (each holds its own index)."""
-        return sum(peak_rss_mb(pid) for pid in self.pids())
+        from tests.support.procs import children
+
+        pid = self.procs["retriever"].pid
+        return sum(peak_rss_mb(p) for p in [pid, *children(pid)])
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
@@ -105,14 +76,9 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 def dense_subset() -> tuple[Path, Path]:
     """A ~300-passage subset of the shared corpora with bm25s + MiniLM flat indexes (cached under var/):
     stands in for dense/hybrid serving figures when the full dense index has not been built."""
-    from tests.support.retriever import (
-        cached_index_dir,
-        ensure_tiny_indexes,
-        tiny_settings,
-        write_tiny_corpus,
-    )
+    from tests.support import retriever as tiny
 
-    corpus = write_tiny_corpus(DATA, REPO / "var" / "cache" / "bench-subset" / "subset.jsonl")
-    index_dir = cached_index_dir(REPO / "var", corpus)
-    ensure_tiny_indexes(tiny_settings(corpus, index_dir), bm25=["bm25s"], dense=True)
+    corpus = tiny.write_tiny_corpus(DATA, REPO / "var" / "cache" / "bench-subset" / "subset.jsonl")
+    index_dir = tiny.cached_index_dir(REPO / "var", corpus)
+    tiny.ensure_tiny_indexes(tiny.tiny_settings(corpus, index_dir), bm25=["bm25s"], dense=True)
     return corpus, index_dir

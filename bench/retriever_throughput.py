@@ -1,35 +1,21 @@
 """Retriever throughput: the served process against the fastest in-process library call, same run.
 
-For each method (bm25 = bm25s with its numba scorer, dense = MiniLM + FAISS flat, hybrid = RRF of both):
-(the service runs RETRIEVER_BM25_THREADS single-threaded bm25s calls at once; the in-process baseline is
-one call with a scorer thread per core, the fastest a single caller gets). `--workers N` runs the service
-with N worker processes on its port (`RETRIEVER_WORKERS`; each loads its own index, peak RSS is their
-sum); `--replicas N` starts N service processes and spreads the 8 clients over them.
-queries/s of the service (`POST /retrieve`, k=10) at batch 1, 32 and 256 with 8 concurrent clients,
-next to the in-process call of the same library objects at the same batch size (one thread of calls,
-each library using its own threads: bm25s n_threads=2, torch/FAISS defaults), measured in interleaved
-windows (in-process, service, in-process, service) so both see the same machine load. `ratio_b32` =
-service / in-process at batch 32; the service can exceed 1 because its micro-batcher merges the 8
-clients' requests into one larger library call. Peak RSS of the service (VmHWM). Then HNSW and SQ8 / IVF-PQ against exact
-search on >= 1M synthetic vectors (clustered around real MiniLM passage vectors when the dense index
-exists, else random centres): recall@10 vs IndexFlatIP and search speed-up, same queries, same threads.
+Per method (bm25 = bm25s, dense = MiniLM + FAISS flat, hybrid = RRF of both): queries/s of `POST /retrieve`
+(k=10, 8 clients) at batch 1, 32 and 256 next to one in-process caller of the same library objects, in
+interleaved windows so both see the same machine load; `ratio_b32` = service / in-process at batch 32 (above 1
+when the micro-batcher merges the clients' requests); the service's peak RSS (VmHWM, summed over `--workers`
+and `--replicas`). Encoder backends: dense queries/s of onnx and onnx-int8 against torch (in-process and
+served) and recall@10 against torch's top-10. ANN: HNSW and SQ8 / IVF-PQ against exact search on synthetic
+vectors (around real MiniLM passage vectors when the dense index exists): recall@10 and speed-up.
 
-Dense and hybrid run over the MiniLM flat index of the full corpus (../shared/data/corpus/combined.jsonl),
-built once into var/indexes/combined when missing (~10-20 min on 2 cores; `--build-backend onnx` encodes
-the passages on ONNX Runtime instead, same vectors up to float error) and reused after. `--quick` never
-builds it: without it, dense figures come from a ~300-passage subset (a note says so).
-
-The encoder backends (`onnx`): dense queries/s of RETRIEVER_ENCODER__BACKEND=onnx and onnx-int8 against
-torch at batch 1 and 32, in-process (encode + FAISS search, the same index object) and served (one
-service process per backend, all up at once, windows interleaved), and recall@10 of each backend's
-top-10 against torch's over real questions from ../shared/data/qa (`--recall-questions`, 300).
+Dense figures use the full corpus's MiniLM flat index, built once into var/indexes/combined when missing
+(~10-20 min on 2 cores); `--quick` never builds it and uses a ~300-passage subset instead (a note says so).
 
     python bench/retriever_throughput.py           # 8 s per point, 1,000,000 vectors
     python bench/retriever_throughput.py --quick   # 0.5 s per point, 20,000 128-d vectors (says so)
 
-The client is a minimal keep-alive HTTP/1.1 client on asyncio streams so that it takes little of the
-2 cores from the server; every response's status is checked and one body per point is parsed. The
-last line printed is the JSON result.
+The client is a minimal keep-alive HTTP/1.1 client on asyncio streams, so that it takes little CPU from the
+server. The last line printed is the JSON result.
 """
 
 from __future__ import annotations
@@ -43,25 +29,23 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from retriever_common import (  # noqa: E402
-    CORPUS,
+from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
+from bench.retriever_common import (  # noqa: E402
     DATASETS,
     INDEX_DIR,
-    REPO,
     ServedRetriever,
     dense_available,
     dense_subset,
     ensure_indexes,
-    load_questions,
 )
 
 BATCHES = (1, 32, 256)
@@ -74,17 +58,6 @@ REFUSED: Counter[str] = Counter()
 """429s (with Retry-After) the service answered in measured windows, per method: the clients back off as
 told, so a refused request costs its client the wait and counts in no figure."""
 K = 10
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def question_pool() -> list[str]:
-    return [r["question"] for name in DATASETS for r in load_questions(name)]
-
-
-# --------------------------------------------------------------------------- service side
 
 
 class RawClient:
@@ -124,10 +97,8 @@ class RawClient:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            try:
+            with suppress(ConnectionError):
                 await self.writer.wait_closed()
-            except ConnectionError:
-                pass
             self.reader = self.writer = None
 
 
@@ -171,9 +142,6 @@ async def _service_rate(ports: list[int], method: str, batch: int, pool: list[st
     return rate
 
 
-# --------------------------------------------------------------------------- in-process side
-
-
 def _inprocess_rate(retriever: Any, batch: int, pool: list[str], seconds: float) -> float:
     batches = [pool[i:i + batch] for i in range(0, len(pool) - batch, max(batch, 7))][:200]
     retriever.batch_search(batches[0], K)  # warm
@@ -187,9 +155,6 @@ def _inprocess_rate(retriever: Any, batch: int, pool: list[str], seconds: float)
     return done / (time.perf_counter() - t0)
 
 
-# --------------------------------------------------------------------------- ANN vs exact
-
-
 def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, Any]:
     import faiss
 
@@ -197,12 +162,11 @@ def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, An
     from services.retriever.settings import FaissSettings
 
     rng = np.random.default_rng(0)
-    centres = None
     emb = sorted(INDEX_DIR.glob("embeddings-*/manifest.json"))
     if emb and dims == 384:
         centres = np.concatenate([np.asarray(c) for c in iter_chunks(emb[0].parent)])
         source = f"real MiniLM passage vectors ({len(centres)}) + gaussian noise"
-    if centres is None:
+    else:
         centres = rng.standard_normal((2000, dims)).astype(np.float32)
         source = f"2,000 random {dims}-d centres + gaussian noise"
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
@@ -255,14 +219,10 @@ def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, An
     return out
 
 
-# --------------------------------------------------------------------------- encoder backends
-
-
 def recall_questions(n: int) -> list[str]:
     """n real questions, taken round-robin from the question sets (not the pool's first set only)."""
     sets = [[r["question"] for r in load_questions(name, limit=n)] for name in DATASETS]
-    out = [q for row in itertools.zip_longest(*sets) for q in row if q]
-    return out[:n]
+    return [q for row in itertools.zip_longest(*sets) for q in row if q][:n]
 
 
 def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: float, n_questions: int,
@@ -319,9 +279,6 @@ def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: fl
             "recall_questions": len(questions), "index_documents": index.ntotal}
 
 
-# --------------------------------------------------------------------------- main
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short windows, 20k vectors")
@@ -359,10 +316,10 @@ def main() -> None:
             f"on 2 cores), cached in {INDEX_DIR}")
         os.environ["RETRIEVER_ENCODER__BACKEND"] = args.build_backend  # read by the build's settings only
         os.environ["RETRIEVER_ENCODER__ONNX_DIR"] = str(ONNX_DIR)
-    ensure_indexes(bm25=["bm25s"], dense=build_dense, log=log)
+    ensure_indexes(bm25=["bm25s"], dense=build_dense)
     os.environ.pop("RETRIEVER_ENCODER__BACKEND", None)  # the services below set their own
     notes: list[str] = []
-    pool = question_pool()
+    pool = [r["question"] for name in DATASETS for r in load_questions(name)]
     defaults = RetrieverSettings(bm25=True)
     # (methods, corpus, index dir): bm25 always over the combined corpus; dense/hybrid over it when its
     # dense index exists, else over a small subset (query encoding dominates their cost either way)
@@ -387,9 +344,8 @@ def main() -> None:
     for names, corpus, index_dir in setups:
         if not names:
             continue
-        # the in-process objects are built with the same classes and parameters the service uses
-        # the fastest single in-process caller: one call with a scorer thread per core (not the service's
-        # setting, which --replicas runs may lower)
+        # the fastest single in-process caller, with the service's classes and parameters but a scorer thread
+        # per core (not the service's setting, which --replicas runs may lower)
         bm25 = Bm25sRetriever(index_dir / "bm25s", threads=os.cpu_count() or 2)
         candidates: dict[str, Any] = {"bm25": bm25}
         uses_dense = any(m in ("dense", "hybrid") for m in names)
@@ -402,8 +358,6 @@ def main() -> None:
             served_all = [replicas.enter_context(ServedRetriever(env, corpus=corpus, index_dir=index_dir))
                           for _ in range(args.replicas)]
             ports = [served.port for served in served_all]
-            # interleaved windows (in-process, service, in-process, service): on a shared machine whose load
-            # swings, both sides of each ratio then see the same conditions
             for method in names:
                 inprocess[method], service[method] = {}, {}
                 for b in BATCHES:
@@ -419,9 +373,8 @@ def main() -> None:
         for r in candidates.values():
             r.close()
         del candidates, bm25
-    methods = list(service)
     peak = round(max(peaks), 1)
-    ratio = {m: round(service[m]["32"] / inprocess[m]["32"], 3) for m in methods}
+    ratio = {m: round(service[m]["32"] / inprocess[m]["32"], 3) for m in service}
     log(f"ratio at batch 32: {ratio}, service peak RSS {peak} MB")
 
     result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,

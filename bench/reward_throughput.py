@@ -1,21 +1,14 @@
 """GenAcc reward throughput: a batch judged concurrently vs one item at a time (as s3's reward loop does).
 
-120 (prediction, gold answers) items whose span check fails (predictions are other questions' gold
-answers, from ../shared/data/qa/nq.jsonl), so every item needs the LLM judge. The judge LLM is the fake
-OpenAI-compatible server (tests/support/fake_llm.py) in its own process with 100 ms latency per
-call. Both runs go through the judge service (in-process app, real OpenAI client over HTTP to the fake):
+120 items whose span check fails (predictions are other NQ questions' gold answers), so each needs the LLM
+judge: the fake LLM in its own process, 100 ms per call, behind the judge service (a fresh in-process app per
+run, so no verdict comes from the other run's cache). Sequential: one POST /judge per item, awaited in turn
+(s3's `check_answer_correct` loop); concurrent: one POST /judge/batch (the LLM client's concurrency limit
+bounds the fan-out). Both must return the same scores, all decided by the LLM. The stderr line also times s3's
+loop in-process (no service hop), the CPU of the concurrent run and the load average (on a shared 2-core
+machine the concurrent run is CPU-bound, not latency-bound).
 
-- sequential: one POST /judge per item, each awaited before the next (s3's `check_answer_correct` loop,
-  through the same service, so the two runs differ only in batching + concurrency);
-- concurrent: one POST /judge/batch with all items (the LLM client's concurrency limit bounds the fan-out).
-
-The detail line on stderr also times s3's loop in-process (the judging function called directly, no
-service hop per item), the CPU the concurrent run used, and the load average: on a shared 2-core
-machine the concurrent run is CPU-bound, not latency-bound.
-
-Each run gets a fresh judge app, so no verdict is served from the other run's cache; both runs must
-return the same scores, all decided by the LLM. Final line:
-{"items": 120, "sequential_s": .., "concurrent_s": .., "speedup": ..}
+Final line: {"items": 120, "sequential_s": .., "concurrent_s": .., "speedup": ..}
 
     python bench/reward_throughput.py [--quick] [--items 120] [--latency-ms 100] [--concurrency 64]
 """
@@ -33,27 +26,24 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import REPO, fake_llm_spec, load_questions  # noqa: E402
 from services.common.answers import span_match  # noqa: E402
 from services.common.clients import JudgeClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
 from services.common.llm import LLMSettings  # noqa: E402
-from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
+from services.common.procgroup import ProcessGroup  # noqa: E402
 from services.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
 from services.common.workers import free_port  # noqa: E402
 from services.judge.api import create_app  # noqa: E402
 from services.judge.settings import JudgeSettings  # noqa: E402
 from tests.support.procs import cpu_seconds  # noqa: E402
 
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
-
 
 def build_items(n: int) -> list[JudgeRequest]:
     """Predictions that are another question's gold answer: the span check fails on every one."""
-    with (DATA / "qa" / "nq.jsonl").open(encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
+    rows = load_questions("nq")
     items: list[JudgeRequest] = []
     for i, row in enumerate(rows):
         prediction = rows[(i + 1) % len(rows)]["golden_answers"][0]
@@ -63,13 +53,6 @@ def build_items(n: int) -> list[JudgeRequest]:
         if len(items) == n:
             return items
     raise SystemExit(f"only {len(items)} items whose span check fails")
-
-
-def fake_llm(port: int, latency_ms: float) -> ProcessGroup:
-    """The fake LLM answering "no" after `latency_ms`, as a started, ready one-member process group."""
-    return ProcessGroup(cwd=REPO).up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port",
-                                                        str(port), "--latency-ms", str(latency_ms), "--responder", "no"],
-                                                 ready_url=f"http://127.0.0.1:{port}/v1/models"), timeout_s=30)
 
 
 async def run(items: list[JudgeRequest], llm_url: str, concurrency: int, batched: bool,
@@ -104,7 +87,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, float | int]:
     items = build_items(args.items)
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    with fake_llm(port, args.latency_ms) as group:
+    llm = fake_llm_spec(port, args.latency_ms, "no", model="fake-llm")  # every verdict "no"
+    with ProcessGroup(cwd=REPO).up(llm, timeout_s=30) as group:
         proc = group.procs["llm"]
         seq_times, con_times, con_cpu, local_times = [], [], [], []
         for _ in range(1 if args.quick else 3):

@@ -1,31 +1,18 @@
 """Scaling curves of the retriever backends: build time, memory, disk and served throughput against corpus size.
 
-For each size (default 100k, 1M and 5M passages) and backend (bm25s, Lucene via pyserini, FAISS flat / HNSW /
-SQ8, Milvus flat / HNSW on milvus-lite) this measures:
-- `build_s`: wall seconds of the index build in a child process (for dense: from ready embeddings, the
-  encoding is not part of it), and `build_rss_mb`: that child's peak RSS (VmHWM);
-- `rss_mb`: peak RSS (VmHWM) of the served retriever (`python -m services.retriever`, one worker) after
-  loading and answering: the index *and* the corpus text it keeps in memory to return documents;
-- `disk_mb`: the index folder on disk (Milvus: its milvus-lite folder);
-- `qps_b32`: queries/s of `POST /retrieve` at batch 32, k=10, 8 keep-alive clients (the client of
-  bench/retriever_throughput.py), real questions from ../shared/data/qa; the adaptive admission limit is
-  off (capacity, not admission, is measured here);
-- `recall_at_10`: dense only, the served top-10 against exact inner-product search over the same vectors
-  (the same questions, encoded in-process by the same MiniLM). bm25 backends are exact: null.
+For each size (default 100k, 1M, 5M passages) and backend (bm25s, Lucene via pyserini, FAISS flat / HNSW /
+SQ8, Milvus flat / HNSW on milvus-lite): `build_s` and `build_rss_mb` (wall seconds and peak RSS of the index
+build in a child process; dense from ready embeddings), `rss_mb` (peak RSS of the served retriever, one
+worker, after loading and answering: index and corpus text), `disk_mb` (the index on disk), `qps_b32` (`POST
+/retrieve` at batch 32, k=10, 8 keep-alive clients, adaptive admission off: capacity is measured) and, dense
+only, `recall_at_10` (the served top-10 against exact inner-product search over the same vectors; bm25: null).
 
-The corpora are synthetic, made from the real one (../shared/data/corpus/combined.jsonl, 23,652 passages):
-each passage's length in words is drawn from the real passages' lengths, its words independently from the
-real corpus's unigram distribution (the word frequencies of all its passages, case and punctuation kept as
-whitespace-split tokens), its title from the real titles. So posting-list lengths follow the real Zipf
-curve; word co-occurrence does not (no topics), which makes BM25 a little cheaper than on real text.
-Dense vectors are synthetic too: a real MiniLM passage vector (from the full-corpus embeddings built by
-bench/retriever_throughput.py, or encoded here if missing) plus gaussian noise (sigma 0.04 per dimension),
-normalised; queries are real questions encoded by MiniLM.
-
-Each backend has a largest size it is run at by default (`--max` backend=size): 1M for the text backends,
-HNSW and Milvus (their 5M builds take hours on 2 cores), 5M for FAISS flat and SQ8. Skipped points are
-listed with the reason. Growth is fitted per backend (build_s and disk_mb as a power law a*n^b, rss_mb as
-a line base + per-passage) and extrapolated to wiki-18's 21,015,324 passages.
+Corpora are synthetic, from ../shared/data/corpus/combined.jsonl: real passage lengths, words drawn from its
+unigram distribution, real titles (posting lists follow the real Zipf curve, co-occurrence does not: BM25 is a
+little cheaper than on real text). Vectors: real MiniLM passage vectors plus gaussian noise (sigma 0.04),
+normalised; queries are real questions. `--max` backend=size caps a backend's sizes (defaults: 1M for the text
+backends, HNSW and Milvus, whose 5M builds take hours on 2 cores; 5M for FAISS flat and SQ8). Growth is fitted
+(build_s, disk_mb: a*n^b; rss_mb: base + per-passage) and extrapolated to wiki-18's 21,015,324 passages.
 
     python bench/scale.py                       # ~1 h on 2 cores; corpora and vectors cached in var/scale
     python bench/scale.py --sizes 100000,1000000 --backends bm25s,faiss-flat
@@ -47,16 +34,18 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from retriever_common import CORPUS, INDEX_DIR, REPO, ServedRetriever, peak_rss_mb  # noqa: E402
-from retriever_throughput import _service_rate, recall_questions  # noqa: E402
+from bench.common import CORPUS, REPO, log  # noqa: E402
+from bench.retriever_common import INDEX_DIR, ServedRetriever, peak_rss_mb  # noqa: E402
+from bench.retriever_throughput import _service_rate, recall_questions  # noqa: E402
 
 BACKENDS = ("bm25s", "pyserini", "faiss-flat", "faiss-hnsw", "faiss-sq8", "milvus-flat", "milvus-hnsw")
 DEFAULT_MAX = {"bm25s": 1_000_000, "pyserini": 1_000_000, "faiss-flat": 5_000_000, "faiss-hnsw": 1_000_000,
@@ -70,16 +59,9 @@ WORK = REPO / "var" / "scale"
 PLOT = REPO / "docs" / "scale.png"
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- synthetic corpus and vectors
-
-
 def corpus_model(source: Path = CORPUS) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
     """Vocabulary, its cumulative unigram probabilities, passage lengths (words) and titles of the real corpus."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     lengths: list[int] = []
     titles: list[str] = []
     with source.open("rb") as fh:
@@ -88,9 +70,8 @@ def corpus_model(source: Path = CORPUS) -> tuple[list[str], np.ndarray, np.ndarr
             words = row["text"].split()
             lengths.append(max(1, len(words)))
             titles.append(row.get("title") or "")
-            for w in words:
-                counts[w] = counts.get(w, 0) + 1
-    vocab = sorted(counts, key=counts.__getitem__, reverse=True)
+            counts.update(words)
+    vocab = [w for w, _ in counts.most_common()]
     freq = np.array([counts[w] for w in vocab], dtype=np.float64)
     return vocab, np.cumsum(freq / freq.sum()), np.array(lengths, dtype=np.int64), titles
 
@@ -198,9 +179,6 @@ def exact_top10(embeddings: Path, queries: np.ndarray) -> np.ndarray:
     return best_i
 
 
-# --------------------------------------------------------------------------- builds (in a child process)
-
-
 def backend_env(backend: str, size_dir: Path) -> dict[str, str]:
     """The retriever's environment serving `backend` (one method, one worker)."""
     if backend in ("bm25s", "pyserini"):
@@ -269,14 +247,8 @@ def run_build(backend: str, size_dir: Path) -> dict[str, float]:
 
 
 def disk_mb(paths: list[Path]) -> float:
-    total = 0
-    for root in paths:
-        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
-        total += sum(p.stat().st_size for p in files)
-    return round(total / 2**20, 1)
-
-
-# --------------------------------------------------------------------------- one point
+    files = [p for root in paths for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()]
+    return round(sum(p.stat().st_size for p in files) / 2**20, 1)
 
 
 def served_ids(port: int, questions: list[str], method: str) -> list[list[str]]:
@@ -313,9 +285,6 @@ def measure(backend: str, size_dir: Path, pool: list[str], seconds: float, truth
             point["recall_at_10"] = round(float(np.mean([len(set(g) & w) / K for g, w in zip(got, want, strict=True)])), 4)
         point["rss_mb"] = round(srv.peak_rss_mb(), 1)
     return point
-
-
-# --------------------------------------------------------------------------- fits and the plot
 
 
 def fit(sizes: list[int], values: list[float], kind: str) -> dict[str, float] | None:
@@ -385,9 +354,6 @@ def plot(result: dict[str, Any], path: Path = PLOT) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     log(f"plot: {path}")
-
-
-# --------------------------------------------------------------------------- main
 
 
 def parse_max(values: list[str]) -> dict[str, int]:

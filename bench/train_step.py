@@ -1,23 +1,18 @@
 """GRPO steps on the CPU, two settings in the same run: where the seconds of a step go, and the reward curve.
 
-Both settings train SmolLM2-135M with TRL's GRPO through the same code (the search environment as a
-token-level rollout, `trainer.rollout.SearchRollout`), `--questions-per-step` questions x
-`--num-generations` rollouts per step, on the local services (Redis, BM25 retriever over
-../shared/data/corpus/combined.jsonl, and for the old setting the generator and judge on llama.cpp):
+Both train SmolLM2-135M with TRL's GRPO through `trainer.rollout.SearchRollout`, `--questions-per-step` x
+`--num-generations` rollouts per step, on the local services (Redis, the BM25 retriever; for the old setting
+also the generator and judge on llama.cpp):
+- before (the first CPU runs, `--before-steps` steps): every weight in fp32, the packaged s3 prompts
+  (391-token system prompt), T=2, 3 documents of 300 characters, 80 tokens per action, GBR through the
+  generator and judge (s3-filtered questions: naive-RAG GenAcc 0), format weight 0.5;
+- new (`trainer/recipe.py`, the shipped searcher's, `--steps` steps, from `--init-adapter` when given): a LoRA
+  on the last 12 layers, the trained searcher's prompts (88-token system prompt), T=1, 5 documents of 200
+  characters, 64 tokens per action, the LLM-free recall GBR; KV-cached batched sampling.
 
-- before (the setting of the first CPU runs): every weight in fp32, the packaged s3 prompts (391-token
-  system prompt), T=2, 3 documents of 300 characters, 80 tokens per action, GBR through the generator and
-  judge (s3-filtered questions: naive-RAG GenAcc 0), format weight 0.5. `--before-steps` steps.
-- new (`trainer/recipe.py`, the shipped searcher's): a LoRA on the last 12 layers (backpropagation stops
-  there), the trained searcher's prompts (88-token system prompt), T=1, 5 documents of 200 characters,
-  64 tokens per action, the LLM-free recall GBR (hit of the selected documents minus hit of naive top-n at
-  the same n); KV-cached batched sampling that reads a group's shared prompt once. `--steps` steps,
-  from `--init-adapter` (e.g. the warm start) when given.
-
-Per step: rollout seconds (sampling + retrieval), reward seconds, update seconds (the rest: TRL's
-forward/backward and optimizer). Final JSON line:
-{"seconds_per_step", "seconds_per_step_before", "speedup", "reward_first5", "reward_last5", "steps", ...};
-PNG: <out>/new/reward_curve.png.
+Per step: rollout (sampling + retrieval), reward and update seconds (the rest: TRL's forward/backward and
+optimizer). Final JSON line: {"seconds_per_step", "seconds_per_step_before", "speedup", "reward_first5",
+"reward_last5", "steps", ...}; PNG: <out>/new/reward_curve.png.
 
     python bench/train_step.py --init-adapter var/runs/warmstart/adapter      # 20 new steps, 2 before
     python bench/train_step.py --quick                                        # 1 + 1 steps: the path works
