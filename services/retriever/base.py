@@ -55,7 +55,7 @@ class Hits:
 
 @runtime_checkable
 class Retriever(Protocol):
-    """Anything with a name, a document count and a batch search."""
+    """Anything with a name, a document count and a batch search (backends subclass it for `search`)."""
 
     name: str
 
@@ -64,6 +64,7 @@ class Retriever(Protocol):
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits: ...
 
-    def search(self, query: str, k: int) -> Hits: ...
+    def search(self, query: str, k: int) -> Hits:
+        return self.batch_search([query], k)
 
     def close(self) -> None: ...

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.common.errors import Overloaded
 from services.retriever.base import Hits
@@ -31,7 +31,6 @@ class _Item:
     queries: Sequence[str]
     k: int
     future: asyncio.Future[Hits]
-    enqueued: float = field(default_factory=time.perf_counter)
 
 
 class MicroBatcher:
@@ -85,9 +84,7 @@ class MicroBatcher:
             batch = [it for it in self._take() if not it.future.done()]  # drop requests already cancelled
             if not batch:
                 continue
-            queries: list[str] = []
-            for it in batch:
-                queries.extend(it.queries)
+            queries = [q for it in batch for q in it.queries]
             k = max(it.k for it in batch)
             t0 = time.perf_counter()
             try:

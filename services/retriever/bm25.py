@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.retriever.base import Hits
+from services.retriever.base import Hits, Retriever
 from services.retriever.corpus import Corpus
 from services.retriever.manifest import Manifest, atomic_folder
 
@@ -80,7 +80,7 @@ def _cache_numba_scorer() -> None:
     ru._plugsearch_cached = True
 
 
-class Bm25sRetriever:
+class Bm25sRetriever(Retriever):
     """bm25s with its numba backend (compiled and warmed up at load, so the first request is fast).
 
     `threads=1`: the serial scorer, which releases the GIL and may be called from several threads at once
@@ -134,9 +134,6 @@ class Bm25sRetriever:
         ids = np.where(sc > 0, ids, -1)  # no matching term: bm25s returns arbitrary zero-score documents
         hits = Hits(ids, np.where(ids >= 0, sc, 0).astype(np.float32))
         return hits if kk == k else Hits.concat([hits, Hits.empty(0, k)])
-
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
 
     def close(self) -> None:
         self._model = None
@@ -197,7 +194,7 @@ def build_pyserini(corpus: Corpus, out: Path, *, threads: int = 2, show_progress
     return manifest
 
 
-class PyseriniRetriever:
+class PyseriniRetriever(Retriever):
     """pyserini `LuceneSearcher.batch_search` with `threads` Java threads; k1/b set at load."""
 
     name = "pyserini"
@@ -221,23 +218,17 @@ class PyseriniRetriever:
         return self._n
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
-        n = len(queries)
-        ids = np.full((n, k), -1, dtype=np.int64)
-        scores = np.zeros((n, k), dtype=np.float32)
-        qids = [str(i) for i in range(n)]
-        if n == 1:
+        hits = Hits.empty(len(queries), k)
+        qids = [str(i) for i in range(len(queries))]
+        if len(queries) == 1:
             results = {"0": self._searcher.search(queries[0], k=k)}
         else:
             results = self._searcher.batch_search(list(queries), qids, k=k, threads=self.threads)
-        lookup = self._index
         for i, qid in enumerate(qids):
             for r, hit in enumerate(results.get(qid, [])[:k]):
-                ids[i, r] = lookup[hit.docid]
-                scores[i, r] = hit.score
-        return Hits(ids, scores)
-
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
+                hits.ids[i, r] = self._index[hit.docid]
+                hits.scores[i, r] = hit.score
+        return hits
 
     def close(self) -> None:
         if self._searcher is not None:
@@ -245,12 +236,8 @@ class PyseriniRetriever:
             self._searcher = None
 
 
-def _index_collection_main(argv: list[str]) -> None:
+if __name__ == "__main__":  # child process of build_pyserini
     setup_java()
     from pyserini.pyclass import autoclass
 
-    autoclass("io.anserini.index.IndexCollection").main(argv)
-
-
-if __name__ == "__main__":  # child process of build_pyserini
-    _index_collection_main(sys.argv[1:])
+    autoclass("io.anserini.index.IndexCollection").main(sys.argv[1:])

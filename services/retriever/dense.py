@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from services.retriever.base import Hits
+from services.retriever.base import Hits, Retriever
 from services.retriever.corpus import Corpus
-from services.retriever.manifest import IndexMissing, Manifest, atomic_folder
+from services.retriever.manifest import IndexMissing, Manifest, atomic_file, atomic_folder
 from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, FaissSettings
 
 if TYPE_CHECKING:
@@ -148,7 +148,6 @@ def embed_corpus(corpus: Corpus, index_dir: Path, settings: EncoderSettings, *, 
                initial=sum(min(chunk_size, len(corpus) - i * chunk_size) for i in finished))
     if finished:
         logger.info("resuming embeddings: %s of %s chunks already on disk", len(finished), n_chunks)
-    dims = None
     for i in range(n_chunks):
         if i in finished:
             continue
@@ -156,14 +155,11 @@ def embed_corpus(corpus: Corpus, index_dir: Path, settings: EncoderSettings, *, 
             encoder = Encoder(settings)
         lo, hi = i * chunk_size, min(len(corpus), (i + 1) * chunk_size)
         vectors = encoder.encode_passages([corpus.passage(j) for j in range(lo, hi)])
-        dims = vectors.shape[1]
-        tmp = work / f".chunk-{i:06d}.{os.getpid()}.npy"
-        np.save(tmp, vectors)
-        os.replace(tmp, work / f"chunk-{i:06d}.npy")
+        with atomic_file(work / f"chunk-{i:06d}.npy") as tmp, tmp.open("wb") as fh:
+            np.save(fh, vectors)
         bar.update(hi - lo)
     bar.close()
-    if dims is None:
-        dims = int(np.load(work / "chunk-000000.npy", mmap_mode="r").shape[1])
+    dims = int(np.load(work / "chunk-000000.npy", mmap_mode="r").shape[1])
     Manifest(kind="embeddings", backend="sentence-transformers", corpus_path=str(corpus.path),
              corpus_checksum=corpus.checksum, doc_count=len(corpus), encoder=settings.name,
              encoder_config=encoder_identity(settings), dims=dims,
@@ -219,11 +215,8 @@ def configure_search(index: Any, settings: FaissSettings) -> None:
 
 
 def _training_sample(folder: Path, n: int, size: int) -> npt.NDArray[np.float32]:
-    take = min(1.0, size / max(1, n))
-    parts = []
-    for chunk in iter_chunks(folder):
-        step = max(1, int(round(1 / take)))
-        parts.append(np.asarray(chunk[::step], dtype=np.float32))
+    step = max(1, int(round(1 / min(1.0, size / max(1, n)))))
+    parts = [np.asarray(chunk[::step], dtype=np.float32) for chunk in iter_chunks(folder)]
     return np.ascontiguousarray(np.concatenate(parts)[:size])
 
 
@@ -339,18 +332,16 @@ class FaissIndex:
         faiss.cvar.distance_compute_blas_threshold = settings.blas_threshold  # process-wide, as the threads
         self.dims = int(self.manifest.dims or 0)
         self._keep: list[Any] = []
+
+        def read(number: int, device: int) -> Any:
+            shard = faiss.read_index(str(folder / self.manifest.files[number]))
+            configure_search(shard, settings)
+            return shard
+
         if settings.gpu:
             self.index = self._load_gpu(settings)
-        elif len(self.manifest.files) == 1:
-            self.index = faiss.read_index(str(folder / self.manifest.files[0]))
         else:
-            shards = faiss.IndexShards(self.dims, False, True)  # type: ignore[call-arg]
-            for name in self.manifest.files:
-                shard = faiss.read_index(str(folder / name))
-                configure_search(shard, settings)
-                shards.add_shard(shard)
-                self._keep.append(shard)
-            self.index = shards
+            self.index = combine_shards(self.dims, [range(len(self.manifest.files))], read, self._keep)
         configure_search(self.index, settings)
         if int(self.index.ntotal) != self.manifest.doc_count:
             raise IndexMissing(f"dense index {folder} holds {self.index.ntotal} vectors, manifest says "
@@ -408,7 +399,7 @@ class VectorIndex(Protocol):
     def close(self) -> None: ...
 
 
-class DenseRetriever:
+class DenseRetriever(Retriever):
     """Encode the queries of a batch together, then one vector search (FAISS or Milvus)."""
 
     name = "dense"
@@ -426,9 +417,5 @@ class DenseRetriever:
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         return self.index.search(self.encoder.encode_queries(queries), k)
 
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
-
     def close(self) -> None:
-        self._closed = True
         self.index.close()

@@ -28,22 +28,16 @@ def rrf_fuse(runs: Sequence[Hits], k: int, rrf_k: int = 60) -> Hits:
         fused: dict[int, float] = {}
         best: dict[int, int] = {}
         for ranked in run_ids:
-            rank = 0
-            for doc in ranked[q]:
-                if doc < 0:
-                    continue
-                rank += 1
+            for rank, doc in enumerate((d for d in ranked[q] if d >= 0), start=1):
                 fused[doc] = fused.get(doc, 0.0) + 1.0 / (rrf_k + rank)
-                if rank < best.get(doc, 1 << 30):
-                    best[doc] = rank
+                best[doc] = min(rank, best.get(doc, rank))
         order = sorted(fused, key=lambda d: (-fused[d], best[d], d))[:k]
-        for r, doc in enumerate(order):
-            ids[q, r] = doc
-            scores[q, r] = fused[doc]
+        ids[q, :len(order)] = order
+        scores[q, :len(order)] = [fused[d] for d in order]
     return Hits(ids, scores)
 
 
-class HybridRetriever:
+class HybridRetriever(Retriever):
     """Composition of two retrievers: each searched `depth` deep, fused with RRF."""
 
     name = "hybrid"
@@ -62,9 +56,6 @@ class HybridRetriever:
         depth = max(k, self.depth)
         return rrf_fuse([self.sparse.batch_search(queries, depth), self.dense.batch_search(queries, depth)],
                         k, self.rrf_k)
-
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
 
     def close(self) -> None:
         self.sparse.close()

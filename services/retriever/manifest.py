@@ -51,9 +51,8 @@ class Manifest(BaseModel):
     format_version: int = FORMAT_VERSION
 
     def write(self, folder: Path) -> None:
-        tmp = folder / f".{MANIFEST}.{uuid.uuid4().hex}"
-        tmp.write_text(self.model_dump_json(indent=2))
-        os.replace(tmp, folder / MANIFEST)
+        with atomic_file(folder / MANIFEST) as tmp:
+            tmp.write_text(self.model_dump_json(indent=2))
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -96,6 +95,17 @@ class Manifest(BaseModel):
                 f"index {where or ''} was built from a different corpus/configuration: " + "; ".join(problems)
                 + ". Rebuild it with `plugsearch-index build` (or point RETRIEVER_INDEX_DIR/RETRIEVER_CORPUS "
                 "at matching files).")
+
+
+@contextmanager
+def atomic_file(final: Path) -> Iterator[Path]:
+    """A temporary path next to `final`, renamed onto it when the block succeeds, removed when it fails."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

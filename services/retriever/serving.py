@@ -52,18 +52,23 @@ class IndexCheck:
     manifests: dict[str, Manifest]
 
 
+def _checked(folder: Path, setting: str, backend: str, checksum: str, **expect: Any) -> Manifest:
+    """The manifest in `folder`, checked against the corpus, its files and the configured backend."""
+    manifest = Manifest.read(folder)
+    manifest.check(corpus_checksum=checksum, where=folder, **expect)
+    if manifest.backend != backend:
+        raise IndexMismatch(f"{folder} holds a {manifest.backend} index, {setting} is {backend}")
+    manifest.check_files(folder)
+    return manifest
+
+
 def check_indexes(settings: RetrieverSettings) -> IndexCheck:
     """Read every configured manifest and compare it with the corpus and settings (raises on mismatch)."""
     checksum = file_checksum(settings.corpus)
     manifests: dict[str, Manifest] = {}
     if settings.bm25:
         folder = bm25_folder(settings)
-        manifest = Manifest.read(folder)
-        manifest.check(corpus_checksum=checksum, where=folder)
-        manifest.check_files(folder)
-        if manifest.backend != settings.bm25_backend:
-            raise IndexMismatch(f"{folder} holds a {manifest.backend} index, RETRIEVER_BM25_BACKEND is "
-                                f"{settings.bm25_backend}")
+        manifest = _checked(folder, "RETRIEVER_BM25_BACKEND", settings.bm25_backend, checksum)
         if settings.bm25_backend == "bm25s":
             for name in ("k1", "b"):
                 wanted = getattr(settings, f"bm25_{name}")
@@ -72,15 +77,9 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
                                         f"RETRIEVER_BM25_{name.upper()}={wanted}; rebuild the index")
         manifests["bm25"] = manifest
     if settings.dense:
-        folder = dense_index_folder(settings)
-        manifest = Manifest.read(folder)
-        manifest.check(corpus_checksum=checksum, encoder=settings.encoder.name,
-                       encoder_config=encoder_identity(settings.encoder), index_type=settings.dense_index_type(),
-                       where=folder)
-        if manifest.backend != settings.dense_backend:
-            raise IndexMismatch(f"{folder} holds a {manifest.backend} index, RETRIEVER_DENSE_BACKEND is "
-                                f"{settings.dense_backend}")
-        manifest.check_files(folder)
+        manifest = _checked(dense_index_folder(settings), "RETRIEVER_DENSE_BACKEND", settings.dense_backend,
+                            checksum, encoder=settings.encoder.name, encoder_config=encoder_identity(settings.encoder),
+                            index_type=settings.dense_index_type())
         if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
             from services.retriever.milvus import open_checked
 
@@ -172,11 +171,11 @@ class RetrieverService:
         return names
 
     @classmethod
-    def load(cls, settings: RetrieverSettings, check: IndexCheck, *, metrics: SearchMetrics | None = None,
-             corpus: Corpus | None = None) -> RetrieverService:
+    def load(cls, settings: RetrieverSettings, check: IndexCheck, *,
+             metrics: SearchMetrics | None = None) -> RetrieverService:
         """Heavy start-up: corpus into RAM, indexes opened, encoder loaded (blocking; run it in a thread)."""
         t0 = time.perf_counter()
-        corpus = corpus or Corpus.load(settings.corpus, checksum=check.corpus_checksum)
+        corpus = Corpus.load(settings.corpus, checksum=check.corpus_checksum)
         retrievers: dict[str, Retriever] = {}
         if settings.bm25:
             folder = bm25_folder(settings)

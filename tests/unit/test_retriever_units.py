@@ -164,7 +164,6 @@ def test_both_corpus_shapes_load_the_same(data_dir: Path, tmp_path: Path) -> Non
     assert a.ids == b.ids == [r["id"] for r in rows]
     assert a.titles == b.titles and a.texts == b.texts
     assert a.checksum == file_checksum(plain) != b.checksum
-    assert a.contents(0) == join_contents(rows[0]["title"], rows[0]["text"])
 
 
 def test_every_shared_corpus_file_loads(data_dir: Path) -> None:
