@@ -42,26 +42,22 @@ class MicroBatcher:
         self.max_queue = max_queue
         self.observe = observe
         self._pending: deque[_Item] = deque()
-        self._queued = 0
+        self.queued = 0  # queries waiting for a library call
         self.workers = workers
         self._drains: set[asyncio.Task[None]] = set()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"search-{name}")
         self._closed = False
 
-    @property
-    def queued(self) -> int:
-        return self._queued
-
     async def submit(self, queries: Sequence[str], k: int) -> Hits:
         if self._closed:
             raise RuntimeError(f"batcher {self.name} is closed")
-        if self._queued and self._queued + len(queries) > self.max_queue:
-            raise Overloaded(f"{self.name} search queue is full ({self._queued} queries); retry later",
+        if self.queued and self.queued + len(queries) > self.max_queue:
+            raise Overloaded(f"{self.name} search queue is full ({self.queued} queries); retry later",
                              retry_after=1.0)
         loop = asyncio.get_running_loop()
         item = _Item(queries, k, loop.create_future())
         self._pending.append(item)
-        self._queued += len(queries)
+        self.queued += len(queries)
         # live drains only: one that just finished is done() already, and must not block a new one
         self._drains = {task for task in self._drains if not task.done()}
         if len(self._drains) < self.workers:
@@ -75,7 +71,7 @@ class MicroBatcher:
             item = self._pending.popleft()
             batch.append(item)
             size += len(item.queries)
-        self._queued -= size
+        self.queued -= size
         return batch
 
     async def _drain(self) -> None:

@@ -32,9 +32,6 @@ _STOPWORDS = "en"
 _java_lock = threading.Lock()
 
 
-# --------------------------------------------------------------------------- bm25s
-
-
 def _stemmer() -> Any:
     import Stemmer
 
@@ -106,19 +103,16 @@ class Bm25sRetriever(Retriever):
     def doc_count(self) -> int:
         return self._n
 
-    def tokenize(self, queries: Sequence[str]) -> list[list[str]]:
+    def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         import bm25s
 
-        out: list[list[str]] = bm25s.tokenize(list(queries), stopwords=_STOPWORDS, stemmer=self._stemmer,
-                                              return_ids=False, show_progress=False)
-        return out
-
-    def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         n = len(queries)
         kk = min(k, self._n)
         vocab = self._model.vocab_dict
         n_terms = len(self._model.scores["indptr"]) - 1  # ids past this have no column in the index
-        token_ids = [[vocab[t] for t in q if t in vocab and vocab[t] < n_terms] for q in self.tokenize(queries)]
+        tokens: list[list[str]] = bm25s.tokenize(list(queries), stopwords=_STOPWORDS, stemmer=self._stemmer,
+                                                 return_ids=False, show_progress=False)
+        token_ids = [[vocab[t] for t in q if t in vocab and vocab[t] < n_terms] for q in tokens]
         # A query with no known term matches nothing. It must never reach bm25s: the "" token bm25s adds
         # to the vocabulary at load has no column in the score matrix, and numba reads out of bounds
         # (a segfault that takes the whole service down).
@@ -137,9 +131,6 @@ class Bm25sRetriever(Retriever):
 
     def close(self) -> None:
         self._model = None
-
-
-# --------------------------------------------------------------------------- pyserini / Lucene
 
 
 def setup_java() -> None:

@@ -113,9 +113,6 @@ class Encoder:
         return self._encode([prefix + p for p in passages], batch_size=self.settings.batch_size)
 
 
-# --------------------------------------------------------------------------- embeddings (streamed, resumable)
-
-
 def embeddings_key(corpus_checksum: str, settings: EncoderSettings) -> str:
     payload = json.dumps({"corpus": corpus_checksum, "encoder": settings.name, **encoder_identity(settings)},
                          sort_keys=True)
@@ -148,9 +145,7 @@ def embed_corpus(corpus: Corpus, index_dir: Path, settings: EncoderSettings, *, 
                initial=sum(min(chunk_size, len(corpus) - i * chunk_size) for i in finished))
     if finished:
         logger.info("resuming embeddings: %s of %s chunks already on disk", len(finished), n_chunks)
-    for i in range(n_chunks):
-        if i in finished:
-            continue
+    for i in sorted(set(range(n_chunks)) - finished):
         if encoder is None:
             encoder = Encoder(settings)
         lo, hi = i * chunk_size, min(len(corpus), (i + 1) * chunk_size)
@@ -176,16 +171,6 @@ def iter_chunks(folder: Path) -> Iterator[npt.NDArray[np.float32]]:
         yield np.load(path, mmap_mode="r")
 
 
-# --------------------------------------------------------------------------- FAISS
-
-
-def _pq_m(dims: int, wanted: int) -> int:
-    m = wanted or max(1, dims // 4)
-    while dims % m:
-        m -= 1
-    return m
-
-
 def new_faiss_index(dims: int, n: int, settings: FaissSettings) -> Any:
     """An empty index of the configured type for n vectors (inner product on normalised vectors)."""
     import faiss
@@ -200,7 +185,8 @@ def new_faiss_index(dims: int, n: int, settings: FaissSettings) -> Any:
     if kind == "sq8":
         return faiss.IndexScalarQuantizer(dims, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     nlist = settings.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
-    return faiss.index_factory(dims, f"IVF{nlist},PQ{_pq_m(dims, settings.pq_m)}", faiss.METRIC_INNER_PRODUCT)
+    pq_m = next(m for m in range(settings.pq_m or max(1, dims // 4), 0, -1) if dims % m == 0)  # divides dims
+    return faiss.index_factory(dims, f"IVF{nlist},PQ{pq_m}", faiss.METRIC_INNER_PRODUCT)
 
 
 def configure_search(index: Any, settings: FaissSettings) -> None:

@@ -110,9 +110,6 @@ def _place(source: Path, target: Path, how: LinkMode) -> None:
         shutil.copy2(source, target)
 
 
-# --------------------------------------------------------------------------- FAISS
-
-
 def _faiss_type(index: Any) -> tuple[IndexType, str]:
     import faiss
 
@@ -224,9 +221,6 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
     return manifest
 
 
-# --------------------------------------------------------------------------- Lucene
-
-
 def _open_lucene(folder: Path) -> Any:
     from services.retriever.bm25 import setup_java
 
@@ -327,10 +321,9 @@ def import_lucene(source: Path, corpus: Path, index_dir: Path, *, sample: int = 
 def serve_env(corpus: Path, index_dir: Path, manifests: Sequence[Manifest],
               encoder: EncoderSettings | None = None) -> dict[str, str]:
     """The RETRIEVER_* variables that serve what was imported (printed by the command)."""
-    env = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir)}
     kinds = {m.kind for m in manifests}
-    env["RETRIEVER_BM25"] = str("bm25" in kinds).lower()
-    env["RETRIEVER_DENSE"] = str("dense" in kinds).lower()
+    env = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
+           "RETRIEVER_BM25": str("bm25" in kinds).lower(), "RETRIEVER_DENSE": str("dense" in kinds).lower()}
     if "bm25" in kinds:
         env["RETRIEVER_BM25_BACKEND"] = "pyserini"
     dense = [m for m in manifests if m.kind == "dense"]

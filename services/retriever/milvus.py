@@ -146,9 +146,6 @@ def _described(client: Any, settings: MilvusSettings) -> tuple[dict[str, str], i
     return {str(k): str(v) for k, v in (described.get("properties") or {}).items()}, (dims or [None])[0]
 
 
-# --------------------------------------------------------------------------- build (streamed, resumable)
-
-
 def create_index(client: Any, settings: MilvusSettings) -> None:
     """Index the vector field. A try that ran out of time may have left the index building in Milvus: the
     next try then finds it and does not ask again (which Milvus refuses: "index already exists")."""
@@ -263,9 +260,6 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
     logger.info("loaded %s vectors into Milvus collection %s (%s) in %.1f s", n, settings.collection,
                 settings.index_type, manifest.build_seconds)
     return manifest
-
-
-# --------------------------------------------------------------------------- start-up check and search
 
 
 def check_collection(client: Any, settings: MilvusSettings, manifest: Manifest) -> int:

@@ -42,7 +42,8 @@ FUSED = "model-fused.onnx"
 INT8 = "model-int8.onnx"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
-POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                 "pooling_mode_max_tokens": "max"}
 # texts per onnxruntime call, after sorting by length: a merged batch of 256 questions ran 2-3x faster in
 # chunks of 32 than in one call padded to its longest question (MiniLM, 2 cores)
 MAX_CHUNK = 32
@@ -131,8 +132,9 @@ def export_fp32(model_path: Path, out: Path) -> None:
     args = tuple(sample[n] for n in names)
     dynamic = tuple({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for _ in names)
     with _written(out) as tmp, torch.no_grad():
-        torch.onnx.export(LastHidden(model), args, str(tmp), input_names=names, output_names=["last_hidden_state"],
-                          dynamic_shapes={"args": dynamic}, opset_version=OPSET, dynamo=True, external_data=False)
+        torch.onnx.export(LastHidden(model), args, str(tmp), input_names=names,
+                          output_names=["last_hidden_state"], dynamic_shapes={"args": dynamic},
+                          opset_version=OPSET, dynamo=True, external_data=False)
 
 
 def quantize_int8(source: Path, out: Path) -> None:
@@ -154,7 +156,8 @@ def fuse(source: Path, out: Path) -> None:
     from onnxruntime.transformers.optimizer import optimize_model
 
     with _written(out) as tmp:
-        optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0).save_model_to_file(str(tmp))
+        model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0)
+        model.save_model_to_file(str(tmp))
 
 
 def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:

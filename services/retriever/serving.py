@@ -78,8 +78,8 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
         manifests["bm25"] = manifest
     if settings.dense:
         manifest = _checked(dense_index_folder(settings), "RETRIEVER_DENSE_BACKEND", settings.dense_backend,
-                            checksum, encoder=settings.encoder.name, encoder_config=encoder_identity(settings.encoder),
-                            index_type=settings.dense_index_type())
+                            checksum, encoder=settings.encoder.name, index_type=settings.dense_index_type(),
+                            encoder_config=encoder_identity(settings.encoder))
         if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
             from services.retriever.milvus import open_checked
 
@@ -126,7 +126,7 @@ class SearchMetrics:
 
 class RetrieverService:
     def __init__(self, corpus: Corpus, retrievers: dict[str, Retriever], settings: RetrieverSettings,
-                 *, metrics: SearchMetrics | None = None, index_id: str | None = None) -> None:
+                 *, index_id: str, metrics: SearchMetrics | None = None) -> None:
         for name, retriever in retrievers.items():
             if retriever.doc_count != len(corpus):
                 raise IndexMismatch(f"{name} index holds {retriever.doc_count} documents, corpus "
@@ -135,9 +135,7 @@ class RetrieverService:
         self.retrievers = retrievers
         self.settings = settings
         self.metrics = metrics
-        manifests = {name: getattr(r, "manifest", None) for name, r in retrievers.items()}
-        self.index_id = index_id or index_identity(settings, corpus.checksum, {
-            name: m for name, m in manifests.items() if isinstance(m, Manifest)})
+        self.index_id = index_id
         self.batchers = {
             name: MicroBatcher(name, r.batch_search, max_batch=settings.max_batch_queries,
                                max_queue=settings.max_queue, observe=self._observer(name),
@@ -165,10 +163,7 @@ class RetrieverService:
 
     @property
     def methods(self) -> list[str]:
-        names = list(self.retrievers)
-        if "bm25" in names and "dense" in names:
-            names.append("hybrid")
-        return names
+        return list(self.retrievers) + (["hybrid"] if {"bm25", "dense"} <= self.retrievers.keys() else [])
 
     @classmethod
     def load(cls, settings: RetrieverSettings, check: IndexCheck, *,
@@ -233,8 +228,6 @@ class RetrieverService:
             hits.ids[live, :width] = found.ids[:, :width]
             hits.scores[live, :width] = found.scores[:, :width]
         return hits
-
-    # ------------------------------------------------------------------ response bodies (orjson, no pydantic)
 
     def documents(self, hits: Hits) -> list[list[dict[str, Any]]]:
         ids, titles, texts = self.corpus.ids, self.corpus.titles, self.corpus.texts

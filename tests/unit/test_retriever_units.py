@@ -213,7 +213,8 @@ def test_rendered_response_equals_plain_json_of_the_documents(tmp_path: Path) ->
         def close(self) -> None:
             pass
 
-    svc = RetrieverService(corpus, {"bm25": Fixed()}, RetrieverSettings())  # type: ignore[dict-item]
+    svc = RetrieverService(corpus, {"bm25": Fixed()}, RetrieverSettings(),  # type: ignore[dict-item]
+                           index_id="idx-test")
     result = Hits(np.array([[2, 0, -1], [1, -1, -1], [-1, -1, -1]], dtype=np.int64),
                   np.array([[12.3456789, 1e-7, 0], [0.1, 0, 0], [0, 0, 0]], dtype=np.float32))
     body = orjson.loads(svc.render("bm25", result, 1.23456))
