@@ -87,7 +87,6 @@ class Bm25sRetriever(Retriever):
     def __init__(self, folder: Path, *, threads: int = 2, mmap: bool = False) -> None:
         import bm25s
 
-        self.folder = folder
         self.manifest = Manifest.read(folder)
         self.threads = threads
         _cache_numba_scorer()
@@ -192,7 +191,6 @@ class PyseriniRetriever(Retriever):
         setup_java()
         from pyserini.search.lucene import LuceneSearcher
 
-        self.folder = folder
         self.manifest = Manifest.read(folder)
         self.threads = threads
         self._searcher = LuceneSearcher(str(folder / "lucene"))

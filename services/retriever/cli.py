@@ -166,9 +166,10 @@ def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="plugsearch-index", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build missing or stale indexes")
-    b.add_argument("--corpus", type=Path, help="overrides RETRIEVER_CORPUS")
-    b.add_argument("--index-dir", type=Path, help="overrides RETRIEVER_INDEX_DIR")
+    paths = argparse.ArgumentParser(add_help=False)
+    paths.add_argument("--corpus", type=Path, help="overrides RETRIEVER_CORPUS")
+    paths.add_argument("--index-dir", type=Path, help="overrides RETRIEVER_INDEX_DIR")
+    b = sub.add_parser("build", parents=[paths], help="build missing or stale indexes")
     b.add_argument("--bm25", choices=["bm25s", "pyserini", "both", "none"],
                    help="default: RETRIEVER_BM25_BACKEND when RETRIEVER_BM25 is on")
     b.add_argument("--dense", action=argparse.BooleanOptionalAction, default=None,
@@ -177,11 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--chunk-size", type=int, default=2048, help="passages per on-disk embedding chunk")
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
-    for name in ("check", "info"):
-        p = sub.add_parser(name, help="check the configured indexes against the corpus" if name == "check"
-                           else "print the manifests")
-        p.add_argument("--corpus", type=Path)
-        p.add_argument("--index-dir", type=Path)
+    sub.add_parser("check", parents=[paths], help="check the configured indexes against the corpus")
+    sub.add_parser("info", parents=[paths], help="print the manifests")
     _import_parser(sub)
     args = parser.parse_args(argv)
 

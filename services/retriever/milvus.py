@@ -302,7 +302,6 @@ class MilvusIndex:
     """A loaded Milvus collection behind the same `search(vectors, k) -> Hits` as `FaissIndex`."""
 
     def __init__(self, folder: Path, settings: MilvusSettings) -> None:
-        self.folder = folder
         self.settings = settings
         self.manifest = Manifest.read(folder)
         self.dims = int(self.manifest.dims or 0)
