@@ -8,6 +8,7 @@ Ties are broken by the best single rank, then by document number, so the order i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
@@ -37,16 +38,16 @@ def rrf_fuse(runs: Sequence[Hits], k: int, rrf_k: int = 60) -> Hits:
     return Hits(ids, scores)
 
 
+@dataclass(eq=False)
 class HybridRetriever(Retriever):
     """Composition of two retrievers: each searched `depth` deep, fused with RRF."""
 
+    sparse: Retriever
+    dense: Retriever
+    _: KW_ONLY
+    depth: int = 100
+    rrf_k: int = 60
     name = "hybrid"
-
-    def __init__(self, sparse: Retriever, dense: Retriever, *, depth: int = 100, rrf_k: int = 60) -> None:
-        self.sparse = sparse
-        self.dense = dense
-        self.depth = depth
-        self.rrf_k = rrf_k
 
     @property
     def doc_count(self) -> int:
