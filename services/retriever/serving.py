@@ -9,7 +9,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,13 @@ class SearchMetrics:
         self.queued = Gauge("retriever_queued_queries", "queries waiting for a library call", ["method"],
                             registry=registry, multiprocess_mode="livesum")
 
+    def observer(self, method: str) -> Callable[[int, float], None]:
+        def observe(n: int, seconds: float) -> None:
+            self.seconds.labels(method).observe(seconds)
+            self.batch.labels(method).observe(n)
+
+        return observe
+
 
 class RetrieverService:
     def __init__(self, corpus: Corpus, retrievers: dict[str, Retriever], settings: RetrieverSettings,
@@ -136,8 +143,8 @@ class RetrieverService:
         self.index_id = index_id
         self.batchers = {
             name: MicroBatcher(name, r.batch_search, max_batch=settings.max_batch_queries,
-                               max_queue=settings.max_queue, observe=self._observer(name),
-                               workers=self._workers(name))
+                               max_queue=settings.max_queue, workers=self._workers(name),
+                               observe=metrics.observer(name) if metrics is not None else None)
             for name, r in retrievers.items()
         }
 
@@ -147,17 +154,6 @@ class RetrieverService:
         if method == "bm25" and isinstance(self.retrievers[method], Bm25sRetriever):
             return self.settings.bm25_threads
         return 1
-
-    def _observer(self, method: str) -> Any:
-        metrics = self.metrics
-        if metrics is None:
-            return None
-
-        def observe(n: int, seconds: float) -> None:
-            metrics.seconds.labels(method).observe(seconds)
-            metrics.batch.labels(method).observe(n)
-
-        return observe
 
     @property
     def methods(self) -> list[str]:
