@@ -192,10 +192,8 @@ def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:
 
 def sentence_transformers_layout(model_path: Path, pooling: str) -> tuple[str, bool, bool]:
     """(pooling mode, model normalises, lower-case inputs) as sentence-transformers would load the model."""
-    lower = False
     bert_config = model_path / "sentence_bert_config.json"
-    if bert_config.is_file():
-        lower = bool(json.loads(bert_config.read_text()).get("do_lower_case", False))
+    lower = bert_config.is_file() and bool(json.loads(bert_config.read_text()).get("do_lower_case", False))
     if pooling != "model":
         return pooling, False, lower
     modules_file = model_path / "modules.json"
