@@ -1,9 +1,6 @@
-"""The retriever's HTTP API: a thin router over `RetrieverService`.
-
-`POST /retrieve` (batch of queries, k, method -> ranked `{id, title, text, score}` per query) and
-`POST /searchr1/retrieve` (Search-R1 / veRL search-tool shape: point their `search_url` here).
-Start-up refuses a corpus/index mismatch (the manifests are checked before the app serves); the heavy
-loading then runs in the background and `/health/ready` turns green when every index is loaded.
+"""The retriever's HTTP API: a thin router over `RetrieverService` (`POST /retrieve`, and `POST
+/searchr1/retrieve` in the Search-R1 / veRL search-tool shape). The manifests are checked before the app
+serves; the heavy loading runs in the background and `/health/ready` turns green once it is done.
 """
 
 from __future__ import annotations
@@ -70,29 +67,23 @@ async def retrieve_searchr1(body: SearchR1Request, request: Request) -> Response
     return Response(svc.render_searchr1(hits, body.return_scores), media_type=JSON)
 
 
-def create_app(settings: RetrieverSettings, *, service: RetrieverService | None = None,
-               check: IndexCheck | None = None) -> FastAPI:
-    """The retriever app. Inject `service` to skip loading (tests); `check` to reuse a start-up check."""
+def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) -> FastAPI:
+    """The retriever app; `check` reuses a start-up index check (else the lifespan runs one)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = SearchMetrics(app.state.metrics.registry)
-        loading: asyncio.Task[None] | None = None
-        if service is not None:
-            service.metrics = metrics
-            app.state.retriever = service
-        else:
-            checked = check if check is not None else await asyncio.to_thread(check_indexes, settings)
+        checked = check if check is not None else await asyncio.to_thread(check_indexes, settings)
 
-            async def load() -> None:
-                try:
-                    app.state.retriever = await asyncio.to_thread(RetrieverService.load, settings, checked,
-                                                                  metrics=metrics)
-                except Exception as exc:  # readiness reports it; the log has the trace
-                    logger.exception("loading the indexes failed")
-                    app.state.startup_error = f"loading failed: {type(exc).__name__}: {exc}"
+        async def load() -> None:
+            try:
+                app.state.retriever = await asyncio.to_thread(RetrieverService.load, settings, checked,
+                                                              metrics=metrics)
+            except Exception as exc:  # readiness reports it; the log has the trace
+                logger.exception("loading the indexes failed")
+                app.state.startup_error = f"loading failed: {type(exc).__name__}: {exc}"
 
-            loading = asyncio.create_task(load())
+        loading = asyncio.create_task(load())
 
         async def ready() -> dict[str, str]:
             loaded: RetrieverService | None = app.state.retriever
@@ -104,9 +95,9 @@ def create_app(settings: RetrieverSettings, *, service: RetrieverService | None 
         try:
             yield
         finally:
-            if loading is not None and not loading.done():
+            if not loading.done():
                 await asyncio.wait({loading}, timeout=60)
-            if app.state.retriever is not None and service is None:
+            if app.state.retriever is not None:
                 await app.state.retriever.aclose()
 
     def version_details(app: FastAPI) -> dict[str, Any]:

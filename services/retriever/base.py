@@ -41,13 +41,6 @@ class Hits:
     def empty(cls, n: int, k: int) -> Hits:
         return cls(np.full((n, k), -1, dtype=np.int64), np.zeros((n, k), dtype=np.float32))
 
-    @classmethod
-    def concat(cls, parts: Sequence[Hits]) -> Hits:
-        width = max(p.k for p in parts)
-        ids = [np.pad(p.ids, ((0, 0), (0, width - p.k)), constant_values=-1) for p in parts]
-        scores = [np.pad(p.scores, ((0, 0), (0, width - p.k))) for p in parts]
-        return cls(np.concatenate(ids), np.concatenate(scores))
-
     def per_query(self, i: int) -> list[tuple[int, float]]:
         """(doc number, score) pairs of query i, without padding."""
         return [(int(d), float(s)) for d, s in zip(self.ids[i], self.scores[i], strict=True) if d >= 0]
@@ -55,7 +48,7 @@ class Hits:
 
 @runtime_checkable
 class Retriever(Protocol):
-    """Anything with a name, a document count and a batch search."""
+    """Anything with a name, a document count and a batch search (backends subclass it for `search`)."""
 
     name: str
 
@@ -64,6 +57,7 @@ class Retriever(Protocol):
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits: ...
 
-    def search(self, query: str, k: int) -> Hits: ...
+    def search(self, query: str, k: int) -> Hits:
+        return self.batch_search([query], k)
 
     def close(self) -> None: ...

@@ -1,10 +1,9 @@
 """Micro-batching: concurrent requests for one method are merged into one library call.
 
-No timer: a request that finds the backend idle starts a call at once; requests that arrive while a
-call runs queue up and go together in the next call (up to `max_batch` queries). At low load this adds
-no latency; under load the library sees large batches, which is where BM25, FAISS and the encoder are
-fastest. The blocking call runs on dedicated threads (`workers` per backend, default one), never on
-the event loop. With two workers a second batch is searched while the first one's responses are written.
+No timer: a request that finds the backend idle starts a call at once; those that arrive meanwhile go
+together in the next call (up to `max_batch` queries): no added latency at low load, large batches (where
+BM25, FAISS and the encoder are fastest) under load. Calls run on `workers` dedicated threads per backend,
+never on the event loop; with two, a batch is searched while the previous one's responses are written.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.common.errors import Overloaded
 from services.retriever.base import Hits
@@ -31,7 +30,6 @@ class _Item:
     queries: Sequence[str]
     k: int
     future: asyncio.Future[Hits]
-    enqueued: float = field(default_factory=time.perf_counter)
 
 
 class MicroBatcher:
@@ -43,26 +41,22 @@ class MicroBatcher:
         self.max_queue = max_queue
         self.observe = observe
         self._pending: deque[_Item] = deque()
-        self._queued = 0
+        self.queued = 0  # queries waiting for a library call
         self.workers = workers
         self._drains: set[asyncio.Task[None]] = set()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"search-{name}")
         self._closed = False
 
-    @property
-    def queued(self) -> int:
-        return self._queued
-
     async def submit(self, queries: Sequence[str], k: int) -> Hits:
         if self._closed:
             raise RuntimeError(f"batcher {self.name} is closed")
-        if self._queued and self._queued + len(queries) > self.max_queue:
-            raise Overloaded(f"{self.name} search queue is full ({self._queued} queries); retry later",
+        if self.queued and self.queued + len(queries) > self.max_queue:
+            raise Overloaded(f"{self.name} search queue is full ({self.queued} queries); retry later",
                              retry_after=1.0)
         loop = asyncio.get_running_loop()
         item = _Item(queries, k, loop.create_future())
         self._pending.append(item)
-        self._queued += len(queries)
+        self.queued += len(queries)
         # live drains only: one that just finished is done() already, and must not block a new one
         self._drains = {task for task in self._drains if not task.done()}
         if len(self._drains) < self.workers:
@@ -76,7 +70,7 @@ class MicroBatcher:
             item = self._pending.popleft()
             batch.append(item)
             size += len(item.queries)
-        self._queued -= size
+        self.queued -= size
         return batch
 
     async def _drain(self) -> None:
@@ -85,9 +79,7 @@ class MicroBatcher:
             batch = [it for it in self._take() if not it.future.done()]  # drop requests already cancelled
             if not batch:
                 continue
-            queries: list[str] = []
-            for it in batch:
-                queries.extend(it.queries)
+            queries = [q for it in batch for q in it.queries]
             k = max(it.k for it in batch)
             t0 = time.perf_counter()
             try:

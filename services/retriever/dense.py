@@ -1,11 +1,9 @@
 """Dense retrieval: a sentence-transformers encoder and FAISS (flat, HNSW, SQ8, IVF-PQ).
 
-Index builds stream: passages are encoded chunk by chunk and each chunk is written to disk as soon as it
-is done (`embeddings-<key>.partial/chunk-NNNNNN.npy`), so the full matrix is never held in RAM and an
-interrupted build resumes from the last finished chunk. The FAISS index is then built by reading the
-chunks back one at a time into an atomic folder (`dense-<type>/`, manifest written last). Flat indexes
-are stored in shards; with faiss-gpu they load shard by shard onto the GPUs as fp16 (the whole fp32
-index is never staged in host RAM), contiguous runs of shards per GPU, one GPU resources object per GPU.
+Builds stream: each chunk of passage vectors goes to disk once encoded (`embeddings-<key>.partial/`), so
+the full matrix is never in RAM and an interrupted build resumes from the last chunk; the FAISS index is
+built from the chunks read back one at a time. Flat indexes are stored in shards; with faiss-gpu they load
+shard by shard onto the GPUs as fp16 (the fp32 index is never staged in host RAM).
 """
 
 from __future__ import annotations
@@ -24,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from services.retriever.base import Hits
+from services.retriever.base import Hits, Retriever
 from services.retriever.corpus import Corpus
-from services.retriever.manifest import IndexMissing, Manifest, atomic_folder
+from services.retriever.manifest import IndexMissing, Manifest, atomic_file, atomic_folder
 from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, FaissSettings
 
 if TYPE_CHECKING:
@@ -113,9 +111,6 @@ class Encoder:
         return self._encode([prefix + p for p in passages], batch_size=self.settings.batch_size)
 
 
-# --------------------------------------------------------------------------- embeddings (streamed, resumable)
-
-
 def embeddings_key(corpus_checksum: str, settings: EncoderSettings) -> str:
     payload = json.dumps({"corpus": corpus_checksum, "encoder": settings.name, **encoder_identity(settings)},
                          sort_keys=True)
@@ -148,22 +143,16 @@ def embed_corpus(corpus: Corpus, index_dir: Path, settings: EncoderSettings, *, 
                initial=sum(min(chunk_size, len(corpus) - i * chunk_size) for i in finished))
     if finished:
         logger.info("resuming embeddings: %s of %s chunks already on disk", len(finished), n_chunks)
-    dims = None
-    for i in range(n_chunks):
-        if i in finished:
-            continue
+    for i in sorted(set(range(n_chunks)) - finished):
         if encoder is None:
             encoder = Encoder(settings)
         lo, hi = i * chunk_size, min(len(corpus), (i + 1) * chunk_size)
         vectors = encoder.encode_passages([corpus.passage(j) for j in range(lo, hi)])
-        dims = vectors.shape[1]
-        tmp = work / f".chunk-{i:06d}.{os.getpid()}.npy"
-        np.save(tmp, vectors)
-        os.replace(tmp, work / f"chunk-{i:06d}.npy")
+        with atomic_file(work / f"chunk-{i:06d}.npy") as tmp, tmp.open("wb") as fh:
+            np.save(fh, vectors)
         bar.update(hi - lo)
     bar.close()
-    if dims is None:
-        dims = int(np.load(work / "chunk-000000.npy", mmap_mode="r").shape[1])
+    dims = int(np.load(work / "chunk-000000.npy", mmap_mode="r").shape[1])
     Manifest(kind="embeddings", backend="sentence-transformers", corpus_path=str(corpus.path),
              corpus_checksum=corpus.checksum, doc_count=len(corpus), encoder=settings.name,
              encoder_config=encoder_identity(settings), dims=dims,
@@ -180,16 +169,6 @@ def iter_chunks(folder: Path) -> Iterator[npt.NDArray[np.float32]]:
         yield np.load(path, mmap_mode="r")
 
 
-# --------------------------------------------------------------------------- FAISS
-
-
-def _pq_m(dims: int, wanted: int) -> int:
-    m = wanted or max(1, dims // 4)
-    while dims % m:
-        m -= 1
-    return m
-
-
 def new_faiss_index(dims: int, n: int, settings: FaissSettings) -> Any:
     """An empty index of the configured type for n vectors (inner product on normalised vectors)."""
     import faiss
@@ -204,7 +183,8 @@ def new_faiss_index(dims: int, n: int, settings: FaissSettings) -> Any:
     if kind == "sq8":
         return faiss.IndexScalarQuantizer(dims, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     nlist = settings.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
-    return faiss.index_factory(dims, f"IVF{nlist},PQ{_pq_m(dims, settings.pq_m)}", faiss.METRIC_INNER_PRODUCT)
+    pq_m = next(m for m in range(settings.pq_m or max(1, dims // 4), 0, -1) if dims % m == 0)  # divides dims
+    return faiss.index_factory(dims, f"IVF{nlist},PQ{pq_m}", faiss.METRIC_INNER_PRODUCT)
 
 
 def configure_search(index: Any, settings: FaissSettings) -> None:
@@ -219,11 +199,8 @@ def configure_search(index: Any, settings: FaissSettings) -> None:
 
 
 def _training_sample(folder: Path, n: int, size: int) -> npt.NDArray[np.float32]:
-    take = min(1.0, size / max(1, n))
-    parts = []
-    for chunk in iter_chunks(folder):
-        step = max(1, int(round(1 / take)))
-        parts.append(np.asarray(chunk[::step], dtype=np.float32))
+    step = max(1, int(round(1 / min(1.0, size / max(1, n)))))
+    parts = [np.asarray(chunk[::step], dtype=np.float32) for chunk in iter_chunks(folder)]
     return np.ascontiguousarray(np.concatenate(parts)[:size])
 
 
@@ -339,18 +316,16 @@ class FaissIndex:
         faiss.cvar.distance_compute_blas_threshold = settings.blas_threshold  # process-wide, as the threads
         self.dims = int(self.manifest.dims or 0)
         self._keep: list[Any] = []
+
+        def read(number: int, device: int) -> Any:
+            shard = faiss.read_index(str(folder / self.manifest.files[number]))
+            configure_search(shard, settings)
+            return shard
+
         if settings.gpu:
             self.index = self._load_gpu(settings)
-        elif len(self.manifest.files) == 1:
-            self.index = faiss.read_index(str(folder / self.manifest.files[0]))
         else:
-            shards = faiss.IndexShards(self.dims, False, True)  # type: ignore[call-arg]
-            for name in self.manifest.files:
-                shard = faiss.read_index(str(folder / name))
-                configure_search(shard, settings)
-                shards.add_shard(shard)
-                self._keep.append(shard)
-            self.index = shards
+            self.index = combine_shards(self.dims, [range(len(self.manifest.files))], read, self._keep)
         configure_search(self.index, settings)
         if int(self.index.ntotal) != self.manifest.doc_count:
             raise IndexMissing(f"dense index {folder} holds {self.index.ntotal} vectors, manifest says "
@@ -408,7 +383,7 @@ class VectorIndex(Protocol):
     def close(self) -> None: ...
 
 
-class DenseRetriever:
+class DenseRetriever(Retriever):
     """Encode the queries of a batch together, then one vector search (FAISS or Milvus)."""
 
     name = "dense"
@@ -426,9 +401,5 @@ class DenseRetriever:
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         return self.index.search(self.encoder.encode_queries(queries), k)
 
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
-
     def close(self) -> None:
-        self._closed = True
         self.index.close()

@@ -8,6 +8,7 @@ Ties are broken by the best single rank, then by document number, so the order i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
@@ -28,31 +29,25 @@ def rrf_fuse(runs: Sequence[Hits], k: int, rrf_k: int = 60) -> Hits:
         fused: dict[int, float] = {}
         best: dict[int, int] = {}
         for ranked in run_ids:
-            rank = 0
-            for doc in ranked[q]:
-                if doc < 0:
-                    continue
-                rank += 1
+            for rank, doc in enumerate((d for d in ranked[q] if d >= 0), start=1):
                 fused[doc] = fused.get(doc, 0.0) + 1.0 / (rrf_k + rank)
-                if rank < best.get(doc, 1 << 30):
-                    best[doc] = rank
+                best[doc] = min(rank, best.get(doc, rank))
         order = sorted(fused, key=lambda d: (-fused[d], best[d], d))[:k]
-        for r, doc in enumerate(order):
-            ids[q, r] = doc
-            scores[q, r] = fused[doc]
+        ids[q, :len(order)] = order
+        scores[q, :len(order)] = [fused[d] for d in order]
     return Hits(ids, scores)
 
 
-class HybridRetriever:
+@dataclass(eq=False)
+class HybridRetriever(Retriever):
     """Composition of two retrievers: each searched `depth` deep, fused with RRF."""
 
+    sparse: Retriever
+    dense: Retriever
+    _: KW_ONLY
+    depth: int = 100
+    rrf_k: int = 60
     name = "hybrid"
-
-    def __init__(self, sparse: Retriever, dense: Retriever, *, depth: int = 100, rrf_k: int = 60) -> None:
-        self.sparse = sparse
-        self.dense = dense
-        self.depth = depth
-        self.rrf_k = rrf_k
 
     @property
     def doc_count(self) -> int:
@@ -62,9 +57,6 @@ class HybridRetriever:
         depth = max(k, self.depth)
         return rrf_fuse([self.sparse.batch_search(queries, depth), self.dense.batch_search(queries, depth)],
                         k, self.rrf_k)
-
-    def search(self, query: str, k: int) -> Hits:
-        return self.batch_search([query], k)
 
     def close(self) -> None:
         self.sparse.close()

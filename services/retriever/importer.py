@@ -1,20 +1,10 @@
 """Adopt indexes built elsewhere (pyserini / Anserini Lucene, Search-R1 / FlashRAG FAISS) without rebuilding.
 
-`plugsearch-index import lucene DIR` and `plugsearch-index import faiss FILE` write the same index folders
-and manifests `plugsearch-index build` writes (`<index_dir>/pyserini/`, `<index_dir>/dense-<type>/`), with
-the original artefact linked (default) or copied in, after checking that it belongs to the corpus:
-
-- Lucene: the index holds as many documents as the corpus; a sample of index documents is found in the
-  corpus and a sample of corpus ids in the index; where the index stores raw documents (`-storeRaw`),
-  their text equals the corpus rows. An index with raw documents and no corpus file yet gets its corpus
-  written from them (`{"id", "contents"}` lines, in index order).
-- FAISS: inner-product metric; as many vectors as corpus documents; the encoder's dimension; and a
-  sample of passages, re-encoded with the given encoder settings (name or path, pooling, prefixes,
-  normalisation, max length), comes back as its own nearest neighbour and, where the index keeps its
-  vectors, points the same way as the stored vector (cosine >= 0.99). A wrong encoder, pooling or
-  prefix, or a corpus in another order, fails here with a message that says which check failed.
-
-Nothing holds the whole corpus in memory: the corpus is streamed (count, checksum, sampled rows).
+`plugsearch-index import lucene DIR` / `import faiss FILE` check that the artefact belongs to the corpus
+(the checks: docs/INTEGRATIONS.md, "Bring your indexes"; a failed one is named), then write the index folder
+and manifest `plugsearch-index build` writes (`<index_dir>/pyserini/`, `<index_dir>/dense-<type>/`), the
+artefact linked (default) or copied in. The corpus is streamed (count, checksum, sampled rows), never held
+in memory.
 """
 
 from __future__ import annotations
@@ -23,7 +13,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +21,9 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from services.retriever.corpus import CorpusError, file_checksum, parse_line
+from services.retriever.corpus import CorpusError, corpus_lines, file_checksum, parse_line
 from services.retriever.dense import Encoder, dense_folder, encoder_identity
-from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
+from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
 from services.retriever.settings import EncoderSettings, IndexType
 
 logger = logging.getLogger(__name__)
@@ -42,11 +31,11 @@ logger = logging.getLogger(__name__)
 LinkMode = Literal["symlink", "copy"]
 PassageText = Literal["auto", "contents", "title-text"]
 
+# FAISS classes this service can serve, and the index type (folder `dense-<type>`) each becomes
 FAISS_FILE_TYPES: dict[str, IndexType] = {
     "IndexFlatIP": "flat", "IndexFlat": "flat", "IndexHNSWFlat": "hnsw", "IndexScalarQuantizer": "sq8",
     "IndexIVFPQ": "ivfpq",
 }
-"""FAISS classes this service can serve, and the index type (folder `dense-<type>`) each becomes."""
 
 
 class ImportRefused(IndexMismatch):
@@ -59,16 +48,12 @@ class CorpusSample:
 
     doc_count: int
     checksum: str
-    rows: dict[int, bytes]
-    """position -> the raw JSON line"""
-    ids_found: set[str]
-    """the asked ids that occur in the corpus"""
+    rows: dict[int, bytes]  # position -> the raw JSON line
+    ids_found: set[str]  # the asked ids that occur in the corpus
 
 
 def evenly_spaced(n: int, count: int) -> list[int]:
     """`count` positions spread over [0, n), first and last included."""
-    if n <= 0:
-        return []
     if count >= n:
         return list(range(n))
     return sorted({round(i * (n - 1) / max(1, count - 1)) for i in range(count)})
@@ -76,11 +61,7 @@ def evenly_spaced(n: int, count: int) -> list[int]:
 
 def count_documents(path: Path) -> int:
     """Non-blank lines of a JSONL corpus (what `Corpus.load` counts), without parsing them."""
-    try:
-        with path.open("rb") as fh:
-            return sum(1 for line in fh if line.strip())
-    except OSError as exc:
-        raise CorpusError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
+    return sum(1 for _ in corpus_lines(path))
 
 
 def sample_corpus(path: Path, positions: Iterable[int] = (), ids: Iterable[str] = ()) -> CorpusSample:
@@ -90,20 +71,14 @@ def sample_corpus(path: Path, positions: Iterable[int] = (), ids: Iterable[str] 
     rows: dict[int, bytes] = {}
     found: set[str] = set()
     n = 0
-    try:
-        with path.open("rb") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                if n in wanted:
-                    rows[n] = line
-                if looking:
-                    doc_id, _, _ = parse_line(line, lineno, path)
-                    if doc_id in looking:
-                        found.add(doc_id)
-                n += 1
-    except OSError as exc:
-        raise CorpusError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
+    for lineno, line in corpus_lines(path):
+        if n in wanted:
+            rows[n] = line
+        if looking:
+            doc_id, _, _ = parse_line(line, lineno, path)
+            if doc_id in looking:
+                found.add(doc_id)
+        n += 1
     if n == 0:
         raise CorpusError(f"{path}: no documents")
     return CorpusSample(n, file_checksum(path), rows, found)
@@ -131,9 +106,6 @@ def _place(source: Path, target: Path, how: LinkMode) -> None:
         shutil.copytree(source, target)
     else:
         shutil.copy2(source, target)
-
-
-# --------------------------------------------------------------------------- FAISS
 
 
 def _faiss_type(index: Any) -> tuple[IndexType, str]:
@@ -247,9 +219,6 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
     return manifest
 
 
-# --------------------------------------------------------------------------- Lucene
-
-
 def _open_lucene(folder: Path) -> Any:
     from services.retriever.bm25 import setup_java
 
@@ -268,22 +237,16 @@ def export_lucene_corpus(searcher: Any, out: Path) -> int:
     """Write the index's stored raw documents as a JSONL corpus (index order); returns the count."""
     n = int(searcher.num_docs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}"
-    try:
-        with tmp.open("wb") as fh:
-            for i in range(n):
-                doc = searcher.doc(i)
-                raw = doc.raw() if doc is not None else None
-                if raw is None:
-                    raise ImportRefused(f"Lucene document {i} has no stored raw text: pass the corpus file")
-                row = orjson.loads(raw)
-                if not isinstance(row, dict) or ("id" not in row and "docid" not in row):
-                    row = {"id": doc.docid(), "contents": raw}
-                fh.write(orjson.dumps(row) + b"\n")
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(out) as tmp, tmp.open("wb") as fh:
+        for i in range(n):
+            doc = searcher.doc(i)
+            raw = doc.raw() if doc is not None else None
+            if raw is None:
+                raise ImportRefused(f"Lucene document {i} has no stored raw text: pass the corpus file")
+            row = orjson.loads(raw)
+            if not isinstance(row, dict) or ("id" not in row and "docid" not in row):
+                row = {"id": doc.docid(), "contents": raw}
+            fh.write(orjson.dumps(row) + b"\n")
     return n
 
 
@@ -356,10 +319,9 @@ def import_lucene(source: Path, corpus: Path, index_dir: Path, *, sample: int = 
 def serve_env(corpus: Path, index_dir: Path, manifests: Sequence[Manifest],
               encoder: EncoderSettings | None = None) -> dict[str, str]:
     """The RETRIEVER_* variables that serve what was imported (printed by the command)."""
-    env = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir)}
     kinds = {m.kind for m in manifests}
-    env["RETRIEVER_BM25"] = str("bm25" in kinds).lower()
-    env["RETRIEVER_DENSE"] = str("dense" in kinds).lower()
+    env = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
+           "RETRIEVER_BM25": str("bm25" in kinds).lower(), "RETRIEVER_DENSE": str("dense" in kinds).lower()}
     if "bm25" in kinds:
         env["RETRIEVER_BM25_BACKEND"] = "pyserini"
     dense = [m for m in manifests if m.kind == "dense"]

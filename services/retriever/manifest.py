@@ -1,9 +1,6 @@
-"""Index manifests and atomic index folders.
-
-Every index folder holds `manifest.json` (corpus checksum, document count, encoder, dims, index type,
-build time, ...). A folder is built under a temporary name next to its final place, the manifest is
-written last, and the folder is renamed into place: a crash mid-build leaves only a `.tmp-*` folder,
-which never loads (and is removed by the next build).
+"""Index manifests and atomic index folders: a folder is built under a temporary name next to its place,
+`manifest.json` written last, then renamed into place, so a crash mid-build leaves only a `.tmp-*` folder
+that never loads (and that the next build removes).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,9 +48,8 @@ class Manifest(BaseModel):
     format_version: int = FORMAT_VERSION
 
     def write(self, folder: Path) -> None:
-        tmp = folder / f".{MANIFEST}.{uuid.uuid4().hex}"
-        tmp.write_text(self.model_dump_json(indent=2))
-        os.replace(tmp, folder / MANIFEST)
+        with atomic_file(folder / MANIFEST) as tmp:
+            tmp.write_text(self.model_dump_json(indent=2))
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -78,24 +74,32 @@ class Manifest(BaseModel):
               encoder_config: dict[str, Any] | None = None, index_type: str | None = None,
               where: Path | None = None) -> None:
         """Raise IndexMismatch, naming every difference, when this index was built from something else."""
-        problems = []
-        if self.format_version != FORMAT_VERSION:
-            problems.append(f"format version {self.format_version} != {FORMAT_VERSION}")
-        if self.corpus_checksum != corpus_checksum:
-            problems.append(f"corpus checksum {self.corpus_checksum} != configured corpus {corpus_checksum}")
-        if doc_count is not None and self.doc_count != doc_count:
-            problems.append(f"document count {self.doc_count} != corpus {doc_count}")
-        if encoder is not None and self.encoder != encoder:
-            problems.append(f"encoder {self.encoder!r} != configured {encoder!r}")
-        if encoder_config is not None and self.encoder_config != encoder_config:
-            problems.append(f"encoder config {self.encoder_config} != configured {encoder_config}")
-        if index_type is not None and self.index_type != index_type:
-            problems.append(f"index type {self.index_type!r} != configured {index_type!r}")
+        expected: list[tuple[str, str, Any, str, Callable[[Any], str]]] = [
+            ("format version", "format_version", FORMAT_VERSION, "", str),
+            ("corpus checksum", "corpus_checksum", corpus_checksum, "configured corpus ", str),
+            ("document count", "doc_count", doc_count, "corpus ", str),
+            ("encoder", "encoder", encoder, "configured ", repr),
+            ("encoder config", "encoder_config", encoder_config, "configured ", str),
+            ("index type", "index_type", index_type, "configured ", repr)]
+        problems = [f"{what} {show(getattr(self, field))} != {against}{show(wanted)}"
+                    for what, field, wanted, against, show in expected
+                    if wanted is not None and getattr(self, field) != wanted]
         if problems:
             raise IndexMismatch(
                 f"index {where or ''} was built from a different corpus/configuration: " + "; ".join(problems)
                 + ". Rebuild it with `plugsearch-index build` (or point RETRIEVER_INDEX_DIR/RETRIEVER_CORPUS "
                 "at matching files).")
+
+
+@contextmanager
+def atomic_file(final: Path) -> Iterator[Path]:
+    """A temporary path next to `final`, renamed onto it when the block succeeds, removed when it fails."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -1,19 +1,16 @@
 """Dense retrieval on Milvus: the same encoder and vectors as the FAISS backend, searched by Milvus.
 
-Locally and in tests the engine is milvus-lite (a `.db` folder opened inside this process through
-pymilvus' `MilvusClient`); in production a Milvus server or cluster (`http(s)://host:19530` + token).
-One collection holds `id` (INT64, the passage's position in the corpus, as FAISS ids are) and `vector`
-(FLOAT_VECTOR), indexed FLAT (exact) or HNSW, inner-product metric like the FAISS indexes.
+The engine is milvus-lite locally and in tests (a `.db` folder opened inside this process through pymilvus'
+`MilvusClient`), a Milvus server or cluster in production (`http(s)://host:19530` + token). One collection
+holds `id` (INT64, the passage's corpus position, as FAISS ids are) and `vector` (FLOAT_VECTOR), indexed
+FLAT (exact) or HNSW, inner-product metric like the FAISS indexes.
 
-Builds stream: the embedding chunks written by `dense.embed_corpus` are read one at a time and inserted
-in batches of `insert_batch` rows; the number of rows loaded is written to a small state file after each
-batch, so a killed build resumes there (the first batch after a resume is upserted: it may have landed
-before the kill). A SHA-256 over every id and every vector (int64 / float32 bytes in id order) is kept in the index manifest
-(`<index_dir>/milvus-<collection>/manifest.json`) and in the collection's properties, with the row count;
-start-up refuses a collection whose checksum or row count differs from the manifest.
-
-Every call has a deadline (`timeout_s`) and is retried (`retries`, doubling backoff); a Milvus that does
-not answer is a `NotReady` (503 + Retry-After), never a 500.
+Builds stream the chunks of `dense.embed_corpus` in batches of `insert_batch` rows and record the rows
+loaded after each batch, so a killed build resumes there (upserting the first batch: it may have landed
+before the kill). A SHA-256 over every id and vector (int64 / float32 bytes in id order) and the row count
+are kept in the manifest (`<index_dir>/milvus-<collection>/`) and in the collection's properties; start-up
+refuses a collection that differs. Every call has a deadline (`timeout_s`) and retries (`retries`, doubling
+backoff); a Milvus that does not answer is a `NotReady` (503 + Retry-After), never a 500.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +29,7 @@ import numpy.typing as npt
 from services.common.errors import NotReady
 from services.retriever.base import Hits
 from services.retriever.dense import iter_chunks
-from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
+from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
 from services.retriever.settings import MilvusSettings
 
 logger = logging.getLogger(__name__)
@@ -75,11 +71,9 @@ def connect(settings: MilvusSettings) -> Any:
     except ImportError as exc:  # the `milvus` extra
         raise MilvusUnavailable("RETRIEVER_DENSE_BACKEND=milvus needs pymilvus (pip install 'plugsearch[milvus]')") \
             from exc
+    uri = _local_path(settings) if settings.is_local else settings.uri
     if settings.is_local:
-        Path(_local_path(settings)).parent.mkdir(parents=True, exist_ok=True)
-        uri = _local_path(settings)
-    else:
-        uri = settings.uri
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
     token = settings.token.get_secret_value() if settings.token is not None else ""
     try:
         return MilvusClient(uri=uri, token=token, db_name=settings.db_name, timeout=settings.timeout_s)
@@ -144,20 +138,12 @@ def index_params(client: Any, settings: MilvusSettings) -> Any:
     return params
 
 
-def _collection_properties(client: Any, settings: MilvusSettings) -> dict[str, str]:
+def _described(client: Any, settings: MilvusSettings) -> tuple[dict[str, str], int | None]:
+    """The collection's properties, and the dimension of its vectors."""
     described = call(settings, "describe_collection", client.describe_collection, settings.collection)
-    return {str(k): str(v) for k, v in (described.get("properties") or {}).items()}
-
-
-def _collection_dims(client: Any, settings: MilvusSettings) -> int | None:
-    described = call(settings, "describe_collection", client.describe_collection, settings.collection)
-    for field in described.get("fields", []):
-        if field.get("name") == VECTOR_FIELD:
-            return int(field.get("params", {}).get("dim", 0)) or None
-    return None
-
-
-# --------------------------------------------------------------------------- build (streamed, resumable)
+    dims = [int(f.get("params", {}).get("dim", 0)) or None for f in described.get("fields", [])
+            if f.get("name") == VECTOR_FIELD]
+    return {str(k): str(v) for k, v in (described.get("properties") or {}).items()}, (dims or [None])[0]
 
 
 def create_index(client: Any, settings: MilvusSettings) -> None:
@@ -181,14 +167,9 @@ def _create_collection(client: Any, settings: MilvusSettings, dims: int) -> None
     call(settings, "create_collection", client.create_collection, settings.collection, schema=schema)
 
 
-def _state_path(index_dir: Path, settings: MilvusSettings) -> Path:
-    return index_dir / f".milvus-{settings.collection}.build.json"
-
-
 def _write_state(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(state))
 
 
 def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *, force: bool = False,
@@ -202,7 +183,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
     source = Manifest.read(embeddings)
     n, dims = source.doc_count, int(source.dims or 0)
     batch = settings.insert_batch
-    state_path = _state_path(index_dir, settings)
+    state_path = index_dir / f".milvus-{settings.collection}.build.json"
     want = {"embeddings": embeddings.name, "collection": settings.collection, "uri": display_uri(settings),
             "batch": batch, "doc_count": n, "dims": dims}
     loaded = 0
@@ -281,9 +262,6 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
     return manifest
 
 
-# --------------------------------------------------------------------------- start-up check and search
-
-
 def check_collection(client: Any, settings: MilvusSettings, manifest: Manifest) -> int:
     """Raise IndexMissing / IndexMismatch unless the collection is the one the manifest describes."""
     where = f"Milvus collection {settings.collection} at {display_uri(settings)}"
@@ -293,10 +271,9 @@ def check_collection(client: Any, settings: MilvusSettings, manifest: Manifest) 
     problems = []
     if manifest.params.get("collection") != settings.collection:
         problems.append(f"manifest is of collection {manifest.params.get('collection')!r}")
-    properties = _collection_properties(client, settings)
+    properties, dims = _described(client, settings)
     if properties.get(CHECKSUM_PROPERTY) != manifest.params.get("checksum"):
         problems.append(f"checksum {properties.get(CHECKSUM_PROPERTY)} != manifest {manifest.params.get('checksum')}")
-    dims = _collection_dims(client, settings)
     if dims != manifest.dims:
         problems.append(f"{dims}-d vectors != manifest {manifest.dims}-d")
     rows = count_rows(client, settings)
@@ -325,7 +302,6 @@ class MilvusIndex:
     """A loaded Milvus collection behind the same `search(vectors, k) -> Hits` as `FaissIndex`."""
 
     def __init__(self, folder: Path, settings: MilvusSettings) -> None:
-        self.folder = folder
         self.settings = settings
         self.manifest = Manifest.read(folder)
         self.dims = int(self.manifest.dims or 0)

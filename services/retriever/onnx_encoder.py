@@ -1,18 +1,15 @@
 """The dense encoder on ONNX Runtime (`RETRIEVER_ENCODER__BACKEND=onnx` or `onnx-int8`).
 
-The model's transformer is exported to ONNX once per model and variant into `RETRIEVER_ENCODER__ONNX_DIR`
-(a folder named after the model and a digest of its config and weights: a changed model gets a new
-export, the same one is reused by every later start and every worker), then run by onnxruntime on the
-CPU: `onnx` after onnxruntime's transformer fusions (same vectors, fewer operators), `onnx-int8` with the
-export's weights dynamically quantized to int8 (onnxruntime's quantizer).
-Tokenization is the model's own fast tokenizer with sentence-transformers' arguments (pad to the longest,
-truncate at `max_seq_length`); pooling (the model's sentence-transformers pooling, or `pooling` from the
-settings) and normalisation run in numpy. fp32 vectors equal the torch backend's up to float error.
+The model's transformer is exported to ONNX once per model and variant into `RETRIEVER_ENCODER__ONNX_DIR` (a
+folder named after the model and a digest of its config and weights, reused by every later start and
+worker), then run by onnxruntime on the CPU: `onnx` after onnxruntime's transformer fusions (same vectors,
+fewer operators), `onnx-int8` with the weights dynamically quantized to int8. Tokenization (the model's fast
+tokenizer), pooling and normalisation follow sentence-transformers: fp32 vectors equal the torch backend's
+up to float error.
 
 Why not sentence-transformers' `backend="onnx"`: it goes through optimum-onnx, whose only release pins
-transformers<4.58 while sentence-transformers 6 needs transformers>=5, so the two cannot be installed
-together. The export here uses torch.onnx's torch.export-based exporter (needs `onnx` and `onnxscript`;
-serving an existing export needs only onnxruntime and the tokenizer).
+transformers<4.58 while sentence-transformers 6 needs transformers>=5. The export here uses torch.onnx's
+torch.export-based exporter (needs `onnx` and `onnxscript`; serving an export needs only onnxruntime).
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -33,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from services.retriever.manifest import atomic_file
 from services.retriever.settings import EncoderSettings
 
 logger = logging.getLogger(__name__)
@@ -45,6 +42,8 @@ FUSED = "model-fused.onnx"
 INT8 = "model-int8.onnx"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                 "pooling_mode_max_tokens": "max"}
 # texts per onnxruntime call, after sorting by length: a merged batch of 256 questions ran 2-3x faster in
 # chunks of 32 than in one call padded to its longest question (MiniLM, 2 cores)
 MAX_CHUNK = 32
@@ -90,12 +89,19 @@ def _export_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def input_names(model_path: Path) -> list[str]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    names = list(tokenizer.model_input_names)
-    return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in names]
+@contextlib.contextmanager
+def _written(out: Path) -> Iterator[Path]:
+    """A temporary path, renamed onto `out` once written. Converters print progress, warn about their own
+    internals and log every tensor they skip through the root logger: one-off noise, kept out of the log."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        with atomic_file(out) as tmp, warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield tmp
+    finally:
+        root.setLevel(level)
 
 
 def export_fp32(model_path: Path, out: Path) -> None:
@@ -108,8 +114,8 @@ def export_fp32(model_path: Path, out: Path) -> None:
     except ImportError as exc:
         raise OnnxUnavailable(f"exporting the encoder to ONNX needs torch, transformers, onnx and onnxscript "
                               f"(pip install 'plugsearch[onnx]'): {exc}") from exc
-    names = input_names(model_path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
     model = AutoModel.from_pretrained(str(model_path)).eval()
 
     class LastHidden(torch.nn.Module):
@@ -124,19 +130,11 @@ def export_fp32(model_path: Path, out: Path) -> None:
     sample = tokenizer(["an export sample, longer than the other one", "short"], padding=True,
                        return_tensors="pt")
     args = tuple(sample[n] for n in names)
-    dynamic = {n: {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for n in names}
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    chatter = io.StringIO()
-    try:
-        # the exporter prints progress and warns about its own internals: one-off noise, kept out of the log
-        with warnings.catch_warnings(), contextlib.redirect_stdout(chatter), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(LastHidden(model), args, str(tmp), input_names=names,
-                              output_names=["last_hidden_state"], dynamic_shapes={"args": tuple(dynamic[n] for n in names)},
-                              opset_version=OPSET, dynamo=True, external_data=False)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    dynamic = tuple({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for _ in names)
+    with _written(out) as tmp, torch.no_grad():
+        torch.onnx.export(LastHidden(model), args, str(tmp), input_names=names,
+                          output_names=["last_hidden_state"], dynamic_shapes={"args": dynamic},
+                          opset_version=OPSET, dynamo=True, external_data=False)
 
 
 def quantize_int8(source: Path, out: Path) -> None:
@@ -145,29 +143,11 @@ def quantize_int8(source: Path, out: Path) -> None:
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError as exc:
         raise OnnxUnavailable(f"int8 quantization needs onnxruntime's quantizer and onnx: {exc}") from exc
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        # the quantizer logs every tensor it skips through the root logger: one-off noise, muted while it runs
-        with warnings.catch_warnings(), _quiet_root_logger():
-            warnings.simplefilter("ignore")
-            # MatMul weights only, one scale per output channel: mean cosine to the fp32 vectors 0.993 on 300
-            # NQ/HotpotQA questions (MiniLM), against 0.965 with onnxruntime's defaults (per tensor, all ops)
-            quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                             per_channel=True)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(max(level, logging.ERROR))
-    try:
-        yield
-    finally:
-        root.setLevel(level)
+    with _written(out) as tmp:
+        # MatMul weights only, one scale per output channel: mean cosine to the fp32 vectors 0.993 on 300
+        # NQ/HotpotQA questions (MiniLM), against 0.965 with onnxruntime's defaults (per tensor, all ops)
+        quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                         per_channel=True)
 
 
 def fuse(source: Path, out: Path) -> None:
@@ -175,14 +155,9 @@ def fuse(source: Path, out: Path) -> None:
     fused kernels: the same vectors, fewer and faster operators. A graph they do not match is copied as is."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with warnings.catch_warnings(), _quiet_root_logger():
-            warnings.simplefilter("ignore")
-            optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0).save_model_to_file(str(tmp))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _written(out) as tmp:
+        model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0)
+        model.save_model_to_file(str(tmp))
 
 
 def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:
@@ -217,10 +192,8 @@ def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:
 
 def sentence_transformers_layout(model_path: Path, pooling: str) -> tuple[str, bool, bool]:
     """(pooling mode, model normalises, lower-case inputs) as sentence-transformers would load the model."""
-    lower = False
     bert_config = model_path / "sentence_bert_config.json"
-    if bert_config.is_file():
-        lower = bool(json.loads(bert_config.read_text()).get("do_lower_case", False))
+    lower = bert_config.is_file() and bool(json.loads(bert_config.read_text()).get("do_lower_case", False))
     if pooling != "model":
         return pooling, False, lower
     modules_file = model_path / "modules.json"
@@ -236,14 +209,11 @@ def sentence_transformers_layout(model_path: Path, pooling: str) -> tuple[str, b
     for module in modules:
         if module["type"].endswith("Pooling"):
             config = json.loads((model_path / module["path"] / "config.json").read_text())
-            modes = [name for name, key in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
-                                            ("max", "pooling_mode_max_tokens")) if config.get(key)]
-            others = [k for k, v in config.items() if k.startswith("pooling_mode_") and v and
-                      k not in ("pooling_mode_mean_tokens", "pooling_mode_cls_token", "pooling_mode_max_tokens")]
-            if len(modes) != 1 or others:
+            on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
+            if len(on) != 1 or on[0] not in POOLING_MODES:
                 raise OnnxUnavailable(f"the onnx backend pools by one of mean, cls or max; {model_path} asks for "
                                       f"{config}: use RETRIEVER_ENCODER__BACKEND=torch")
-            mode = modes[0]
+            mode = POOLING_MODES[on[0]]
     return mode, "Normalize" in kinds, lower
 
 

@@ -1,8 +1,6 @@
-"""The retriever's logic, independent of FastAPI: load and check indexes, search, shape results.
-
-`check_indexes` is the cheap startup gate (corpus checksum against every manifest; a mismatch refuses
-to start). `RetrieverService.load` does the heavy part (corpus, BM25, encoder, FAISS). Searches go
-through one `MicroBatcher` per backend; hybrid fuses the BM25 and dense batchers' results.
+"""The retriever's logic, independent of FastAPI: `check_indexes` (the cheap startup gate: the corpus
+checksum against every manifest), `RetrieverService.load` (the heavy part), searches through one
+`MicroBatcher` per backend (hybrid fuses the BM25 and dense results), response bodies.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,18 +50,23 @@ class IndexCheck:
     manifests: dict[str, Manifest]
 
 
+def _checked(folder: Path, setting: str, backend: str, checksum: str, **expect: Any) -> Manifest:
+    """The manifest in `folder`, checked against the corpus, its files and the configured backend."""
+    manifest = Manifest.read(folder)
+    manifest.check(corpus_checksum=checksum, where=folder, **expect)
+    if manifest.backend != backend:
+        raise IndexMismatch(f"{folder} holds a {manifest.backend} index, {setting} is {backend}")
+    manifest.check_files(folder)
+    return manifest
+
+
 def check_indexes(settings: RetrieverSettings) -> IndexCheck:
     """Read every configured manifest and compare it with the corpus and settings (raises on mismatch)."""
     checksum = file_checksum(settings.corpus)
     manifests: dict[str, Manifest] = {}
     if settings.bm25:
         folder = bm25_folder(settings)
-        manifest = Manifest.read(folder)
-        manifest.check(corpus_checksum=checksum, where=folder)
-        manifest.check_files(folder)
-        if manifest.backend != settings.bm25_backend:
-            raise IndexMismatch(f"{folder} holds a {manifest.backend} index, RETRIEVER_BM25_BACKEND is "
-                                f"{settings.bm25_backend}")
+        manifest = _checked(folder, "RETRIEVER_BM25_BACKEND", settings.bm25_backend, checksum)
         if settings.bm25_backend == "bm25s":
             for name in ("k1", "b"):
                 wanted = getattr(settings, f"bm25_{name}")
@@ -72,15 +75,9 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
                                         f"RETRIEVER_BM25_{name.upper()}={wanted}; rebuild the index")
         manifests["bm25"] = manifest
     if settings.dense:
-        folder = dense_index_folder(settings)
-        manifest = Manifest.read(folder)
-        manifest.check(corpus_checksum=checksum, encoder=settings.encoder.name,
-                       encoder_config=encoder_identity(settings.encoder), index_type=settings.dense_index_type(),
-                       where=folder)
-        if manifest.backend != settings.dense_backend:
-            raise IndexMismatch(f"{folder} holds a {manifest.backend} index, RETRIEVER_DENSE_BACKEND is "
-                                f"{settings.dense_backend}")
-        manifest.check_files(folder)
+        manifest = _checked(dense_index_folder(settings), "RETRIEVER_DENSE_BACKEND", settings.dense_backend,
+                            checksum, encoder=settings.encoder.name, index_type=settings.dense_index_type(),
+                            encoder_config=encoder_identity(settings.encoder))
         if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
             from services.retriever.milvus import open_checked
 
@@ -124,10 +121,17 @@ class SearchMetrics:
         self.queued = Gauge("retriever_queued_queries", "queries waiting for a library call", ["method"],
                             registry=registry, multiprocess_mode="livesum")
 
+    def observer(self, method: str) -> Callable[[int, float], None]:
+        def observe(n: int, seconds: float) -> None:
+            self.seconds.labels(method).observe(seconds)
+            self.batch.labels(method).observe(n)
+
+        return observe
+
 
 class RetrieverService:
     def __init__(self, corpus: Corpus, retrievers: dict[str, Retriever], settings: RetrieverSettings,
-                 *, metrics: SearchMetrics | None = None, index_id: str | None = None) -> None:
+                 *, index_id: str, metrics: SearchMetrics | None = None) -> None:
         for name, retriever in retrievers.items():
             if retriever.doc_count != len(corpus):
                 raise IndexMismatch(f"{name} index holds {retriever.doc_count} documents, corpus "
@@ -136,13 +140,11 @@ class RetrieverService:
         self.retrievers = retrievers
         self.settings = settings
         self.metrics = metrics
-        manifests = {name: getattr(r, "manifest", None) for name, r in retrievers.items()}
-        self.index_id = index_id or index_identity(settings, corpus.checksum, {
-            name: m for name, m in manifests.items() if isinstance(m, Manifest)})
+        self.index_id = index_id
         self.batchers = {
             name: MicroBatcher(name, r.batch_search, max_batch=settings.max_batch_queries,
-                               max_queue=settings.max_queue, observe=self._observer(name),
-                               workers=self._workers(name))
+                               max_queue=settings.max_queue, workers=self._workers(name),
+                               observe=metrics.observer(name) if metrics is not None else None)
             for name, r in retrievers.items()
         }
 
@@ -153,30 +155,16 @@ class RetrieverService:
             return self.settings.bm25_threads
         return 1
 
-    def _observer(self, method: str) -> Any:
-        metrics = self.metrics
-        if metrics is None:
-            return None
-
-        def observe(n: int, seconds: float) -> None:
-            metrics.seconds.labels(method).observe(seconds)
-            metrics.batch.labels(method).observe(n)
-
-        return observe
-
     @property
     def methods(self) -> list[str]:
-        names = list(self.retrievers)
-        if "bm25" in names and "dense" in names:
-            names.append("hybrid")
-        return names
+        return list(self.retrievers) + (["hybrid"] if {"bm25", "dense"} <= self.retrievers.keys() else [])
 
     @classmethod
-    def load(cls, settings: RetrieverSettings, check: IndexCheck, *, metrics: SearchMetrics | None = None,
-             corpus: Corpus | None = None) -> RetrieverService:
+    def load(cls, settings: RetrieverSettings, check: IndexCheck, *,
+             metrics: SearchMetrics | None = None) -> RetrieverService:
         """Heavy start-up: corpus into RAM, indexes opened, encoder loaded (blocking; run it in a thread)."""
         t0 = time.perf_counter()
-        corpus = corpus or Corpus.load(settings.corpus, checksum=check.corpus_checksum)
+        corpus = Corpus.load(settings.corpus, checksum=check.corpus_checksum)
         retrievers: dict[str, Retriever] = {}
         if settings.bm25:
             folder = bm25_folder(settings)
@@ -234,8 +222,6 @@ class RetrieverService:
             hits.ids[live, :width] = found.ids[:, :width]
             hits.scores[live, :width] = found.scores[:, :width]
         return hits
-
-    # ------------------------------------------------------------------ response bodies (orjson, no pydantic)
 
     def documents(self, hits: Hits) -> list[list[dict[str, Any]]]:
         ids, titles, texts = self.corpus.ids, self.corpus.titles, self.corpus.texts

