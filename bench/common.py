@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from services.common.procgroup import ProcessSpec
+from trainer.data import QAItem, default_data_dir, load_qa
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
+DATA = default_data_dir()
 CORPUS = DATA / "corpus" / "combined.jsonl"
 
 
@@ -20,10 +17,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def load_questions(name: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """The first `limit` rows (default all) of ../shared/data/qa/<name>.jsonl."""
-    with (DATA / "qa" / f"{name}.jsonl").open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in itertools.islice(fh, limit)]
+def load_questions(name: str, limit: int | None = None) -> list[QAItem]:
+    """The first `limit` rows (default all) of ../shared/data/qa/<name>.jsonl (the trainer's reader)."""
+    return load_qa(DATA / "qa" / f"{name}.jsonl", limit)
 
 
 def fake_llm_spec(port: int, latency_ms: float, responder: str = "tests.support.fake_policy:respond",

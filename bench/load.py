@@ -34,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CORPUS, DATA, REPO, fake_llm_spec  # noqa: E402
+from bench.common import CORPUS, REPO, fake_llm_spec, load_questions  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
 from services.stack import (  # noqa: E402
     StackOptions,
@@ -75,11 +75,6 @@ class LocalStack(ProcessGroup):
         return self
 
 
-def load_questions(data_dir: Path, n: int = 1000) -> list[str]:
-    with (data_dir / "qa" / "nq.jsonl").open() as fh:
-        return [json.loads(line)["question"] for _, line in zip(range(n), fh, strict=False)]
-
-
 def bench_stack(args: argparse.Namespace, searcher_env: dict[str, str], logs: str,
                 retriever_workers: int = 0) -> tuple[LocalStack, list[str]]:
     """A bench's stack over its `--corpus` (default the shared combined corpus), the policy answering after
@@ -88,7 +83,7 @@ def bench_stack(args: argparse.Namespace, searcher_env: dict[str, str], logs: st
                        searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs)
     if retriever_workers:
         stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(retriever_workers)
-    return stack, load_questions(DATA)
+    return stack, [r.question for r in load_questions("nq", 1000)]
 
 
 @dataclass

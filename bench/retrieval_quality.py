@@ -68,10 +68,10 @@ def main() -> None:
     recall: dict[str, dict[str, dict[str, float]]] = {m: {} for m in retrievers}
     counts: dict[str, int] = {}
     for name in DATASETS:
-        rows = [r for r in load_questions(name, limit) if not is_yes_no(r["golden_answers"])]
+        rows = [r for r in load_questions(name, limit) if not is_yes_no(r.golden_answers)]
         counts[name] = len(rows)
-        questions = [r["question"] for r in rows]
-        golds = [[normalize_answer(a) for a in r["golden_answers"]] for r in rows]
+        questions = [r.question for r in rows]
+        golds = [[normalize_answer(a) for a in r.golden_answers] for r in rows]
         for method, retriever in retrievers.items():
             t0 = time.perf_counter()
             hits = retriever.batch_search(questions, max(KS))  # type: ignore[attr-defined]

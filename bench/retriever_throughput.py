@@ -221,7 +221,7 @@ def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, An
 
 def recall_questions(n: int) -> list[str]:
     """n real questions, taken round-robin from the question sets (not the pool's first set only)."""
-    sets = [[r["question"] for r in load_questions(name, limit=n)] for name in DATASETS]
+    sets = [[r.question for r in load_questions(name, limit=n)] for name in DATASETS]
     return [q for row in itertools.zip_longest(*sets) for q in row if q][:n]
 
 
@@ -319,7 +319,7 @@ def main() -> None:
     ensure_indexes(bm25=["bm25s"], dense=build_dense)
     os.environ.pop("RETRIEVER_ENCODER__BACKEND", None)  # the services below set their own
     notes: list[str] = []
-    pool = [r["question"] for name in DATASETS for r in load_questions(name)]
+    pool = [r.question for name in DATASETS for r in load_questions(name)]
     defaults = RetrieverSettings(bm25=True)
     # (methods, corpus, index dir): bm25 always over the combined corpus; dense/hybrid over it when its
     # dense index exists, else over a small subset (query encoding dominates their cost either way)

@@ -46,10 +46,10 @@ def build_items(n: int) -> list[JudgeRequest]:
     rows = load_questions("nq")
     items: list[JudgeRequest] = []
     for i, row in enumerate(rows):
-        prediction = rows[(i + 1) % len(rows)]["golden_answers"][0]
-        if not span_match(prediction, row["golden_answers"]):
-            items.append(JudgeRequest(prediction=prediction, golden_answers=row["golden_answers"],
-                                      question=row["question"]))
+        prediction = rows[(i + 1) % len(rows)].golden_answers[0]
+        if not span_match(prediction, row.golden_answers):
+            items.append(JudgeRequest(prediction=prediction, golden_answers=row.golden_answers,
+                                      question=row.question))
         if len(items) == n:
             return items
     raise SystemExit(f"only {len(items)} items whose span check fails")

@@ -97,27 +97,27 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, policies: dict[
             for name, (url, model) in policies.items()}
     records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    sets = {d: [r for r in load_questions(d, args.n) if not is_yes_no(r["golden_answers"])]
+    sets = {d: [r for r in load_questions(d, args.n) if not is_yes_no(r.golden_answers)]
             for d in args.datasets}
     order = [(i, d) for i in range(args.n) for d in args.datasets if i < len(sets[d])]
     try:
         with path.open("a") as sink:
             for i, dataset in order:
                 row = sets[dataset][i]
-                qid = str(row["id"])
+                qid = row.id
                 naive: list[Document] | None = None
                 for name, llm in llms.items():
                     record = done.get((dataset, qid, name))
                     if record is None:
                         if naive is None:
                             depth = max(20, *BUDGETS)
-                            naive = (await retriever.retrieve([row["question"]], depth, params.method))[0]
-                        out = await run_search(row["question"], params, policy=llm, retriever=retriever,
+                            naive = (await retriever.retrieve([row.question], depth, params.method))[0]
+                        out = await run_search(row.question, params, policy=llm, retriever=retriever,
                                                prompts=prompts)
-                        answers = row["golden_answers"]
+                        answers = row.golden_answers
                         n = len(out.documents)
                         if n > len(naive):
-                            naive = (await retriever.retrieve([row["question"]], n, params.method))[0]
+                            naive = (await retriever.retrieve([row.question], n, params.method))[0]
                         record = {
                             "dataset": dataset, "id": qid, "policy": name, "docs": n,
                             "hit": hit(out.documents, answers), "naive_hit_n": hit(naive[:n], answers),

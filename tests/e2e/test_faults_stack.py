@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.load import LocalStack, load_questions
+from bench.load import LocalStack
+from trainer.data import load_qa
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,7 @@ def whole_stack(stack: LocalStack) -> None:
 
 @pytest.fixture(scope="module")
 def questions(data_dir: Path) -> Iterator[str]:
-    return itertools.cycle(load_questions(data_dir))
+    return itertools.cycle([r.question for r in load_qa(data_dir / "qa" / "nq.jsonl", 1000)])
 
 
 async def search(client: httpx.AsyncClient, question: str) -> httpx.Response:
