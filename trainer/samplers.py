@@ -14,6 +14,7 @@ from typing import Any
 
 from services.searcher.env import PolicyCall
 from trainer.episode import Sampled
+from trainer.kv_cache import cache_keyword, output_cache
 
 
 @dataclass
@@ -115,7 +116,7 @@ class HFSampler(BatchingSampler):
             with torch.no_grad():
                 out = model(input_ids=ids.to(device), attention_mask=attention.to(device),
                             position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
-                cache = out.past_key_values
+                cache = output_cache(out)
                 index = torch.tensor(order, dtype=torch.long, device=device)
                 if len(prompts) != len(rows):
                     cache.batch_select_indices(index)
@@ -132,6 +133,7 @@ class HFSampler(BatchingSampler):
         import torch
 
         stop = tuple(call.stop)
+        cache_kw = cache_keyword(model)
         new: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         done = [False] * n
@@ -167,8 +169,8 @@ class HFSampler(BatchingSampler):
             position = position + 1
             with torch.no_grad():
                 out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
-                            past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+                            use_cache=True, **{cache_kw: cache})
+            cache = output_cache(out)
             logits = out.logits[:, -1, :].float()
         return [Sampled(ids=new[row], text=self.tokenizer.decode(new[row], skip_special_tokens=True),
                         stopped=stopped[row], logprobs=logps[row]) for row in range(n)]

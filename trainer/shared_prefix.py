@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainer.kv_cache import cache_keyword, output_cache
+
 
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *,
                         temperature: float = 1.0, compute_entropy: bool = False) -> tuple[Any, Any | None]:
@@ -26,10 +28,10 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     first.scatter_(0, inverse, torch.arange(input_ids.size(0), device=input_ids.device))
     out = model(input_ids=unique, attention_mask=attention_mask[first, :prompt_len], use_cache=True,
                 logits_to_keep=1)
-    cache = out.past_key_values
+    cache = output_cache(out)
     cache.batch_select_indices(inverse)
-    rest = model(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask, past_key_values=cache,
-                 use_cache=False)
+    rest = model(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask, use_cache=False,
+                 **{cache_keyword(model): cache})
     logits = torch.cat([out.logits[inverse, -1:, :], rest.logits[:, :-1, :]], dim=1).float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     token_logp = logp.gather(-1, input_ids[:, prompt_len:, None]).squeeze(-1)
