@@ -1,0 +1,76 @@
+"""The lock (requirements/): exact, hash-checked, free of any machine's paths, and consistent with
+pyproject.toml, torch.txt and the images' subsets (README "Dependencies and the lock")."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REQ = REPO / "requirements"
+SUBSETS = runpy.run_path(str(REPO / "scripts" / "lock_subsets.py"))
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?: ;.*)? \\$")
+
+
+def pins(path: Path) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            match = PIN.match(line)
+            assert match, (path.name, line)  # an exact pin, its hashes on the next lines
+            found[SUBSETS["canon"](match[1])] = match[2]
+    return found
+
+
+def test_every_locked_package_is_pinned_and_hashed_and_no_machine_path_leaks() -> None:
+    text = (REQ / "all.txt").read_text()
+    locked = pins(REQ / "all.txt")
+    assert len(locked) > 100
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", text)
+    for block in blocks[1:]:
+        assert "--hash=sha256:" in block, block.splitlines()[0]
+    for path in REQ.glob("*.txt"):
+        body = path.read_text()
+        assert not re.search(r"file:/|/opt/|/work/|/tmp/|/root/|--(extra-)?index-url|--find-links", body), path
+    # CPU torch: pinned once, in torch.txt, installed first; no CUDA package could get into a CPU install
+    assert (REQ / "torch.txt").read_text().count("torch==") == 1
+    assert "torch" not in locked
+    assert not [name for name in locked if name.startswith("nvidia-") or name == "triton"]
+
+
+def test_the_lock_covers_every_dependency_of_every_extra() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    locked = pins(REQ / "all.txt")
+    name = SUBSETS["requirement_name"]
+    wanted = {name(r) for r in project["dependencies"]}
+    for extra, reqs in project["optional-dependencies"].items():
+        if extra not in ("all", "verl"):  # verl: the GPU veRL image only, with its own CUDA pins
+            wanted |= {name(r) for r in reqs}
+    assert wanted - {"torch"} <= set(locked), sorted(wanted - set(locked))
+
+
+@pytest.mark.parametrize("image", sorted(SUBSETS["IMAGES"]))
+def test_each_image_lock_is_the_same_pins_for_its_extras(image: str) -> None:
+    """Same lines as all.txt (pins and hashes), and every direct dependency of the image's extras."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    whole = (REQ / "all.txt").read_text().splitlines()
+    path = REQ / f"image-{image}.txt"
+    subset = pins(path)
+    locked = pins(REQ / "all.txt")
+    assert subset and all(locked[n] == v for n, v in subset.items())
+    assert all(line in whole for line in path.read_text().splitlines() if not line.startswith("#"))
+    name = SUBSETS["requirement_name"]
+    direct = {name(r) for r in project["dependencies"]}
+    for extra in SUBSETS["IMAGES"][image]:
+        direct |= {name(r) for r in project["optional-dependencies"][extra]}
+    assert direct - {"torch"} <= set(subset), sorted(direct - set(subset))
+    if image == "core":
+        assert not {"torch", "transformers", "sentence-transformers", "llama-cpp-python"} & set(subset)
+
+
+def test_llama_cpp_pin_is_the_locked_one() -> None:
+    assert pins(REQ / "llama-cpp.txt") == {"llama-cpp-python": pins(REQ / "all.txt")["llama-cpp-python"]}
