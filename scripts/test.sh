@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Install everything, then run lint, type checks and the whole test suite (unit, api, e2e).
+# Install everything from the lock into the project's virtualenv (scripts/install.sh), then run lint, type
+# checks and the whole test suite (unit, api, e2e) with it. PLUGSEARCH_VENV picks the virtualenv (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-PY=${PYTHON:-python3}
+VENV=${PLUGSEARCH_VENV:-.venv}
+PY=$VENV/bin/python
+# the suite starts the stack's console scripts (plugsearch-*) by name: the virtualenv's come first
+export PATH="$(cd "$VENV/bin" && pwd):$PATH"
 echo "[test] ruff"; "$PY" -m ruff check services trainer tests bench plugsearch
 echo "[test] mypy"; "$PY" -m mypy
-echo "[test] pytest"
+echo "[test] pytest ($("$PY" -c 'import sys; print(sys.prefix)'))"
 set +e
 "$PY" -m pytest -q -p no:cacheprovider "$@"
 rc=$?
