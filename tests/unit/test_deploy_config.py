@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 VLLM_DOCKERFILE = REPO / "docker" / "vllm.Dockerfile"
 OVERLAYS = ("cpu", "gpu")
 SERVICES = ("retriever", "generator", "judge", "searcher")
+LOCK_IMAGES: dict[str, list[str]] = runpy.run_path(str(REPO / "scripts" / "lock_subsets.py"))["IMAGES"]
+"""image lock (requirements/image-<name>.txt) -> the extras it holds"""
 K8S_VERSION = "1.30.0"
 SECRET_PLACEHOLDER = "placeholder-secret-value-0123456789"
 
@@ -440,7 +443,8 @@ def test_dockerfiles_are_slim_pinned_multistage_and_non_root(
 
 
 def test_each_image_installs_its_service_extra(dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
-    """A service with its own extra in pyproject (e.g. `retriever`, `generator`) gets it in its image."""
+    """A service with its own extra in pyproject (e.g. `retriever`, `generator`) gets it in its image, from
+    the lock: its image's subset of requirements/all.txt, hash-checked (scripts/lock_subsets.py)."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     stages = dockerfile[1]
     for service in [*SERVICES, "llm", "trainer"]:
@@ -449,10 +453,10 @@ def test_each_image_installs_its_service_extra(dockerfile: tuple[dict[str, str],
         builder = stages[copy.flags[0].split("=", 1)[1]]
         installs = " ".join(" ".join(c.value) for c in builder.commands if c.cmd.upper() == "RUN")
         wanted = "train" if service == "trainer" else service
-        if wanted in extras:
-            assert re.search(rf"\.\[[\w,]*\b{wanted}\b", installs), (service, installs)
-        else:
-            assert re.search(r"pip install \.(\s|$)", installs), (service, installs)
+        lock = wanted if wanted in extras else "core"
+        assert wanted not in extras or wanted in LOCK_IMAGES[lock], (service, LOCK_IMAGES)
+        assert f"pip install --require-hashes -r requirements/image-{lock}.txt" in installs, (service, installs)
+        assert (REPO / "requirements" / f"image-{lock}.txt").is_file(), lock
         # then the project's own code, last (a code change rebuilds only that step)
         last = [c for c in builder.commands if c.cmd.upper() == "RUN"][-1]
         assert "--mount=type=bind,from=source,source=/src,target=/src,rw" in last.flags, (service, last.flags)
@@ -821,16 +825,17 @@ def test_the_cpu_retriever_gets_cpu_torch_and_fails_on_cuda(dockerfile: tuple[di
     args, stages = dockerfile
     assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     (first, *_) = [" ".join(c.value) for c in stages["build-retriever"].commands if c.cmd.upper() == "RUN"]
-    torch_at = first.index('pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url')
-    assert torch_at < first.index('".[retriever,onnx]"')  # the onnx extra: RETRIEVER_ENCODER__BACKEND=onnx
+    torch_at = first.index('pip install --no-deps -r requirements/torch.txt ${TORCH_INDEX_URL:+--index-url')
+    assert torch_at < first.index("-r requirements/image-retriever.txt")
+    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx"]  # the onnx extra: RETRIEVER_ENCODER__BACKEND=onnx
     assert "torch.version.cuda" in first and "grep -i '^nvidia-'" in first
 
 
 def test_llama_cpp_compiles_in_a_stage_of_its_own(dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
-    """The compiled wheel depends on its version only: no project file reaches that stage, and the llm
-    builder installs exactly that version (a newer release on the index would compile again)."""
+    """The compiled wheel depends on its locked version only: no project file but requirements/llama-cpp.txt
+    (its one pin, hash-checked) reaches that stage, and the llm builder installs that wheel before its lock,
+    which pins the same version (so nothing compiles again)."""
     args, stages = dockerfile
-    assert re.fullmatch(r"\d+\.\d+\.\d+", args["LLAMA_CPP_VERSION"])
     chain, stage = ["build-llama-cpp"], stages["build-llama-cpp"]
     while stage.base in stages:
         chain.append(stage.base)
@@ -839,11 +844,18 @@ def test_llama_cpp_compiles_in_a_stage_of_its_own(dockerfile: tuple[dict[str, st
         for keyword, arg in stages[name].instructions:
             assert keyword != "COPY" or arg.startswith("docker/"), (name, arg)
             assert "pyproject" not in arg and "/src" not in arg, (name, arg)
-    assert 'pip wheel --no-deps --wheel-dir /opt/llama-wheels "llama-cpp-python==${LLAMA_CPP_VERSION}"' in \
-        " ".join(" ".join(c.value) for c in stages["build-llama-cpp"].commands)
+    (build,) = [c for c in stages["build-llama-cpp"].commands if c.cmd.upper() == "RUN"]
+    mounts = [m for m in re.findall(r"--mount=(\S+)", " ".join(build.flags)) if "type=bind" in m]
+    assert sorted(dict(p.split("=", 1) for p in m.split(","))["source"] for m in mounts) == [
+        "docker/wheels", "requirements/llama-cpp.txt"]
+    assert "pip wheel --no-deps --require-hashes --wheel-dir /opt/llama-wheels -r /tmp/llama-cpp.txt" in \
+        " ".join(build.value)
     llm = " ".join(" ".join(c.value) for c in stages["build-llm"].commands)
     assert "--from=build-llama-cpp" in " ".join(a for _, a in stages["build-llm"].instructions)
-    assert '"llama-cpp-python[server]==${LLAMA_CPP_VERSION}"' in llm
+    assert llm.index("install --no-deps /opt/llama-wheels/") < llm.index("-r requirements/image-llm.txt")
+    pin = (REPO / "requirements" / "llama-cpp.txt").read_text()
+    (line,) = [x for x in pin.splitlines() if x.startswith("llama-cpp-python==")]
+    assert line in (REPO / "requirements" / "image-llm.txt").read_text().splitlines()
 
 
 def test_the_installed_package_has_every_entrypoint_and_data_file(tmp_path: Path,
