@@ -34,16 +34,16 @@ mkdir -p "$OUT"
 if [ "$OUT" != requirements ] && [ ${#UPGRADE[@]} = 0 ] && [ -f requirements/all.txt ]; then
   cp requirements/all.txt "$OUT/all.txt"  # uv keeps the pins of the file it rewrites
 fi
-# uv does not read pip's configuration: hand it the index, mirrors and wheel folders pip is configured with
-# (on the command line only; none of them is written into the lock). unsafe-best-match: the newest version
-# on any of them, as pip picks.
+# uv does not read pip's configuration: hand it pip's index-url (PyPI or a full mirror of it) and find-links
+# (where a local CPU torch wheel may lie), on the command line only: none of them is written into the lock.
+# pip's extra-index-urls are left out on purpose: a partial mirror lists only some of a release's files, and
+# the lock must carry the hash of every file on PyPI so that any machine or image can check what it gets.
 index_opts=()
 while IFS= read -r line; do
   key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
   for item in $value; do
     case "$key" in
       index-url) index_opts+=(--index-url "$item") ;;
-      extra-index-url) index_opts+=(--extra-index-url "$item") ;;
       find-links) index_opts+=(--find-links "$item") ;;
     esac
   done
