@@ -15,10 +15,11 @@ after the first retrieval ends the search degraded; a failed first retrieval rai
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -78,6 +79,16 @@ class PolicyCall:
     temperature: float
     grammar: str | None = None
     extra: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """A structured policy's step (`SearchEnv.act`): `search` issues `query`; `complete` ends the search with
+    `selected`, the chosen documents as (block index, 1-based position) pairs, in order."""
+
+    kind: Literal["search", "complete"]
+    query: str | None = None
+    selected: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,48 @@ class SearchEnv:
         else:
             await self._step_qagent(output, stopped=stopped)
         return self.messages[before + 1:]
+
+    async def act(self, action: Action) -> None:
+        """Take one structured action (s3 mode; the compact policy's steps): the same search, selection and
+        end as a parsed chat output, without the text. The transcript gets the action in s3's tags."""
+        if self.done:
+            raise RuntimeError("act() on a finished search")
+        if self.params.mode != "s3":
+            raise ValueError("structured actions drive s3 mode")
+        self.turns += 1
+        self.valid += 1
+        if action.kind == "search" and action.query and self.can_search \
+                and parsing.normalize_query(action.query) not in self.seen_queries:
+            query = " ".join(action.query.split())[:parsing.MAX_QUERY_CHARS]
+            self.messages.append(ChatMessage(role="assistant", content=f"<query>{json.dumps({'query': query})}</query>"))
+            self._emit("action", kind="search", query=query)
+            block = await self._search([query], len(self.queries) + 1)
+            if block is None:
+                return
+            self._steps += 1
+            self.queries.append(query)
+            self.seen_queries.add(parsing.normalize_query(query))
+            return
+        if action.kind == "search":  # no search left, or a repeat: ends on what it has (s3's rule: every block)
+            self.valid -= 1
+            self.invalid += 1
+            self._emit("action", kind="invalid")
+            self._end("invalid_actions")
+            return
+        picks: dict[int, list[int]] = {b: [] for b in range(len(self.blocks))}
+        for b, position in action.selected:
+            if 0 <= b < len(self.blocks) and 1 <= position <= len(self.blocks[b].documents) \
+                    and position not in picks[b]:
+                picks[b].append(position)
+        for b, ids in picks.items():
+            self.blocks[b].selected = ids
+            if ids:
+                self._emit("action", kind="select", selected=ids, block=b)
+        self.messages.append(ChatMessage(role="assistant", content="".join(
+            f"<important_info>{ids}</important_info>" for ids in picks.values()) +
+            "<search_complete>True</search_complete>"))
+        self._emit("action", kind="complete")
+        self._end("complete")
 
     def fail(self, reason: StopReason, message: str) -> None:
         """The driver could not get a policy output (error, timeout, deadline): end, degraded."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol, runtime_checkable
 
 from services.common.errors import ServiceError
 from services.common.llm import LLMBackend
 from services.common.schemas.searcher import SearchParams, StopReason
-from services.searcher.env import EventSink, RetrieverBackend, SearchEnv, SearchOutcome
+from services.searcher.env import Action, EventSink, RetrieverBackend, SearchEnv, SearchOutcome
 from services.searcher.prompts import PromptSet
 
 
@@ -47,7 +48,18 @@ async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tu
     return result.text, result.finish_reason == "stop"
 
 
-async def run_search(question: str, params: SearchParams, *, policy: LLMBackend | None,
+@runtime_checkable
+class ActingPolicy(Protocol):
+    """A policy that acts through `SearchEnv.act` (the compact policy, `services.searcher.compact`) instead of
+    writing chat outputs."""
+
+    @property
+    def model(self) -> str: ...
+
+    async def act(self, env: SearchEnv) -> Action: ...
+
+
+async def run_search(question: str, params: SearchParams, *, policy: LLMBackend | ActingPolicy | None,
                      retriever: RetrieverBackend, prompts: PromptSet | None = None,
                      on_event: EventSink | None = None) -> SearchOutcome:
     """Run one search in `params.mode` (naive needs no policy). Raises only when no document at all
@@ -58,6 +70,14 @@ async def run_search(question: str, params: SearchParams, *, policy: LLMBackend 
     while not env.done:
         if policy is None:
             raise ValueError(f"mode {params.mode} needs a policy")
+        if isinstance(policy, ActingPolicy):
+            if params.mode != "s3":
+                raise ValueError(f"the {policy.model} policy searches in s3 mode only")
+            t0 = time.perf_counter()
+            action = await policy.act(env)
+            env.record_policy_call(time.perf_counter() - t0)
+            await env.act(action)
+            continue
         try:
             text, stopped = await _ask(env, policy, deadline)
         except _PolicyFailed as exc:

@@ -44,7 +44,7 @@ from services.common.schemas.searcher import (
 from services.searcher import parsing
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
-from services.searcher.loop import run_search
+from services.searcher.loop import ActingPolicy, run_search
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
 
@@ -109,7 +109,7 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
 
 
 class SearchService:
-    def __init__(self, settings: SearcherSettings, *, policy: LLMBackend, retriever: RetrieverBackend,
+    def __init__(self, settings: SearcherSettings, *, policy: LLMBackend | ActingPolicy, retriever: RetrieverBackend,
                  cache: ResultCache | None = None, metrics: SearcherMetrics | None = None,
                  index_identity: IndexIdentity | None = None, rate_limiter: RateLimiter | None = None) -> None:
         self.settings = settings
@@ -297,8 +297,8 @@ class _StreamEvents:
         elif event.type == "action":
             selected: list[int] | None = data.get("selected")
             block, ids = None, None
-            if selected is not None and self.blocks:  # a selection applies to the newest block
-                block = len(self.blocks) - 1
+            if selected is not None and self.blocks:  # a selection applies to the newest block, or the one named
+                block = data.get("block", len(self.blocks) - 1)
                 ids = [self.blocks[block][i - 1].id for i in selected if 1 <= i <= len(self.blocks[block])]
             query = data.get("query")
             payload = ActionEvent(step=event.turn, kind=data["kind"],
