@@ -26,8 +26,10 @@ from services.common.schemas.searcher import (
 )
 from services.searcher.chat import AnswerBackend, ChatProxy
 from services.searcher.chat_api import router as chat_router
+from services.searcher.compact import CompactPolicy
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
+from services.searcher.loop import ActingPolicy
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
@@ -101,12 +103,16 @@ async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
     return Response(results.model_dump_json(), media_type=JSON)
 
 
-def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend | None = None,
+def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend | ActingPolicy | None = None,
                retriever: RetrieverBackend | None = None, cache: ResultCache | None = None,
                answer: AnswerBackend | None = None) -> FastAPI:
     """The searcher app. Backends are built in the lifespan unless injected (tests, benches); `answer`:
     the answer LLM of the chat proxy (used only when `settings.chat` turns the proxy on)."""
     settings = settings or SearcherSettings()
+    # the compact policy is a few kB of weights: loaded here, so /version names it before the lifespan ran
+    compact = CompactPolicy.load(settings.compact_policy) if policy is None and settings.compact_policy else None
+    served = policy if policy is not None else compact
+    policy_model = served.model if served is not None else settings.policy.model
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -117,8 +123,13 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                 stack.push_async_callback(resource.aclose)
                 return resource
 
-            the_policy = policy if policy is not None else owned(
-                OpenAIChatClient(settings.policy, name="policy", metrics=metrics))
+            the_policy: LLMBackend | ActingPolicy
+            if policy is not None:
+                the_policy = policy
+            elif compact is not None:
+                the_policy = compact
+            else:
+                the_policy = owned(OpenAIChatClient(settings.policy, name="policy", metrics=metrics))
             client: RetrieverClient | None = None
             the_retriever = retriever
             if the_retriever is None:
@@ -146,7 +157,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             yield
 
     def details(app: FastAPI) -> dict[str, Any]:
-        return {"prompt_version": PromptSet.load(settings.prompts_dir).version, "policy_model": settings.policy.model,
+        return {"prompt_version": PromptSet.load(settings.prompts_dir).version, "policy_model": policy_model,
                 "defaults": {"max_turns": settings.max_turns, "retrieve_k": settings.retrieve_k,
                              "select_k": settings.select_k, "constrained": settings.constrained}}
 

@@ -82,6 +82,9 @@ class SearcherSettings(ServiceSettings):
         "the OpenAI-compatible answering proxy (POST /v1/chat/completions); off unless configured"))
     ui: bool = Field(False, description=(
         "serve the search playground (a static page) at GET /ui; the local stack turns it on"))
+    compact_policy: Path | None = Field(None, description=(
+        "folder of a compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py): "
+        "s3 searches are driven by it in-process instead of the chat policy LLM; checked at start-up"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))
@@ -89,6 +92,10 @@ class SearcherSettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_searcher(self) -> SearcherSettings:
         check_select_k(None, self.select_k, self.retrieve_k)
+        if self.compact_policy is not None:
+            from services.searcher.compact import CompactPolicy
+
+            CompactPolicy.load(self.compact_policy)  # refuse a bad folder at start-up, with the reason
         if self.prompts_dir is not None:
             PromptSet.load(self.prompts_dir)  # refuse a bad folder at start-up, with the file and variable
         if self.rate_limit_per_s and self.rate_limit_burst < self.max_request_cost:

@@ -1,0 +1,358 @@
+"""The compact searcher policy: a small learned scorer that acts in `SearchEnv` on the CPU, with no LLM.
+
+It takes s3's steps through the environment's structured actions (`env.act`):
+1. the environment's first retrieval of the question is the pool (`retrieve_k` documents);
+2. up to `max_turns` follow-up searches, each chosen among candidates built from what was retrieved (the
+   question with the title of a high-scoring document, or a name that document's text introduces), or a
+   stop; the choice is a softmax over candidate features;
+3. the selection: the `select_k` best documents of the whole pool under a small MLP over per-document
+   features (BM25 evidence: score, rank and z-score in its block; lexical overlap with the question; links
+   between documents: a document whose title another document that matches the question mentions, the
+   bridge of a two-hop question; answer-type cues such as a year for a "when" question).
+
+Nothing here depends on a passage's length: the corpus's gold passages are often shorter than the others,
+and a length feature would be a shortcut that real corpora do not have.
+
+The weights (`weights.npz`, a few kB) and `manifest.json` (how they were trained and evaluated, and their
+sha256) live in a folder; `CompactPolicy.load` refuses weights whose digest does not match. Inference is
+numpy only, so the searcher image needs no torch; the trainer (`trainer.compact`) trains the same
+parameters in torch and samples actions through `decide(..., rng=...)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.common.schemas.searcher import SearchedDocument
+from services.searcher.env import Action, SearchEnv
+
+WEIGHTS_FILE = "weights.npz"
+MANIFEST_FILE = "manifest.json"
+MLP_KEYS = ("mean", "std", "w1", "b1", "w2", "b2", "w3", "b3")
+QUERY_KEYS = ("qv",)
+
+_WORD = re.compile(r"\w+")
+_YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
+_NUM = re.compile(r"\b\d+\b")
+_CAP = re.compile(r"\b[A-Z][a-z]+")
+_NAME = re.compile(r"\b[A-Z][\w'.-]*(?:\s+(?:of|de|the|von|van|du|la|and)?\s*[A-Z][\w'.-]*)*")
+_STOP = frozenset(
+    "a an the of in on at to for and or is was were are be been by with from as that this which who what when "
+    "where how did does do whose whom why it its his her their he she they than then there".split())
+WH = ("when", "where", "who", "what", "which", "how many", "how much", "year")
+LINK_WINDOW = 10
+"""Links between documents are looked for among the first this many documents of the pool."""
+MAX_ENTITY_CANDIDATES = 2
+MAX_TITLE_CANDIDATES = 3
+
+DOC_FEATURES = (
+    "score_rel", "inv_rank", "log_rank", "follow_up", "title_in_q", "title_full_in_q", "q_coverage",
+    "mentioned_by", "mentions", "has_year", "has_number", "cap_density", "when_year", "year_year",
+    "who_names", "how_many_number", "how_much_number", "linked_from_anchor", "links_to_anchor",
+    "has_new_name", "score_z", "is_anchor",
+)
+CANDIDATE_FEATURES = (
+    "stop", "title_query", "name_query", "source_prob", "source_inv_rank", "source_is_anchor",
+    "source_title_in_q", "turn", "stop_x_when", "stop_x_where", "stop_x_who", "stop_x_what", "stop_x_which",
+    "stop_x_how", "stop_x_qlen", "stop_x_top_prob", "stop_x_anchor_count",
+)
+
+
+class CompactPolicyError(ValueError):
+    """A compact policy folder that cannot be served (missing files, digest mismatch, wrong shapes)."""
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def _content(text: str) -> set[str]:
+    return {w for w in _words(text) if w not in _STOP}
+
+
+@dataclass
+class PoolDoc:
+    """One distinct document of the pool, where it was first seen (block index, 1-based position)."""
+
+    doc: SearchedDocument
+    block: int
+    position: int
+    rank: int
+    score_rel: float
+    score_z: float
+
+
+def pool_of(blocks: Sequence[Sequence[SearchedDocument]]) -> list[PoolDoc]:
+    """The distinct documents of every block (by id, first occurrence kept), with their BM25 evidence
+    relative to their own block."""
+    seen: set[str] = set()
+    pool: list[PoolDoc] = []
+    for b, docs in enumerate(blocks):
+        scores = np.array([d.score or 0.0 for d in docs], dtype=np.float64)
+        top = float(scores.max()) if len(scores) and scores.max() > 0 else 1.0
+        mean, std = (float(scores.mean()), float(scores.std())) if len(scores) else (0.0, 0.0)
+        for i, doc in enumerate(docs):
+            if doc.id in seen:
+                continue
+            seen.add(doc.id)
+            pool.append(PoolDoc(doc, b, i + 1, i, float(scores[i]) / top, (float(scores[i]) - mean) / (std + 1e-6)))
+    return pool
+
+
+def _joined(text: str) -> str:
+    """Lower-cased words joined by single spaces, padded: `f" {phrase} " in _joined(text)` matches whole words."""
+    return f" {' '.join(_words(text))} "
+
+
+@dataclass
+class QuestionInfo:
+    text: str
+    lower: str
+    joined: str
+    content: set[str]
+    wh: list[float]
+
+    @classmethod
+    def of(cls, question: str) -> QuestionInfo:
+        joined = _joined(question)
+        wh = [float(f" {w} " in joined) for w in WH]
+        return cls(question, question.lower(), joined, _content(question), wh)
+
+
+def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
+    """One row of `DOC_FEATURES` per pool document."""
+    qw, ql, wh = question.content, question.joined, question.wh
+    titles = [_joined(p.doc.title).strip() for p in pool]
+    bodies = [_joined(p.doc.text) for p in pool]
+    title_words = [_content(p.doc.title) for p in pool]
+    title_in_q = [len(tw & qw) / max(1, len(tw)) for tw in title_words]
+    anchors = [j for j in range(len(pool)) if titles[j] and (f" {titles[j]} " in ql or title_in_q[j] >= 0.99)]
+    window = range(min(LINK_WINDOW, len(pool)))
+    rows = []
+    for i, p in enumerate(pool):
+        text = p.doc.text
+        words = _words(text)
+        body_words = set(words) - _STOP
+        title_ok = len(titles[i]) > 3
+        mentioned_by = sum(1 for j in window if j != i and title_ok and f" {titles[i]} " in bodies[j])
+        mentions = sum(1 for j in window if j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i])
+        linked_from = float(any(j != i and title_ok and f" {titles[i]} " in bodies[j] for j in anchors))
+        links_to = float(any(j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i] for j in anchors))
+        caps = _CAP.findall(text)
+        cap_density = len(caps) / max(1, len(words))
+        has_year = float(bool(_YEAR.search(text)))
+        has_number = float(bool(_NUM.search(text)))
+        new_name = float(any(c.lower() not in qw for c in caps))
+        coverage = len(qw & (body_words | title_words[i])) / max(1, len(qw))
+        rows.append([
+            p.score_rel, 1.0 / (p.rank + 1), math.log1p(p.rank) / math.log(51), float(p.block > 0),
+            title_in_q[i], float(bool(titles[i]) and f" {titles[i]} " in ql), coverage,
+            min(mentioned_by, 3) / 3, min(mentions, 3) / 3, has_year, has_number, cap_density,
+            wh[0] * has_year, wh[7] * has_year, wh[2] * cap_density, wh[5] * has_number, wh[6] * has_number,
+            linked_from, links_to, new_name, max(-3.0, min(3.0, p.score_z)), float(i in anchors),
+        ])
+    return np.asarray(rows, dtype=np.float32).reshape(len(pool), len(DOC_FEATURES))
+
+
+@dataclass
+class Candidate:
+    query: str
+    kind: str
+    """`stop`, `title` (question + a document's title) or `name` (a name a document introduces)."""
+    source: int = -1
+
+
+def _names(text: str, known: str) -> list[str]:
+    """Capitalised names in `text` that `known` (question and title, lower-cased) does not contain."""
+    out: list[str] = []
+    for match in _NAME.finditer(text):
+        name = match.group(0).strip(" .-'")
+        if len(name) < 4 or name.lower() in known or name.lower() in _STOP or name in out:
+            continue
+        out.append(name)
+    return out
+
+
+def candidates(question: QuestionInfo, pool: Sequence[PoolDoc], probs: np.ndarray, seen: set[str],
+               doc_x: np.ndarray) -> tuple[list[Candidate], np.ndarray]:
+    """The stop and the follow-up queries open now, with one row of `CANDIDATE_FEATURES` each."""
+    order = np.argsort(-probs, kind="stable")
+    out = [Candidate("", "stop")]
+    for j in order:
+        if len([c for c in out if c.kind == "title"]) >= MAX_TITLE_CANDIDATES:
+            break
+        query = f"{question.text} {pool[j].doc.title}".strip()
+        if " ".join(query.lower().split()) not in seen:
+            out.append(Candidate(query, "title", int(j)))
+    if len(order):
+        top = int(order[0])
+        known = f"{question.lower} {pool[top].doc.title.lower()}"
+        for name in _names(pool[top].doc.text, known)[:MAX_ENTITY_CANDIDATES]:
+            if " ".join(name.lower().split()) not in seen:
+                out.append(Candidate(name, "name", top))
+    wh = question.wh
+    top_prob = float(probs[order[0]]) if len(order) else 0.0
+    anchor_count = float(doc_x[:, DOC_FEATURES.index("is_anchor")].sum()) if len(doc_x) else 0.0
+    qlen = min(1.0, len(question.content) / 20)
+    turn = float(len({p.block for p in pool}) - 1)
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.arange(len(order))
+    rows = []
+    for c in out:
+        stop = float(c.kind == "stop")
+        src = c.source
+        rows.append([
+            stop, float(c.kind == "title"), float(c.kind == "name"),
+            float(probs[src]) if src >= 0 else 0.0, 1.0 / (ranks[src] + 1) if src >= 0 else 0.0,
+            float(doc_x[src, DOC_FEATURES.index("is_anchor")]) if src >= 0 else 0.0,
+            float(doc_x[src, DOC_FEATURES.index("title_in_q")]) if src >= 0 else 0.0,
+            turn, stop * wh[0], stop * wh[1], stop * wh[2], stop * wh[3], stop * wh[4],
+            stop * max(wh[5], wh[6]), stop * qlen, stop * top_prob, stop * min(anchor_count, 3) / 3,
+        ])
+    return out, np.asarray(rows, dtype=np.float32).reshape(len(out), len(CANDIDATE_FEATURES))
+
+
+def _softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    z = logits / max(temperature, 1e-6)
+    z = z - z.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+@dataclass
+class Decision:
+    """One step's action and, for training, what it was chosen from."""
+
+    action: Action
+    doc_x: np.ndarray
+    cand_x: np.ndarray | None = None
+    """Candidate features of the query choice (row 0 the stop), None when no search was open."""
+    choice: int | None = None
+    selected: list[int] = field(default_factory=list)
+    """Pool indices of the chosen documents, in the order they were drawn (the final selection)."""
+
+
+@dataclass
+class CompactPolicy:
+    """The policy behind `env.act`: `decide` is one step (greedy, or sampled when given an `rng`)."""
+
+    weights: dict[str, np.ndarray]
+    name: str = "compact"
+    digest: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    folder: Path | None = None
+
+    @property
+    def model(self) -> str:
+        """The `policy_model` of its responses (part of the cache key)."""
+        return f"{self.name}@{self.digest[:12]}" if self.digest else self.name
+
+    # ------------------------------------------------------------------------------------ weights
+    @classmethod
+    def load(cls, folder: Path) -> CompactPolicy:
+        manifest_path, weights_path = folder / MANIFEST_FILE, folder / WEIGHTS_FILE
+        if not manifest_path.is_file() or not weights_path.is_file():
+            raise CompactPolicyError(f"{folder} is not a compact policy folder (needs {MANIFEST_FILE} and "
+                                     f"{WEIGHTS_FILE})")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise CompactPolicyError(f"{manifest_path}: not JSON ({exc})") from exc
+        data = weights_path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if manifest.get("weights_sha256") != digest:
+            raise CompactPolicyError(f"{weights_path}: sha256 {digest} does not match the manifest's "
+                                     f"{manifest.get('weights_sha256')}")
+        with np.load(weights_path) as npz:
+            weights = {k: np.asarray(npz[k], dtype=np.float32) for k in npz.files}
+        policy = cls(weights, name=str(manifest.get("name", folder.name)), digest=digest, manifest=manifest,
+                     folder=folder)
+        policy.check()
+        return policy
+
+    def check(self) -> None:
+        missing = [k for k in (*MLP_KEYS, *QUERY_KEYS) if k not in self.weights]
+        if missing:
+            raise CompactPolicyError(f"compact policy weights lack {missing}")
+        w = self.weights
+        n = len(DOC_FEATURES)
+        if w["mean"].shape != (n,) or w["std"].shape != (n,) or w["w1"].shape[0] != n:
+            raise CompactPolicyError(f"compact policy weights are for {w['w1'].shape[0]} document features, "
+                                     f"this code computes {n}")
+        if w["qv"].shape != (len(CANDIDATE_FEATURES),):
+            raise CompactPolicyError(f"compact policy query weights are for {w['qv'].shape} candidate features, "
+                                     f"this code computes {len(CANDIDATE_FEATURES)}")
+
+    def save(self, folder: Path, manifest: dict[str, Any]) -> Path:
+        """Write `weights.npz` and `manifest.json` (with the weights' digest) into `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / WEIGHTS_FILE
+        arrays: dict[str, Any] = {k: np.asarray(v, dtype=np.float32) for k, v in self.weights.items()}
+        np.savez(path, **arrays)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        manifest = {**manifest, "name": self.name, "weights_sha256": digest,
+                    "doc_features": list(DOC_FEATURES), "candidate_features": list(CANDIDATE_FEATURES)}
+        (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        self.digest, self.manifest, self.folder = digest, manifest, folder
+        return path
+
+    # ------------------------------------------------------------------------------------ scoring
+    def doc_logits(self, x: np.ndarray) -> np.ndarray:
+        w = self.weights
+        h = (x - w["mean"]) / w["std"]
+        h = np.maximum(h @ w["w1"] + w["b1"], 0)
+        h = np.maximum(h @ w["w2"] + w["b2"], 0)
+        return (h @ w["w3"] + w["b3"]).reshape(-1)
+
+    def query_logits(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.weights["qv"]
+
+    def decide(self, env: SearchEnv, *, rng: np.random.Generator | None = None, temperature: float = 1.0
+               ) -> Decision:
+        """The next action in `env`: a follow-up search or the end with the selection. Greedy without `rng`;
+        with one, the query is drawn from the candidates' softmax and the selection by Plackett-Luce."""
+        question = QuestionInfo.of(env.question)
+        pool = pool_of([b.documents for b in env.blocks])
+        doc_x = doc_features(question, pool)
+        logits = self.doc_logits(doc_x) if len(pool) else np.zeros(0, dtype=np.float32)
+        cand_x, choice = None, None
+        if env.can_search and len(pool):
+            cands, cand_x = candidates(question, pool, _softmax(logits), env.seen_queries, doc_x)
+            q_logits = self.query_logits(cand_x)
+            if rng is None:
+                choice = int(np.argmax(q_logits))
+            else:
+                choice = int(rng.choice(len(cands), p=_softmax(q_logits, temperature)))
+            if cands[choice].kind != "stop":
+                return Decision(Action("search", query=cands[choice].query), doc_x, cand_x, choice)
+        k = min(env.params.select_k, len(pool))
+        if rng is None:
+            chosen = [int(i) for i in np.argsort(-logits, kind="stable")[:k]]
+        else:
+            chosen, left = [], np.ones(len(pool), dtype=bool)
+            for _ in range(k):
+                p = _softmax(np.where(left, logits, -np.inf), temperature)
+                i = int(rng.choice(len(pool), p=p))
+                chosen.append(i)
+                left[i] = False
+        picks = tuple((pool[i].block, pool[i].position) for i in chosen)
+        return Decision(Action("complete", selected=picks), doc_x, cand_x, choice, selected=chosen)
+
+    # ------------------------------------------------------------------- the searcher's policy API
+    async def act(self, env: SearchEnv) -> Action:
+        return self.decide(env).action
+
+    async def check_health(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,67 @@
+"""The searcher app served by the compact policy (`SEARCHER_COMPACT_POLICY`): the same `POST /search` response,
+server-sent events, trace and `/version`, with `policy_model` naming the compact policy; a bad folder is
+refused at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from services.common.cache import MemoryCache, ResultCache
+from services.common.clients import RetrieverClient
+from services.common.http import ClientSettings
+from services.searcher.api import create_app
+from services.searcher.compact import CompactPolicy
+from services.searcher.retrieval import ServiceRetriever
+from services.searcher.settings import SearcherSettings
+from tests.api.test_searcher_api import Q, fake_retriever_app
+from tests.api.test_searcher_stream import events_of
+from tests.asgi import app_client
+from tests.unit.test_searcher_compact import weights
+
+
+@pytest.fixture()
+def policy_dir(tmp_path: Path) -> Path:
+    # prefers the documents whose title the question contains, then BM25's order; never searches again
+    policy = CompactPolicy(weights(doc={"title_in_q": 4.0, "score_rel": 1.0}, query={"stop": 5.0}), name="compact-t")
+    policy.save(tmp_path / "compact", {"search": {"retrieve_k": 5, "select_k": 2, "max_turns": 1}})
+    return tmp_path / "compact"
+
+
+def app_for(policy_dir: Path) -> tuple[object, RetrieverClient]:
+    retriever = fake_retriever_app()
+    client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0),
+                             transport=httpx.ASGITransport(app=retriever))
+    settings = SearcherSettings(compact_policy=policy_dir, retrieve_k=5, select_k=2, max_turns=1)
+    app = create_app(settings, retriever=ServiceRetriever(client), cache=ResultCache(MemoryCache(), name="search"))
+    return app, client
+
+
+async def test_search_and_stream_with_the_compact_policy(policy_dir: Path) -> None:
+    app, retriever = app_for(policy_dir)
+    digest = CompactPolicy.load(policy_dir).digest
+    try:
+        async with app_client(app) as client:  # type: ignore[arg-type]
+            body = (await client.post("/search", json={"question": Q, "return_trace": True})).json()
+            streamed = await events_of(await client.post("/search", json={"question": Q + " ?", "stream": True}))
+            version = (await client.get("/version")).json()
+    finally:
+        await retriever.aclose()
+    assert body["policy_model"] == f"compact-t@{digest[:12]}" == version["details"]["policy_model"]
+    assert body["mode"] == "s3" and body["stop_reason"] == "complete" and not body["degraded"]
+    assert [d["id"] for d in body["documents"]] == [f"{Q}#1", f"{Q}#2"]  # select_k of the pool, BM25's order
+    assert body["queries"] == [] and body["timings"]["policy_calls"] == 1
+    assert body["trace"]["blocks"][0]["selected"] == [1, 2]
+    names = [name for name, _ in streamed]
+    assert names == ["retrieval", "action", "action", "end", "result"]
+    select = streamed[1][1]
+    assert select["kind"] == "select" and select["block"] == 0 and len(select["selected_ids"]) == 2
+    assert streamed[-1][1]["policy_model"] == body["policy_model"]
+
+
+def test_a_bad_compact_policy_folder_is_refused_at_start_up(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="not a compact policy folder"):
+        SearcherSettings(compact_policy=tmp_path)

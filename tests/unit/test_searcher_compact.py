@@ -1,0 +1,215 @@
+"""The compact policy in the search environment: its steps (pool, follow-up query, selection, stop), the
+structured actions of `SearchEnv`, the reward on the documents in the environment's state, the weights'
+digest check, and the trainer's log-probabilities of sampled actions."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.common.schemas.base import Document
+from services.common.schemas.searcher import SearchParams
+from services.searcher.compact import (
+    CANDIDATE_FEATURES,
+    DOC_FEATURES,
+    CompactPolicy,
+    CompactPolicyError,
+    QuestionInfo,
+    doc_features,
+    pool_of,
+)
+from services.searcher.env import Action, SearchEnv, SearchEvent
+from services.searcher.loop import run_search
+from trainer.compact import Episode, LabeledItem, run_episode
+from trainer.data import QAItem
+from trainer.rewards import documents_hit
+
+QUESTION = "Which city is the director of Big Stone Gap based in?"
+CORPUS = {
+    "big stone gap": [Document(id="d1", title="Big Stone Gap (film)", score=9.0,
+                               text="Big Stone Gap is a 2014 film directed by Adriana Trigiani."),
+                      Document(id="d2", title="Pebble", score=5.0, text="A pebble is a small piece of rock."),
+                      Document(id="d3", title="Gap Inc.", score=4.0, text="Gap is a clothing retailer.")],
+    "adriana trigiani": [Document(id="d4", title="Adriana Trigiani", score=8.0,
+                                  text="Adriana Trigiani is a writer and director based in Greenwich Village."),
+                         Document(id="d2", title="Pebble", score=1.0, text="A pebble is a small piece of rock.")],
+}
+
+
+class MemoryRetriever:
+    """Answers a query with the documents of the first key it contains (lower-cased)."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        self.queries.extend(queries)
+        out = []
+        for q in queries:
+            hits = next((docs for key, docs in CORPUS.items() if key in q.lower()), [])
+            out.append([d.model_copy() for d in hits[:k]])
+        return out
+
+
+def weights(*, doc: dict[str, float], query: dict[str, float]) -> dict[str, np.ndarray]:
+    """A linear scorer through the MLP's shapes: the first hidden unit carries the weighted feature sum
+    (shifted to stay positive through the ReLUs), the query head is the given weights."""
+    n = len(DOC_FEATURES)
+    w1 = np.zeros((n, 2), dtype=np.float32)
+    for name, value in doc.items():
+        w1[DOC_FEATURES.index(name), 0] = value
+    qv = np.zeros(len(CANDIDATE_FEATURES), dtype=np.float32)
+    for name, value in query.items():
+        qv[CANDIDATE_FEATURES.index(name)] = value
+    return {"mean": np.zeros(n, np.float32), "std": np.ones(n, np.float32), "w1": w1,
+            "b1": np.array([100.0, 0.0], np.float32), "w2": np.eye(2, dtype=np.float32),
+            "b2": np.zeros(2, np.float32), "w3": np.array([[1.0], [0.0]], np.float32), "b3": np.zeros(1, np.float32),
+            "qv": qv}
+
+
+def params(**kw: int) -> SearchParams:
+    return SearchParams(mode="s3", **{"retrieve_k": 3, "select_k": 2, "max_turns": 1, **kw})
+
+
+# a policy that searches the name the top document introduces, then prefers documents linked from the question's
+NAME_SEEKER = CompactPolicy(weights(doc={"linked_from_anchor": 5.0, "is_anchor": 3.0, "score_rel": 1.0},
+                                    query={"name_query": 2.0, "stop": 1.0}), name="test-compact")
+
+
+async def test_policy_searches_a_name_from_the_pool_then_selects_across_blocks() -> None:
+    retriever = MemoryRetriever()
+    events: list[SearchEvent] = []
+    outcome = await run_search(QUESTION, params(), policy=NAME_SEEKER, retriever=retriever, on_event=events.append)
+    assert outcome.queries == ["Adriana Trigiani"]  # a name the film's passage introduces, not in the question
+    assert retriever.queries == [QUESTION, "Adriana Trigiani"]
+    assert [d.id for d in outcome.documents] == ["d1", "d4"]  # the anchor, then the bridge from the second block
+    assert outcome.stop_reason == "complete" and not outcome.degraded
+    assert outcome.policy_model == "test-compact"
+    assert outcome.timings.policy_calls == 2 and outcome.valid_actions == 2 and outcome.invalid_actions == 0
+    kinds = [(e.type, e.data.get("kind")) for e in events]
+    assert kinds == [("retrieval", None), ("action", "search"), ("retrieval", None), ("action", "select"),
+                     ("action", "select"), ("action", "complete"), ("end", None)]
+    assert [e.data.get("block") for e in events if e.data.get("kind") == "select"] == [0, 1]
+    assert outcome.blocks[0].selected == [1] and outcome.blocks[1].selected == [1]
+    # the transcript holds the actions in s3's tags, after s3's first observation
+    actions = [m.content for m in outcome.messages if m.role == "assistant"]
+    assert actions[0] == '<query>{"query": "Adriana Trigiani"}</query>'
+    assert actions[1] == "<important_info>[1]</important_info><important_info>[1]</important_info>" \
+                         "<search_complete>True</search_complete>"
+
+
+async def test_policy_stops_when_the_stop_scores_highest_and_returns_select_k() -> None:
+    stopper = CompactPolicy(weights(doc={"score_rel": 1.0}, query={"stop": 5.0}))
+    outcome = await run_search(QUESTION, params(select_k=3), policy=stopper, retriever=MemoryRetriever())
+    assert outcome.queries == []
+    assert [d.id for d in outcome.documents] == ["d1", "d2", "d3"]  # BM25's order when only its score counts
+
+
+async def test_no_search_is_offered_without_turns_left() -> None:
+    outcome = await run_search(QUESTION, params(max_turns=0), policy=NAME_SEEKER, retriever=MemoryRetriever())
+    assert outcome.queries == [] and len(outcome.documents) == 2
+
+
+async def test_a_repeated_search_action_ends_the_search_on_every_block() -> None:
+    env = SearchEnv(QUESTION, params(), MemoryRetriever())
+    await env.reset()
+    await env.act(Action("search", query=QUESTION.upper()))  # the question itself: a repeat
+    assert env.done and env.stop_reason == "invalid_actions" and env.invalid == 1
+    assert [d.id for d in env.documents()] == ["d1", "d2", "d3"]  # s3's rule: a block with no tag counts whole
+
+
+async def test_selection_outside_the_blocks_is_ignored() -> None:
+    env = SearchEnv(QUESTION, params(), MemoryRetriever())
+    await env.reset()
+    await env.act(Action("complete", selected=((0, 2), (0, 9), (5, 1), (0, 2))))
+    assert [d.id for d in env.documents()] == ["d2"]
+
+
+async def test_structured_actions_are_for_s3_mode() -> None:
+    env = SearchEnv(QUESTION, params().model_copy(update={"mode": "qagent"}), MemoryRetriever())
+    await env.reset()
+    with pytest.raises(ValueError, match="s3"):
+        await env.act(Action("complete"))
+
+
+async def test_training_episode_reward_reads_the_environments_documents() -> None:
+    item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["Greenwich Village"]),
+                       frozenset({"Adriana Trigiani"}))
+    retriever = MemoryRetriever()
+    ep: Episode = await run_episode(NAME_SEEKER, item, retriever, params(), rng=None)
+    assert [d.id for d in ep.documents] == ["d1", "d4"]
+    naive = (await retriever.retrieve([QUESTION], len(ep.documents), None))[0]
+    # the answer is only in the bridge passage the follow-up search found: GBR (recall) = 1 - 0
+    assert documents_hit(ep.documents, item.item.golden_answers) - documents_hit(naive, item.item.golden_answers) == 1
+    assert ep.steps[0].choice is not None and ep.steps[-1].selected == [0, 3]
+
+
+async def test_sampled_log_probability_matches_the_trainers() -> None:
+    torch = pytest.importorskip("torch")
+    from trainer.compact import _log_prob
+
+    policy = CompactPolicy(weights(doc={"score_rel": 2.0, "title_in_q": 1.0}, query={"name_query": 0.5}))
+    item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
+    ep = await run_episode(policy, item, MemoryRetriever(), params(select_k=2), rng=np.random.default_rng(3))
+    expected = 0.0
+    for step in ep.steps:
+        if step.cand_x is not None:
+            q = step.cand_x @ policy.weights["qv"]
+            expected += q[step.choice] - math.log(np.exp(q).sum())
+        logits = policy.doc_logits(step.doc_x).astype(np.float64)
+        left = list(range(len(logits)))
+        for i in step.selected:
+            expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
+            left.remove(i)
+    from trainer.compact import _torch_model
+
+    model = _torch_model((2, 2), policy.weights)
+    got = _log_prob(model, ep, policy.weights["mean"], policy.weights["std"], 1.0)
+    assert got.requires_grad  # the gradient reaches both heads
+    assert float(got.detach()) == pytest.approx(expected, abs=1e-4)
+    assert torch.is_tensor(got)
+
+
+def test_weights_round_trip_and_digest_check(tmp_path: Path) -> None:
+    NAME_SEEKER.save(tmp_path, {"search": {"retrieve_k": 3}})
+    loaded = CompactPolicy.load(tmp_path)
+    assert loaded.digest == NAME_SEEKER.digest and loaded.model.startswith("test-compact@")
+    assert loaded.manifest["doc_features"] == list(DOC_FEATURES)
+    data = bytearray((tmp_path / "weights.npz").read_bytes())
+    data[-30] ^= 1
+    (tmp_path / "weights.npz").write_bytes(bytes(data))
+    with pytest.raises(CompactPolicyError, match="does not match"):
+        CompactPolicy.load(tmp_path)
+    with pytest.raises(CompactPolicyError, match="not a compact policy folder"):
+        CompactPolicy.load(tmp_path / "missing")
+
+
+def test_weights_for_other_features_are_refused() -> None:
+    bad = dict(NAME_SEEKER.weights)
+    bad["qv"] = np.zeros(3, np.float32)
+    with pytest.raises(CompactPolicyError, match="candidate features"):
+        CompactPolicy(bad).check()
+
+
+def test_features_ignore_passage_length() -> None:
+    """The same passage repeated to five times its length scores the same (no length shortcut)."""
+    short = Document(id="a", title="Adriana Trigiani", score=4.0, text="Adriana Trigiani is a director born 1969.")
+    long = short.model_copy(update={"text": " ".join([short.text] * 5)})
+    q = QuestionInfo.of("When was Adriana Trigiani born?")
+    x_short = doc_features(q, pool_of([[short]]))
+    x_long = doc_features(q, pool_of([[long]]))
+    assert np.allclose(x_short, x_long)
+
+
+def test_act_returns_the_greedy_decision() -> None:
+    """`act` (what the searcher serves) is `decide` without sampling."""
+    async def go() -> Action:
+        env = SearchEnv(QUESTION, params(), MemoryRetriever())
+        await env.reset()
+        return await NAME_SEEKER.act(env)
+
+    assert asyncio.run(go()).kind == "search"
