@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,15 @@ from services.common.logging import configure_logging
 from services.stack import default_llm_threads
 from trainer import recipe as local
 from trainer.baseline import BaselineConfig, BaselineStore, ensure_baselines
-from trainer.data import DATASETS, TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
+from trainer.data import (
+    DATASETS,
+    TRAIN_DATASETS,
+    QAItem,
+    default_data_dir,
+    eval_split,
+    s3_filter,
+    train_split,
+)
 from trainer.settings import TrainerSettings
 from trainer.upstreams import ServiceStack
 
@@ -444,6 +453,63 @@ def _run_parser(sub: Any, name: str, help_text: str, *, out: str, questions: int
     return p
 
 
+def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
+    """The compact policy: warm start, RL, the final policy folder (resumable: a finished stage is reused)."""
+    from services.searcher.compact import CompactPolicy
+    from trainer import compact
+    from trainer.plotting import plot_reward_curve
+
+    data = default_data_dir()
+    config = compact.CompactConfig(
+        datasets=tuple(args.datasets), per_dataset=args.per_dataset, dev_per_dataset=args.dev_per_dataset,
+        retrieve_k=args.retrieve_k, select_k=args.select_k, max_turns=args.max_turns, warm_epochs=args.warm_epochs,
+        rl_steps=args.steps, questions_per_step=args.questions_per_step, group=args.group, rl_lr=args.lr,
+        temperature=args.temperature, seed=args.seed)
+    train, dev = compact.load_items(data, config)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = Path(args.corpus) if args.corpus else data / "corpus" / "combined.jsonl"
+    t0 = time.perf_counter()
+    retriever = compact.IndexRetriever(corpus, Path(args.index_dir))
+    record = {"command": "plugsearch-train " + " ".join(args.argv), "config": compact.config_dict(config),
+              "rows": f"{config.offset}..{config.offset + config.per_dataset + config.dev_per_dataset - 1} of "
+                      f"{', '.join(config.datasets)} (yes/no dropped); the last {config.dev_per_dataset} of each "
+                      "set held out as the RL stage's dev check",
+              "train_questions": len(train), "dev_questions": len(dev), "corpus": corpus.name}
+    warm_dir = out / "warmstart"
+    if (warm_dir / "manifest.json").is_file() and not args.no_resume:
+        warm = CompactPolicy.load(warm_dir)
+        warm_info = warm.manifest.get("warm_start", {})
+    else:
+        t = time.perf_counter()
+        warm, warm_info = compact.warm_start(train, retriever, config, progress=not args.quiet)
+        warm_info["seconds"] = round(time.perf_counter() - t, 1)
+        warm_info["dev"] = asyncio.run(compact.evaluate(warm, dev, retriever, config))
+        warm.save(warm_dir, {**record, "stage": "warm start", "warm_start": warm_info})
+    rl_dir = out / "rl"
+    rl_dir.mkdir(exist_ok=True)
+    t = time.perf_counter()
+    with _services(_settings(args), args, answering=args.reward == "gbr") as settings:
+        reward = (compact.GenAccReward(retriever, lambda: ServiceStack(settings)) if args.reward == "gbr"
+                  else compact.RecallReward(retriever))
+        final, entries = compact.reinforce(warm, train, retriever, config, rl_dir, progress=not args.quiet,
+                                           reward=reward)
+    rl_info = {"seconds_this_run": round(time.perf_counter() - t, 1), "steps": len(entries),
+               "first_10_mean_reward": round(float(sum(e["mean_reward"] for e in entries[:10]) / max(1, len(entries[:10]))), 4),
+               "last_10_mean_reward": round(float(sum(e["mean_reward"] for e in entries[-10:]) / max(1, len(entries[-10:]))), 4),
+               "dev": asyncio.run(compact.evaluate(final, dev, retriever, config))}
+    if entries:
+        rl_info["reward_curve"] = str(plot_reward_curve(entries, rl_dir / "reward_curve.png",
+                                                        title="compact policy: GBR (recall) per RL step"))
+    final.save(out / "final", {**record, "stage": "warm start + RL", "warm_start": warm_info, "rl": rl_info,
+                               "search": {"mode": "s3", "retrieve_k": config.retrieve_k,
+                                          "select_k": config.select_k, "max_turns": config.max_turns,
+                                          "method": "bm25"}})
+    return {"out": str(out / "final"), "warm_dev": warm_info.get("dev"), "rl_dev": rl_info["dev"],
+            "rl_reward_first_10": rl_info["first_10_mean_reward"], "rl_reward_last_10": rl_info["last_10_mean_reward"],
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plugsearch-train", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -512,6 +578,33 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--report", action="store_true",
                    help="run nothing: the table of the questions every method has finished in --out so far")
     e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compact", help="the compact CPU searcher policy: supervised warm start, then RL with the "
+                       "GBR reward, in the search environment (resumable)")
+    c.add_argument("--datasets", nargs="+", default=["nq", "hotpotqa", "2wikimultihopqa", "popqa"])
+    c.add_argument("--per-dataset", type=int, default=700, help="training rows per set, from row 200 on")
+    c.add_argument("--dev-per-dataset", type=int, default=50, help="rows after those, held out to watch RL")
+    c.add_argument("--corpus", help="JSONL corpus (default: $PLUGSEARCH_DATA/corpus/combined.jsonl)")
+    c.add_argument("--index-dir", default="var/indexes", help="where the BM25 index is built once")
+    c.add_argument("--retrieve-k", type=int, default=30, help="documents per retrieval (the pool)")
+    c.add_argument("--select-k", type=int, default=3, help="documents returned")
+    c.add_argument("--max-turns", type=int, default=2, help="follow-up searches at most")
+    c.add_argument("--warm-epochs", type=int, default=30)
+    c.add_argument("--steps", type=int, default=200, help="RL steps")
+    c.add_argument("--questions-per-step", type=int, default=32)
+    c.add_argument("--group", type=int, default=4, help="sampled searches per question (the group baseline)")
+    c.add_argument("--lr", type=float, default=5e-4)
+    c.add_argument("--temperature", type=float, default=1.0)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--reward", choices=["recall", "gbr"], default="recall",
+                   help="recall: GBR with GenAcc's span check on the documents, no LLM (the CPU default); gbr: "
+                   "GenAcc of the frozen generator's answers, judged, against naive top-n (the services: --local "
+                   "or TRAINER_* URLs)")
+    c.add_argument("--local", action="store_true", help="with --reward gbr: start llama.cpp, generator, judge here")
+    c.add_argument("--out", default="var/runs/compact")
+    c.add_argument("--no-resume", action="store_true", help="redo the warm start even when it is there")
+    c.add_argument("--quiet", action="store_true", help="no progress bars")
+    c.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("plot", help="reward curve PNG of a run folder")
     p.add_argument("run")
