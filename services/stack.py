@@ -37,8 +37,9 @@ from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB, llama_spec
 from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
+from services.searcher.compact import CompactPolicy, CompactPolicyError
+from services.searcher.trained import COMPACT_DIR, TrainedSearcher, TrainedSearcherError
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
-from services.searcher.trained import TrainedSearcher, TrainedSearcherError
 
 DEFAULT_PORTS = {"searcher": 8000, "retriever": 8001, "generator": 8002, "judge": 8003, "llm": 8080,
                  "redis": 6379, "policy": 8081}
@@ -161,6 +162,8 @@ class StackOptions:
     llm_prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
     trained: TrainedSearcher | None = None
     """Serve this trained searcher (its own llama.cpp process with the adapter); None = the base policy."""
+    compact: CompactPolicy | None = None
+    """Serve this compact policy (in the searcher's process); wins over `trained`."""
     api_key: str | None = None
     internal_token: str = field(default_factory=lambda: secrets.token_hex(24))
     redis_password: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
@@ -217,7 +220,12 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     specs.append(service("judge", answering))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
                                 "UI": "true", **{f"POLICY__{k}": v for k, v in llm.items()}}
-    if options.trained is not None and options.llm_url is None:
+    if options.compact is not None:
+        # The compact policy runs inside the searcher: no policy LLM; served with the setting it was trained in.
+        searcher.update({"COMPACT_POLICY": str(options.compact.folder), **{k.upper(): str(v) for k, v in
+                                                      options.compact.manifest.get("search", {}).items()
+                                                      if k in ("retrieve_k", "select_k", "max_turns")}})
+    elif options.trained is not None and options.llm_url is None:
         # The trained searcher: the same GGUF with the adapter, in its own process (an adapter applies to
         # every request of a llama.cpp server; the generator and judge keep the plain model).
         trained = options.trained
@@ -274,10 +282,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--llm-prompt-cache-mb", type=int, default=DEFAULT_PROMPT_CACHE_MB,
                         help="RAM for llama.cpp's cached states that concurrent multi-turn searches resume from "
                         "(0 = off; each state also holds a 96 MiB logits copy: ~2.7 GB peak RSS at the default)")
-    parser.add_argument("--policy", choices=["auto", "trained", "base"], default="auto",
-                        help="trained: the searcher trained here (services/searcher/trained), served by a second "
-                        "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): trained "
-                        "when it is shipped and its recorded evaluation beat the untrained policy, else base")
+    parser.add_argument("--policy", choices=["auto", "compact", "trained", "base"], default="auto",
+                        help="compact: the compact learned searcher (services/searcher/trained/compact), in the "
+                        "searcher's process, no LLM; trained: the SmolLM2 LoRA searcher, served by a second "
+                        "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): compact "
+                        "when its recorded evaluation beat naive top-k, else trained when its evaluation beat the "
+                        "untrained policy, else base")
     parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
                         help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
@@ -298,6 +308,27 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.llm_prompt_cache_mb < 0:
         parser.error("--llm-prompt-cache-mb must be >= 0")
     return args
+
+
+def _compact_policy(args: argparse.Namespace, say: Callable[[str], None], folder: Path | None = None
+                    ) -> CompactPolicy | None:
+    """The compact policy for `--policy compact`, or `auto` when its recorded evaluation beat naive top-k."""
+    if args.policy not in ("auto", "compact"):
+        return None
+    folder = folder or COMPACT_DIR
+    if args.policy == "auto" and not (folder / "manifest.json").is_file():
+        return None
+    try:
+        policy = CompactPolicy.load(folder)
+    except CompactPolicyError as exc:
+        raise StackError(f"{exc} (pass --policy base to serve the untrained LLM policy)") from exc
+    if args.policy == "auto" and not (policy.manifest.get("evaluation") or {}).get("beats_naive"):
+        say("policy: the compact searcher is shipped but did not beat naive top-k in its recorded evaluation "
+            "(--policy compact serves it anyway)")
+        return None
+    evaluation = policy.manifest.get("evaluation") or {}
+    say(f"policy: the compact searcher {policy.model} ({evaluation.get('summary', 'see its manifest')})")
+    return policy
 
 
 def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder: Path | None = None
@@ -376,13 +407,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ports = allocate_ports(base_port=args.base_port, free_ports=args.free_ports)
         corpus = resolve_corpus(args.corpus, data_dir=default_data_dir(), var_dir=var_dir,
                                 download=not args.no_download, log=say)
+        compact = _compact_policy(args, say)
         redis_server = None if args.no_redis else shutil.which("redis-server")
         if not args.no_redis and redis_server is None:
             say("redis-server not found: the services use their in-process caches")
         options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
-                               trained=_trained_policy(args, say), api_key=args.api_key, log_level=args.log_level,
+                               compact=compact, trained=None if compact is not None else _trained_policy(args, say),
+                               api_key=args.api_key, log_level=args.log_level,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
         _run_index_build(options, group)
     except StackError as exc:

@@ -15,6 +15,8 @@ from typing import Any
 from services.common.schemas.searcher import SearchParams
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "smollm2-s3"
+COMPACT_DIR = Path(__file__).resolve().parent / "compact"
+"""The compact CPU policy (`services.searcher.compact`): weights.npz + manifest.json."""
 MANIFEST = "manifest.json"
 ADAPTER = "adapter.gguf"
 
