@@ -180,6 +180,104 @@ def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
             "all": block(records)}
 
 
+COMPACT_SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
+
+
+def _supporting(name: str, n: int) -> dict[str, frozenset[str]]:
+    from bench.common import DATA
+
+    out: dict[str, frozenset[str]] = {}
+    with (DATA / "qa" / f"{name}.jsonl").open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i >= n:
+                break
+            row = json.loads(line)
+            out[str(row["id"])] = frozenset(row.get("supporting_titles") or ())
+    return out
+
+
+def _metric_block(rows: Sequence[dict[str, Any]], systems: Sequence[str], key: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in systems:
+        values = [float(r[name][key]) for r in rows]
+        out[name] = round(statistics.fmean(values), 3) if values else None
+        out[f"{name}_ci95"] = bootstrap(values)
+        if name != "naive_bm25":
+            diff = [float(r[name][key]) - float(r["naive_bm25"][key]) for r in rows]
+            out[f"{name}_minus_naive"] = round(statistics.fmean(diff), 3) if diff else None
+            out[f"{name}_minus_naive_ci95"] = bootstrap(diff)
+    return out
+
+
+def compact_main(args: argparse.Namespace) -> None:
+    """The compact policy against naive BM25 top-n and the untrained MiniLM re-ranking the same pool, at 3 and
+    5 documents (the policy's own n is 3: `budget3` is the matched comparison), in-process over the
+    retriever's own bm25s backend; answer recall and all-supporting-passages recall with 95% intervals."""
+    from services.searcher.compact import CompactPolicy
+    from trainer.compact import IndexRetriever
+
+    t0 = time.perf_counter()
+    policies = {name: CompactPolicy.load(Path(folder)) for name, folder in
+                (("compact_warm", args.compact_warm), ("compact_rl", args.compact)) if folder}
+    retriever = IndexRetriever(CORPUS, VAR / "indexes")
+    encoder = None
+    if not args.no_minilm:
+        from sentence_transformers import SentenceTransformer
+
+        from services.retriever.dense import resolve_encoder_path
+
+        encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
+    pool_k = max(p.manifest.get("search", {}).get("retrieve_k", 30) for p in policies.values())
+    systems = ["naive_bm25", *(["minilm_rerank"] if encoder is not None else []), *policies]
+    result: dict[str, Any] = {"datasets": {}}
+
+    async def one(question: str, answers: Sequence[str], gold: frozenset[str]) -> dict[int, dict[str, Any]]:
+        pool = (await retriever.retrieve([question], pool_k, "bm25"))[0]
+        ranked: dict[str, list[Document]] = {"naive_bm25": pool}
+        if encoder is not None and pool:
+            vecs = encoder.encode([question] + [f"{d.title}\n{d.text}" for d in pool], normalize_embeddings=True,
+                                  batch_size=32)
+            order = sorted(range(len(pool)), key=lambda i: -float(vecs[0] @ vecs[i + 1]))
+            ranked["minilm_rerank"] = [pool[i] for i in order]
+        out: dict[int, dict[str, Any]] = {}
+        for budget in BUDGETS:
+            row: dict[str, Any] = {}
+            for name, docs in ranked.items():
+                row[name] = _scores(docs[:budget], answers, gold)
+            for name, policy in policies.items():
+                params = SearchParams(mode="s3", **{**policy.manifest.get("search", {}), "select_k": budget})
+                outcome = await run_search(question, params, policy=policy, retriever=retriever)
+                row[name] = {**_scores(outcome.documents, answers, gold), "docs": len(outcome.documents),
+                             "searches": len(outcome.queries)}
+            out[budget] = row
+        return out
+
+    all_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
+    for name in args.datasets:
+        gold = _supporting(name, args.n)
+        items = [q for q in load_questions(name, args.n) if not is_yes_no(q.golden_answers)]
+        rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
+        for q in items:
+            per = asyncio.run(one(q.question, q.golden_answers, gold.get(q.id, frozenset())))
+            for b in BUDGETS:
+                rows[b].append(per[b])
+                all_rows[b].append(per[b])
+        result["datasets"][name] = {"n": len(items), **{
+            f"budget{b}": {"answer_recall": _metric_block(rows[b], systems, "hit"),
+                           "all_supporting": _metric_block(rows[b], systems, "all_gold")} for b in BUDGETS}}
+        log(f"{name}: {json.dumps(result['datasets'][name]['budget3']['answer_recall'])}")
+    result["all"] = {f"budget{b}": {"answer_recall": _metric_block(all_rows[b], systems, "hit")} for b in BUDGETS}
+    result["settings"] = {"n_per_set": args.n, "yes_no": "left out", "pool_k": pool_k, "retriever": "bm25s",
+                          "policies": {k: p.model for k, p in policies.items()},
+                          "seconds": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(result))
+
+
+def _scores(docs: Sequence[Document], answers: Sequence[str], gold: frozenset[str]) -> dict[str, float]:
+    titles = {d.title for d in docs}
+    return {"hit": float(hit(docs, answers)), "all_gold": float(bool(gold) and gold <= titles)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=100, help="first n questions of every set (the eval hold-out)")
@@ -192,7 +290,16 @@ def main() -> None:
     parser.add_argument("--restart", action="store_true")
     parser.add_argument("--report", action="store_true", help="summarise what is finished; run nothing")
     parser.add_argument("--quick", action="store_true", help="2 questions of one set (a smoke run)")
+    parser.add_argument("--compact", help="compare this compact policy folder (and --compact-warm) against naive "
+                        "top-n and the untrained MiniLM re-ranker instead of the LLM policies")
+    parser.add_argument("--compact-warm", help="the compact policy after its warm start only")
+    parser.add_argument("--no-minilm", action="store_true", help="--compact: skip the MiniLM re-ranker")
     args = parser.parse_args()
+    if args.compact:
+        if args.datasets == list(DATASETS):
+            args.datasets = list(COMPACT_SETS)
+        compact_main(args)
+        return
     if args.quick:
         args.n, args.datasets, args.restart = 2, ["hotpotqa"], True
     trained = TrainedSearcher.load(Path(args.trained))
