@@ -411,7 +411,8 @@ def _train_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasets", nargs="+", default=list(TRAIN_DATASETS))
     p.add_argument("--per-dataset", type=int,
                    help="training candidates per dataset (after the eval hold-out)")
-    p.add_argument("--eval-holdout", type=int, default=100)
+    p.add_argument("--eval-holdout", type=int, default=200,
+                   help="first rows of each set kept out of training (0-99 evaluate, 100-199 are reserved)")
 
 
 def _policy_args(p: argparse.ArgumentParser) -> None:

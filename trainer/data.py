@@ -1,8 +1,9 @@
 """Question sets (`../shared/data/qa/*.jsonl`, FlashRAG / Search-R1 format), splits and the s3 filter; the
 append-only JSONL records the trainer resumes from.
 
-The shared files are dev/test sets; the trainer holds out the first `eval_holdout` questions of every
-file for `eval` and trains on the rest, so a question is never both trained on and evaluated.
+The shared files are dev/test sets; the trainer holds out the first `eval_holdout` (200) questions of every
+file and trains on the rest: rows 0-99 are what `eval` reports on, rows 100-199 are reserved (never trained,
+tuned or chosen on), so a question is never both trained on and evaluated.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def eval_split(data_dir: Path, dataset: str, n: int) -> list[QAItem]:
 
 
 def train_split(data_dir: Path, datasets: Sequence[str] = TRAIN_DATASETS, *, per_dataset: int | None = None,
-                eval_holdout: int = 100) -> list[QAItem]:
+                eval_holdout: int = 200) -> list[QAItem]:
     """Training candidates: each set's questions after its first `eval_holdout`, interleaved by set
     (nq, hotpotqa, nq, ...) so any prefix mixes single-hop and multi-hop questions."""
     per_set = [load_qa(qa_path(data_dir, name), limit=per_dataset, offset=eval_holdout) for name in datasets]

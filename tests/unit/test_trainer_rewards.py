@@ -132,9 +132,9 @@ def test_s3_filter_drops_answered_and_yes_no_questions() -> None:
 
 
 def test_train_split_holds_out_eval_questions_and_interleaves(data_dir: Path) -> None:
-    items = train_split(data_dir, ("nq", "hotpotqa"), per_dataset=3, eval_holdout=100)
+    items = train_split(data_dir, ("nq", "hotpotqa"), per_dataset=3)
     assert [it.dataset for it in items] == ["nq", "hotpotqa"] * 3
-    assert items[0].id == "nq-lim-0100"
+    assert items[0].id == "nq-lim-0200"  # rows 0-99 evaluate, 100-199 are reserved
 
 
 def test_resume_picks_the_newest_complete_checkpoint(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def write_parquet(records: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def build(data_dir: Path, out: Path, *, datasets: Sequence[str] = TRAIN_DATASETS, per_dataset: int | None = None,
-          val_per_dataset: int = 100, eval_holdout: int = 100, agent: str = "plugsearch_s3",
+          val_per_dataset: int = 100, eval_holdout: int = 200, agent: str = "plugsearch_s3",
           prompts: PromptSet | None = None, baselines: dict[str, float] | None = None) -> dict[str, Any]:
     """Write `train.parquet` and `val.parquet` under `out`; returns a summary."""
     if val_per_dataset > eval_holdout:
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--datasets", nargs="+", default=list(TRAIN_DATASETS))
     parser.add_argument("--per-dataset", type=int, default=None, help="training questions per set (default: all)")
     parser.add_argument("--val-per-dataset", type=int, default=100)
-    parser.add_argument("--eval-holdout", type=int, default=100, help="first questions of each set kept out of training")
+    parser.add_argument("--eval-holdout", type=int, default=200, help="first questions of each set kept out of training (rows 100-199 are reserved)")
     parser.add_argument("--agent", choices=sorted(agent_search_params()), default="plugsearch_s3")
     parser.add_argument("--prompts-dir", type=Path, default=None, help="prompt set folder (as SEARCHER_PROMPTS_DIR)")
     parser.add_argument("--s3-filter", action="store_true",
