@@ -127,7 +127,7 @@ def main() -> None:
     with (data / "corpus" / "combined.jsonl").open() as fh:
         rows = [json.loads(line) for line in itertools.islice(fh, args.passages)]
     passages = [Document(id=row["id"], title=row.get("title", ""), text=row["text"]) for row in rows]
-    items: list[QAItem] = load_qa(data / "qa" / "nq.jsonl", limit=args.questions_per_step * args.steps, offset=100)
+    items: list[QAItem] = load_qa(data / "qa" / "nq.jsonl", limit=args.questions_per_step * args.steps, offset=200)
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
     params = SearchParams(mode="s3", max_turns=1, retrieve_k=3, select_k=2, doc_chars=120, max_new_tokens=24)

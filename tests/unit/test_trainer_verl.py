@@ -351,37 +351,38 @@ def test_parquet_rows_are_verls_format_with_the_environments_prompt(tmp_path: Pa
     from services.common.schemas.searcher import SearchParams
     from trainer.verl.data import agent_search_params, build, first_messages
 
-    data = qa_dir(tmp_path, {"nq": 105, "hotpotqa": 103})
+    data = qa_dir(tmp_path, {"nq": 205, "hotpotqa": 203})
     summary = build(data, tmp_path / "out", val_per_dataset=2)
     train = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
     val = pq.read_table(tmp_path / "out" / "val.parquet").to_pylist()
-    # the first 100 of each file (the evaluation questions) are never trained on; val comes from them
-    assert [r["extra_info"]["id"] for r in train] == ["nq-100", "hotpotqa-100", "nq-101", "hotpotqa-101",
-                                                      "nq-102", "hotpotqa-102", "nq-103", "nq-104"]
+    # the first 200 of each file (evaluation questions, then reserved ones) are never trained on; val comes
+    # from the evaluation questions
+    assert [r["extra_info"]["id"] for r in train] == ["nq-200", "hotpotqa-200", "nq-201", "hotpotqa-201",
+                                                      "nq-202", "hotpotqa-202", "nq-203", "nq-204"]
     assert [r["extra_info"]["id"] for r in val] == ["nq-0", "nq-1", "hotpotqa-0", "hotpotqa-1"]
     assert summary["train"] == 8 and summary["val"] == 4
     first = train[0]
     assert first["agent_name"] == "plugsearch_s3" and first["data_source"] == "nq"
-    assert first["reward_model"] == {"style": "rule", "ground_truth": ["answer 100"]}
-    assert first["extra_info"]["question"] == "nq question 100?" and first["extra_info"]["index"] == 0
+    assert first["reward_model"] == {"style": "rule", "ground_truth": ["answer 200"]}
+    assert first["extra_info"]["question"] == "nq question 200?" and first["extra_info"]["index"] == 0
     assert first["extra_info"]["prompt_version"] == PromptSet.packaged().version
     # the prompt is the environment's own first observation (s3 tags), with the agent loop's setting
     params = agent_search_params()["plugsearch_s3"]
     assert params == SearchParams(mode="s3", max_turns=3, retrieve_k=8, select_k=3, max_new_tokens=160)
-    assert first["prompt"] == first_messages("nq question 100?", params, PromptSet.packaged())
+    assert first["prompt"] == first_messages("nq question 200?", params, PromptSet.packaged())
     assert "<query>" in first["prompt"][0]["content"] and "tool" not in first["prompt"][0]["content"]
-    assert "nq question 100?" in first["prompt"][1]["content"]
+    assert "nq question 200?" in first["prompt"][1]["content"]
 
 
 def test_parquet_s3_filter_and_refusals(tmp_path: Path) -> None:
     from trainer.verl.data import build, main
 
-    data = qa_dir(tmp_path, {"nq": 103, "hotpotqa": 101})
-    baselines = {"nq-100": 0.0, "nq-101": 1.0, "nq-102": 0.0, "hotpotqa-100": 0.0}
+    data = qa_dir(tmp_path, {"nq": 203, "hotpotqa": 201})
+    baselines = {"nq-200": 0.0, "nq-201": 1.0, "nq-202": 0.0, "hotpotqa-200": 0.0}
     summary = build(data, tmp_path / "out", val_per_dataset=1, baselines=baselines)
     assert summary["train"] == 3 and summary["train_candidates"] == 4
     with pytest.raises(ValueError, match="held out"):
-        build(data, tmp_path / "out", val_per_dataset=101)
+        build(data, tmp_path / "out", val_per_dataset=201)
     summary = main(["--out", str(tmp_path / "cli"), "--data-dir", str(data), "--agent", "plugsearch_qagent",
                     "--val-per-dataset", "1"])
     assert summary["agent"] == "plugsearch_qagent" and (tmp_path / "cli" / "train.parquet").is_file()
@@ -394,7 +395,7 @@ def test_verls_dataset_reads_the_parquet(tmp_path: Path, tokenizer: Any) -> None
 
     from trainer.verl.data import build
 
-    build(qa_dir(tmp_path, {"nq": 102}), tmp_path / "out", datasets=["nq"], val_per_dataset=1)
+    build(qa_dir(tmp_path, {"nq": 202}), tmp_path / "out", datasets=["nq"], val_per_dataset=1)
     data = verl_config().data
     dataset = RLHFDataset(data_files=[str(tmp_path / "out" / "train.parquet")], tokenizer=tokenizer,
                           config=OmegaConf.create({k: data[k] for k in ("prompt_key", "max_prompt_length",
