@@ -227,7 +227,7 @@ def compact_main(args: argparse.Namespace) -> None:
         from services.retriever.dense import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
-    pool_k = max(p.manifest.get("search", {}).get("retrieve_k", 30) for p in policies.values())
+    pool_k = max(p.search_setting().get("retrieve_k", 30) for p in policies.values())
     systems = ["naive_bm25", *(["minilm_rerank"] if encoder is not None else []), *policies]
     result: dict[str, Any] = {"datasets": {}}
 
@@ -245,7 +245,7 @@ def compact_main(args: argparse.Namespace) -> None:
             for name, docs in ranked.items():
                 row[name] = _scores(docs[:budget], answers, gold)
             for name, policy in policies.items():
-                params = SearchParams(mode="s3", **{**policy.manifest.get("search", {}), "select_k": budget})
+                params = SearchParams(mode="s3", **{**policy.search_setting(), "select_k": budget})
                 outcome = await run_search(question, params, policy=policy, retriever=retriever)
                 row[name] = {**_scores(outcome.documents, answers, gold), "docs": len(outcome.documents),
                              "searches": len(outcome.queries)}

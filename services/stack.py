@@ -222,9 +222,8 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
                                 "UI": "true", **{f"POLICY__{k}": v for k, v in llm.items()}}
     if options.compact is not None:
         # The compact policy runs inside the searcher: no policy LLM; served with the setting it was trained in.
-        searcher.update({"COMPACT_POLICY": str(options.compact.folder), **{k.upper(): str(v) for k, v in
-                                                      options.compact.manifest.get("search", {}).items()
-                                                      if k in ("retrieve_k", "select_k", "max_turns")}})
+        searcher.update({"COMPACT_POLICY": str(options.compact.folder),
+                         **{k.upper(): str(v) for k, v in options.compact.search_setting().items()}})
     elif options.trained is not None and options.llm_url is None:
         # The trained searcher: the same GGUF with the adapter, in its own process (an adapter applies to
         # every request of a llama.cpp server; the generator and judge keep the plain model).

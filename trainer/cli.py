@@ -477,6 +477,8 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
                       f"{', '.join(config.datasets)} (yes/no dropped); the last {config.dev_per_dataset} of each "
                       "set held out as the RL stage's dev check",
               "train_questions": len(train), "dev_questions": len(dev), "corpus": corpus.name}
+    search = {"mode": "s3", "retrieve_k": config.retrieve_k, "select_k": config.select_k,
+              "max_turns": config.max_turns, "method": "bm25"}
     warm_dir = out / "warmstart"
     if (warm_dir / "manifest.json").is_file() and not args.no_resume:
         warm = CompactPolicy.load(warm_dir)
@@ -486,7 +488,7 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
         warm, warm_info = compact.warm_start(train, retriever, config, progress=not args.quiet)
         warm_info["seconds"] = round(time.perf_counter() - t, 1)
         warm_info["dev"] = asyncio.run(compact.evaluate(warm, dev, retriever, config))
-        warm.save(warm_dir, {**record, "stage": "warm start", "warm_start": warm_info})
+        warm.save(warm_dir, {**record, "stage": "warm start", "warm_start": warm_info, "search": search})
     rl_dir = out / "rl"
     rl_dir.mkdir(exist_ok=True)
     t = time.perf_counter()
@@ -503,12 +505,37 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
         rl_info["reward_curve"] = str(plot_reward_curve(entries, rl_dir / "reward_curve.png",
                                                         title="compact policy: GBR (recall) per RL step"))
     final.save(out / "final", {**record, "stage": "warm start + RL", "warm_start": warm_info, "rl": rl_info,
-                               "search": {"mode": "s3", "retrieve_k": config.retrieve_k,
-                                          "select_k": config.select_k, "max_turns": config.max_turns,
-                                          "method": "bm25"}})
+                               "search": search})
     return {"out": str(out / "final"), "warm_dev": warm_info.get("dev"), "rl_dev": rl_info["dev"],
             "rl_reward_first_10": rl_info["first_10_mean_reward"], "rl_reward_last_10": rl_info["last_10_mean_reward"],
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def compact_beats_naive(evaluation: dict[str, Any], key: str = "compact_rl") -> bool:
+    """`bench/search_quality.py --compact`'s verdict: at 3 documents, the pooled gain over naive top-3 has its
+    95% interval above 0 and no set loses more than 2 points."""
+    pooled = evaluation.get("all", {}).get("budget3", {}).get("answer_recall", {})
+    low = (pooled.get(f"{key}_minus_naive_ci95") or [0.0])[0]
+    per_set = [d["budget3"]["answer_recall"].get(f"{key}_minus_naive") for d in evaluation.get("datasets", {}).values()]
+    return bool(per_set) and low > 0 and all(g is not None and g >= -0.02 for g in per_set)
+
+
+def cmd_compact_export(args: argparse.Namespace) -> dict[str, Any]:
+    """A trained compact policy folder as the one the stack serves, with its held-out evaluation recorded."""
+    from services.searcher.compact import CompactPolicy
+
+    policy = CompactPolicy.load(Path(args.policy))
+    evaluation = json.loads(Path(args.evaluation).read_text().strip().splitlines()[-1])
+    key = args.key
+    verdict = compact_beats_naive(evaluation, key)
+    gains = {name: d["budget3"]["answer_recall"].get(f"{key}_minus_naive")
+             for name, d in evaluation.get("datasets", {}).items()}
+    summary = ", ".join(f"{name} {g:+.3f}" for name, g in gains.items() if g is not None)
+    manifest = {**policy.manifest, "evaluation": {
+        "summary": f"answer recall at 3 documents minus naive BM25 top-3 on rows 0-99: {summary}",
+        "beats_naive": verdict, "gains_at_3": gains, "bench": evaluation}}
+    policy.save(Path(args.out), manifest)
+    return {"out": args.out, "beats_naive": verdict, "gains_at_3": gains, "digest": policy.digest}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -606,6 +633,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-resume", action="store_true", help="redo the warm start even when it is there")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=cmd_compact)
+
+    ce = sub.add_parser("compact-export", help="a trained compact policy as the one plugsearch-stack serves, "
+                        "with its evaluation (bench/search_quality.py --compact) and the beats_naive verdict")
+    ce.add_argument("policy", help="policy folder, e.g. var/runs/compact/final")
+    ce.add_argument("out", help="e.g. services/searcher/trained/compact")
+    ce.add_argument("--evaluation", required=True, help="a file whose last line is the bench's final JSON line")
+    ce.add_argument("--key", default="compact_rl", help="the bench's name of this policy")
+    ce.set_defaults(func=cmd_compact_export)
 
     p = sub.add_parser("plot", help="reward curve PNG of a run folder")
     p.add_argument("run")

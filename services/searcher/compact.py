@@ -256,6 +256,11 @@ class CompactPolicy:
         """The `policy_model` of its responses (part of the cache key)."""
         return f"{self.name}@{self.digest[:12]}" if self.digest else self.name
 
+    def search_setting(self) -> dict[str, int]:
+        """The setting it was trained in (`retrieve_k`, `select_k`, `max_turns`), from its manifest."""
+        recorded = self.manifest.get("search") or self.manifest.get("config") or {}
+        return {k: int(recorded[k]) for k in ("retrieve_k", "select_k", "max_turns") if k in recorded}
+
     # ------------------------------------------------------------------------------------ weights
     @classmethod
     def load(cls, folder: Path) -> CompactPolicy:

@@ -83,8 +83,9 @@ class SearcherSettings(ServiceSettings):
     ui: bool = Field(False, description=(
         "serve the search playground (a static page) at GET /ui; the local stack turns it on"))
     compact_policy: Path | None = Field(None, description=(
-        "folder of a compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py): "
-        "s3 searches are driven by it in-process instead of the chat policy LLM; checked at start-up"))
+        "folder of a compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py), or "
+        "`packaged` for the one shipped in the package: s3 searches are driven by it in-process instead of the "
+        "chat policy LLM; checked at start-up"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))
@@ -94,6 +95,10 @@ class SearcherSettings(ServiceSettings):
         check_select_k(None, self.select_k, self.retrieve_k)
         if self.compact_policy is not None:
             from services.searcher.compact import CompactPolicy
+            from services.searcher.trained import COMPACT_DIR
+
+            if str(self.compact_policy) == "packaged":
+                self.compact_policy = COMPACT_DIR
 
             CompactPolicy.load(self.compact_policy)  # refuse a bad folder at start-up, with the reason
         if self.prompts_dir is not None:
