@@ -65,3 +65,16 @@ async def test_search_and_stream_with_the_compact_policy(policy_dir: Path) -> No
 def test_a_bad_compact_policy_folder_is_refused_at_start_up(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="not a compact policy folder"):
         SearcherSettings(compact_policy=tmp_path)
+
+
+def test_the_packaged_policy_is_shipped_and_named_by_packaged() -> None:
+    from services.searcher.trained import COMPACT_DIR
+
+    settings = SearcherSettings(compact_policy="packaged", retrieve_k=30)
+    assert settings.compact_policy == COMPACT_DIR
+    shipped = CompactPolicy.load(COMPACT_DIR)  # its weights match the manifest's digest
+    assert (COMPACT_DIR / "weights.npz").stat().st_size < 20 * 1024 * 1024
+    evaluation = shipped.manifest["evaluation"]
+    assert evaluation["beats_naive"] is True and set(evaluation["gains_at_3"]) == {
+        "hotpotqa", "2wikimultihopqa", "nq", "popqa"}
+    assert shipped.manifest["config"]["offset"] >= 200  # trained on rows 200 and later only
