@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,9 @@ def summary(result: Any) -> dict[str, Any]:
     lat = result.latencies_ms
     return {"requests_ok": len(lat), "errors": result.answered - result.statuses.get(200, 0) + result.lost,
             "degraded": result.bodies.get("degraded", 0), "p50_ms": round(percentile(lat, 0.5), 1),
-            "p95_ms": round(percentile(lat, 0.95), 1), "rps": round(result.ok_in_window / result.seconds, 2)}
+            "p95_ms": round(percentile(lat, 0.95), 1), "rps": round(result.ok_in_window / result.seconds, 2),
+            "statuses": {str(k): v for k, v in sorted(result.statuses.items())}, "failures": dict(result.failures),
+            "refused": dict(result.bodies - Counter({"ok": result.bodies["ok"], "degraded": result.bodies["degraded"]}))}
 
 
 def main() -> None:
