@@ -139,15 +139,25 @@ class SearchService:
 
     def _params(self, request: SearchRequest) -> SearchParams:
         try:
-            return self.params_for(request)
+            params = self.params_for(request)
         except ValidationError as exc:  # e.g. select_k over the service's default retrieve_k
             errors = exc.errors()
             raise BadRequest(str(errors[0].get("msg", "invalid parameters")) if errors else "invalid parameters",
                              param="select_k") from exc
+        if params.mode == "qagent" and isinstance(self.policy, ActingPolicy):
+            raise BadRequest(f"this searcher's policy ({self.policy.model}) runs s3 and naive searches; qagent "
+                             "needs an LLM policy", param="mode")
+        return params
+
+    def _cost(self, params: SearchParams) -> float:
+        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval."""
+        if params.mode == "s3" and isinstance(self.policy, ActingPolicy):
+            return 1.0 + params.max_turns
+        return search_cost(params)
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
-        """Cost units of these searches (`search_cost`); bad parameters raise `BadRequest`."""
-        return sum(search_cost(self._params(r)) for r in requests)
+        """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
+        return sum(self._cost(self._params(r)) for r in requests)
 
     def _limited(self, caller: Caller | None) -> bool:
         return caller is not None and (caller.kind == "key" or (caller.kind == "anonymous"
@@ -173,12 +183,13 @@ class SearchService:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
         params = self._params(request)
-        self.check_cost(caller, search_cost(params))
+        cost = self._cost(params)
+        self.check_cost(caller, cost)
         cache, index_id = self.cache, None
         if cache is not None and self.index_identity is not None:
             index_id = await self.index_identity.current()
             cache = cache if index_id is not None else None  # which index would answer is unknown: no cache
-        return _Prepared(params, self.key(request.question, params, index_id), cache, search_cost(params))
+        return _Prepared(params, self.key(request.question, params, index_id), cache, cost)
 
     async def _cached(self, request: SearchRequest, prepared: _Prepared) -> SearchResponse | None:
         if prepared.cache is None:

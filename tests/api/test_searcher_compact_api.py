@@ -78,3 +78,19 @@ def test_the_packaged_policy_is_shipped_and_named_by_packaged() -> None:
     assert evaluation["beats_naive"] is True and set(evaluation["gains_at_3"]) == {
         "hotpotqa", "2wikimultihopqa", "nq", "popqa"}
     assert shipped.manifest["config"]["offset"] >= 200  # trained on rows 200 and later only
+
+
+async def test_qagent_is_refused_and_a_compact_search_costs_one_unit_per_retrieval(policy_dir: Path) -> None:
+    app, retriever = app_for(policy_dir)
+    try:
+        async with app_client(app) as client:  # type: ignore[arg-type]
+            refused = await client.post("/search", json={"question": Q, "mode": "qagent"})
+            service = app.state.service  # type: ignore[attr-defined]
+    finally:
+        await retriever.aclose()
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "mode" and "qagent" in refused.json()["error"]["message"]
+    from services.common.schemas.searcher import SearchRequest
+
+    assert service.cost([SearchRequest(question=Q)]) == 2.0  # the first retrieval + max_turns 1
+    assert service.cost([SearchRequest(question=Q, mode="naive")]) == 1.0
