@@ -3,8 +3,8 @@ the same run.
 
 Starts `plugsearch-stack` (the README's first command: Redis, llama.cpp, retriever, generator, judge,
 searcher; `--policy` as given, default auto = what a new user gets) on free ports with the searcher's result
-cache off, then runs closed-loop clients on distinct evaluation questions (rows 0-99 of hotpotqa,
-2wikimultihopqa, nq, popqa, so no search repeats another): 1 client (p50 / p95 latency) and `--clients`
+cache off, then runs closed-loop clients on the evaluation questions in turn (rows 0-99 of hotpotqa,
+2wikimultihopqa, nq, popqa; with the cache off a repeated question is searched again): 1 client (p50 / p95 latency) and `--clients`
 (16) clients (searches/s), each for `--seconds`, for the served policy's s3 search and for naive top-k with
 as many documents. Also reads, from traced searches, how many documents the policy scored per search (the
 compact policy's cost: its features are read from every document of every block) and the searches issued.
