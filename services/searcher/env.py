@@ -229,12 +229,7 @@ class SearchEnv:
             query = " ".join(action.query.split())[:parsing.MAX_QUERY_CHARS]
             self.messages.append(ChatMessage(role="assistant", content=f"<query>{json.dumps({'query': query})}</query>"))
             self._emit("action", kind="search", query=query)
-            block = await self._search([query], len(self.queries) + 1)
-            if block is None:
-                return
-            self._steps += 1
-            self.queries.append(query)
-            self.seen_queries.add(parsing.normalize_query(query))
+            await self._s3_search(query)
             return
         if action.kind == "search":  # no search left, or a repeat: ends on what it has (s3's rule: every block)
             self.valid -= 1
@@ -331,6 +326,15 @@ class SearchEnv:
             self._end("retriever_error")
             return None
 
+    async def _s3_search(self, query: str) -> InfoBlock | None:
+        """An s3 search turn: the retrieval, then the turn and the query recorded (None: it failed, ended)."""
+        block = await self._search([query], len(self.queries) + 1)
+        if block is not None:
+            self._steps += 1
+            self.queries.append(query)
+            self.seen_queries.add(parsing.normalize_query(query))
+        return block
+
     def _invalid(self, kind: str, reprompt: str) -> None:
         """An invalid (or repeated) action: a turn spent (as in s3); re-prompt, or end after `max_invalid`."""
         self._steps += 1
@@ -376,12 +380,9 @@ class SearchEnv:
         self.valid += 1
         self._in_a_row = 0
         self._emit("action", kind="search", query=query, selected=selected)
-        block = await self._search([query], len(self.queries) + 1)
+        block = await self._s3_search(query)
         if block is None:
             return
-        self._steps += 1
-        self.queries.append(query)
-        self.seen_queries.add(parsing.normalize_query(query))
         part = "information" if self._steps < p.max_turns else "last_information"
         self.messages.append(ChatMessage(role="user", content=self.prompts.render(
             "s3", part, information=parsing.format_documents(block.documents, max_chars=p.doc_chars))))
