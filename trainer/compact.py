@@ -161,7 +161,6 @@ class Episode:
     item: LabeledItem
     steps: list[Step]
     documents: list[Document]
-    pool_labels: np.ndarray | None = None
 
 
 async def run_episode(policy: CompactPolicy, item: LabeledItem, retriever: RetrieverBackend, params: SearchParams,
@@ -284,8 +283,7 @@ def warm_start(train: Sequence[LabeledItem], retriever: RetrieverBackend, config
     policy = CompactPolicy(_export(model, mean, std), name="compact-warmstart")
     policy.check()
     return policy, {"documents": int(len(xs)), "positives": int(ys.sum()), "query_choices": len(choices),
-                    "searches_demonstrated": sum(1 for _, good in ((0, g) for d in demos for _, g in d[2])
-                                                 if good != [0]),
+                    "searches_demonstrated": sum(1 for d in demos for _, good in d[2] if good != [0]),
                     "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
 
 
