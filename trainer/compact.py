@@ -42,6 +42,7 @@ from services.searcher.compact import (
     candidates,
     doc_features,
     pool_of,
+    softmax,
 )
 from services.searcher.env import Action, RetrieverBackend, SearchEnv
 from trainer.data import QAItem, append_durable, load_qa, qa_path, read_jsonl
@@ -190,9 +191,8 @@ async def demonstrate(item: LabeledItem, retriever: RetrieverBackend, params: Se
         if not pool:
             break
         doc_x = doc_features(question, pool)
-        prior = np.array([p.score_rel for p in pool])
-        prior = np.exp(prior - prior.max())
-        cands, cand_x = candidates(question, pool, prior / prior.sum(), env.seen_queries, doc_x)
+        prior = softmax(np.array([p.score_rel for p in pool]))
+        cands, cand_x = candidates(question, pool, prior, env.seen_queries, doc_x)
         have = {p.doc.id for p in pool}
         results = await retriever.retrieve([c.query for c in cands[1:]], params.retrieve_k, params.method)
         good = [i + 1 for i, docs in enumerate(results)

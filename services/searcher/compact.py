@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from services.common.schemas.searcher import SearchedDocument
+from services.searcher import parsing
 from services.searcher.env import Action, SearchEnv
 
 WEIGHTS_FILE = "weights.npz"
@@ -132,7 +133,8 @@ def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
     """One row of `DOC_FEATURES` per pool document."""
     qw, ql, wh = question.content, question.joined, question.wh
     titles = [_joined(p.doc.title).strip() for p in pool]
-    bodies = [_joined(p.doc.text) for p in pool]
+    body_words = [_words(p.doc.text) for p in pool]
+    bodies = [f" {' '.join(words)} " for words in body_words]  # _joined, from the words read once
     title_words = [_content(p.doc.title) for p in pool]
     title_in_q = [len(tw & qw) / max(1, len(tw)) for tw in title_words]
     anchors = [j for j in range(len(pool)) if titles[j] and (f" {titles[j]} " in ql or title_in_q[j] >= 0.99)]
@@ -140,8 +142,7 @@ def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
     rows = []
     for i, p in enumerate(pool):
         text = p.doc.text
-        words = _words(text)
-        body_words = set(words) - _STOP
+        words = body_words[i]
         title_ok = len(titles[i]) > 3
         mentioned_by = sum(1 for j in window if j != i and title_ok and f" {titles[i]} " in bodies[j])
         mentions = sum(1 for j in window if j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i])
@@ -152,7 +153,7 @@ def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
         has_year = float(bool(_YEAR.search(text)))
         has_number = float(bool(_NUM.search(text)))
         new_name = float(any(c.lower() not in qw for c in caps))
-        coverage = len(qw & (body_words | title_words[i])) / max(1, len(qw))
+        coverage = len(qw & ((set(words) - _STOP) | title_words[i])) / max(1, len(qw))
         rows.append([
             p.score_rel, 1.0 / (p.rank + 1), math.log1p(p.rank) / math.log(51), float(p.block > 0),
             title_in_q[i], float(bool(titles[i]) and f" {titles[i]} " in ql), coverage,
@@ -191,13 +192,13 @@ def candidates(question: QuestionInfo, pool: Sequence[PoolDoc], probs: np.ndarra
         if len([c for c in out if c.kind == "title"]) >= MAX_TITLE_CANDIDATES:
             break
         query = f"{question.text} {pool[j].doc.title}".strip()
-        if " ".join(query.lower().split()) not in seen:
+        if parsing.normalize_query(query) not in seen:
             out.append(Candidate(query, "title", int(j)))
     if len(order):
         top = int(order[0])
         known = f"{question.lower} {pool[top].doc.title.lower()}"
         for name in _names(pool[top].doc.text, known)[:MAX_ENTITY_CANDIDATES]:
-            if " ".join(name.lower().split()) not in seen:
+            if parsing.normalize_query(name) not in seen:
                 out.append(Candidate(name, "name", top))
     wh = question.wh
     top_prob = float(probs[order[0]]) if len(order) else 0.0
@@ -221,7 +222,7 @@ def candidates(question: QuestionInfo, pool: Sequence[PoolDoc], probs: np.ndarra
     return out, np.asarray(rows, dtype=np.float32).reshape(len(out), len(CANDIDATE_FEATURES))
 
 
-def _softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     z = logits / max(temperature, 1e-6)
     z = z - z.max()
     e = np.exp(z)
@@ -331,12 +332,12 @@ class CompactPolicy:
         logits = self.doc_logits(doc_x) if len(pool) else np.zeros(0, dtype=np.float32)
         cand_x, choice = None, None
         if env.can_search and len(pool):
-            cands, cand_x = candidates(question, pool, _softmax(logits), env.seen_queries, doc_x)
+            cands, cand_x = candidates(question, pool, softmax(logits), env.seen_queries, doc_x)
             q_logits = self.query_logits(cand_x)
             if rng is None:
                 choice = int(np.argmax(q_logits))
             else:
-                choice = int(rng.choice(len(cands), p=_softmax(q_logits, temperature)))
+                choice = int(rng.choice(len(cands), p=softmax(q_logits, temperature)))
             if cands[choice].kind != "stop":
                 return Decision(Action("search", query=cands[choice].query), doc_x, cand_x, choice)
         k = min(env.params.select_k, len(pool))
@@ -345,7 +346,7 @@ class CompactPolicy:
         else:
             chosen, left = [], np.ones(len(pool), dtype=bool)
             for _ in range(k):
-                p = _softmax(np.where(left, logits, -np.inf), temperature)
+                p = softmax(np.where(left, logits, -np.inf), temperature)
                 i = int(rng.choice(len(pool), p=p))
                 chosen.append(i)
                 left[i] = False
