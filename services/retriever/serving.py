@@ -18,6 +18,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from services.common.errors import BadRequest
+from services.common.schemas.retriever import check_results
 from services.retriever.base import Hits, Retriever
 from services.retriever.batching import MicroBatcher
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
@@ -190,10 +191,17 @@ class RetrieverService:
         return cls(corpus, retrievers, settings, metrics=metrics,
                    index_id=index_identity(settings, check.corpus_checksum, check.manifests))
 
-    async def search(self, queries: Sequence[str], k: int, method: str | None) -> tuple[str, Hits]:
-        method = method or self.settings.default_method
+    def _check_size(self, queries: int, k: int) -> None:
         if k > self.settings.max_k:
             raise BadRequest(f"k must be at most {self.settings.max_k}", param="k")
+        try:
+            check_results(queries, k)  # the schemas check it too; here for a default k (Search-R1's topk)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="k") from exc
+
+    async def search(self, queries: Sequence[str], k: int, method: str | None) -> tuple[str, Hits]:
+        method = method or self.settings.default_method
+        self._check_size(len(queries), k)
         if method == "hybrid" and "hybrid" in self.methods:
             depth = max(k, self.settings.fusion_depth)
             sparse, dense = await asyncio.gather(self.batchers["bm25"].submit(queries, depth),
@@ -210,8 +218,7 @@ class RetrieverService:
     async def search_skipping_blank(self, queries: Sequence[str], k: int, method: str | None) -> Hits:
         """`search`, where a blank query gets no hits instead of failing the batch (Search-R1's server
         answers a `<search> </search>` with an empty list; a training run must not die on one)."""
-        if k > self.settings.max_k:
-            raise BadRequest(f"k must be at most {self.settings.max_k}", param="k")
+        self._check_size(len(queries), k)
         live = [i for i, q in enumerate(queries) if q.strip()]
         if len(live) == len(queries):
             return (await self.search(queries, k, method))[1]

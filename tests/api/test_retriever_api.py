@@ -145,6 +145,10 @@ BAD_INPUTS: list[tuple[str, Any, int]] = [
     ("queries not a list", {"queries": "q"}, 422),
     ("unknown field", {"queries": ["q"], "topk": 3}, 422),
     ("NUL byte", {"queries": ["a\x00b"]}, 422),
+    ("k as a string", {"queries": ["q"], "k": "5"}, 422),
+    ("k as a boolean", {"queries": ["q"], "k": True}, 422),
+    ("queries x k over the response bound", {"queries": ["q"] * 4096, "k": 1000}, 422),
+    ("41 queries at k 1000", {"queries": ["q"] * 41, "k": 1000}, 422),
 ]
 
 
@@ -162,6 +166,8 @@ async def test_malformed_json_and_searchr1_bad_input(client: httpx.AsyncClient) 
     assert error["type"] == "invalid_json"
     assert_envelope(await client.post("/searchr1/retrieve", json={"queries": ["q"], "topk": 0}), 422)
     assert_envelope(await client.post("/searchr1/retrieve", json={"queries": []}), 422)
+    assert_envelope(await client.post("/searchr1/retrieve", json={"queries": ["q"] * 4096, "topk": 1000}), 422)
+    assert_envelope(await client.post("/searchr1/retrieve", json={"queries": ["q"], "topk": "3"}), 422)
 
 
 async def test_method_not_loaded_is_400(tiny: RetrieverSettings) -> None:

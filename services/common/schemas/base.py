@@ -24,9 +24,11 @@ def bounded_text(max_chars: int) -> type[str]:
 
 
 class StrictModel(BaseModel):
-    """Requests refuse unknown fields, so a typo is a 422 rather than a silently ignored option."""
+    """Requests refuse unknown fields, so a typo is a 422 rather than a silently ignored option, and take
+    JSON's types as they are: `"5"` or `true` for an integer, `"yes"` for a boolean are 422 (no lax
+    coercion); an integer stands for a float."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Document(BaseModel):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
 
 from services.common.schemas.base import Document, StrictModel, bounded_text, no_nul
 
@@ -12,6 +12,16 @@ Method = Literal["bm25", "dense", "hybrid"]
 MAX_QUERY_CHARS = 2048
 MAX_BATCH = 4096
 MAX_K = 1000
+MAX_RESULTS = 40_960
+"""Most hits one request may ask for (queries x k): a full batch at k 10, or 40 queries at k 1000. Keeps
+one answer to tens of MB whoever asks (the internal token included)."""
+
+
+def check_results(queries: int, k: int) -> None:
+    """The bound on one answer's size: raises ValueError past `MAX_RESULTS` hits."""
+    if queries * k > MAX_RESULTS:
+        raise ValueError(f"{queries} queries x k {k} = {queries * k} results, over the limit of {MAX_RESULTS} "
+                         "per request: send fewer queries or a smaller k")
 
 Query = bounded_text(MAX_QUERY_CHARS)
 
@@ -38,6 +48,11 @@ class RetrieveRequest(StrictModel):
     k: int = Field(10, ge=1, le=MAX_K, description="results per query")
     method: Method | None = Field(None, description="bm25 | dense | hybrid; default: the service's")
 
+    @model_validator(mode="after")
+    def _check_size(self) -> RetrieveRequest:
+        check_results(len(self.queries), self.k)
+        return self
+
 
 class RetrieveResponse(BaseModel):
     method: Method
@@ -56,6 +71,12 @@ class SearchR1Request(StrictModel):
                                          description="blank queries get an empty result list")
     topk: int | None = Field(None, ge=1, le=MAX_K)
     return_scores: bool = False
+
+    @model_validator(mode="after")
+    def _check_size(self) -> SearchR1Request:
+        if self.topk is not None:
+            check_results(len(self.queries), self.topk)
+        return self
 
 
 class SearchR1Document(BaseModel):
