@@ -40,6 +40,8 @@ class ServiceError(Exception):
 
     status: int = 500
     type: str = "internal_error"
+    upstream_status: int | None = None
+    """For an upstream's error answer decoded into this exception: the status it answered."""
 
     def __init_subclass__(cls, *, status: int | None = None, error_type: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -2,9 +2,14 @@
 (`services.common.transport`); `OpenAIChatClient` calls its LLM through one.
 
 - retries: up to `max_retries` after no answer or a 429/502/503/504 answer, each after a full-jitter
-  backoff of at least the answer's `Retry-After` (clamped to `MAX_RETRY_PAUSE_S`);
+  backoff of at least the answer's `Retry-After` (clamped to `MAX_RETRY_PAUSE_S`); with
+  `retry_timeouts=False` (LLM generations) a request that timed out waiting for its answer is not sent
+  again (the upstream may still be working on it: a retry would double its load);
 - one breaker: no answer or a 5xx is a failure; any other answer (429 included: the upstream is alive and
-  says when to come back) is a success;
+  says when to come back) is a success; a 500 to a body the caller shaped (`caller_body`: a proxied
+  request) counts neither way, since it may be that caller's parameters, not the upstream's fault;
+- `upstream_text=False` (LLMs, which may answer with tracebacks and paths): an error's text is logged,
+  never passed on; the exception says only the upstream and the status;
 - one status mapping (`decode_error`, `_no_answer`): no connection or an open circuit 503
   `UpstreamUnavailable` + Retry-After, no answer in time 504, an upstream 503 / 504 as such, another 5xx
   502, a 4xx its own class (or what the caller's `refusal` makes of it);
@@ -16,6 +21,7 @@ Tests inject an `httpx` transport (`httpx.ASGITransport(app)`) and need no serve
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -39,6 +45,7 @@ from services.common.metrics import ServiceMetrics
 from services.common.transport import HttpTransport, Response, StreamResponse, make_wire
 
 M = TypeVar("M", bound=BaseModel)
+logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 MAX_RETRY_AFTER_S = 3600.0  # a Retry-After we pass on is clamped to this
@@ -120,6 +127,10 @@ class CircuitBreaker:
         self.opened_at = None
         self._trial_started = None
 
+    def record_neutral(self) -> None:
+        """An answer that says nothing about the upstream's health: a trial it was is over, nothing else."""
+        self._trial_started = None
+
     def record_failure(self) -> None:
         self.failures += 1
         self._trial_started = None
@@ -178,7 +189,9 @@ def decode_error(name: str, response: Response) -> ServiceError:
         if response.text:
             message = response.text[:200]
     retry_after = parse_retry_after(response.headers.get("retry-after"))
-    return error_class(response.status_code)(f"{name}: {message[:1000]}", param=param, retry_after=retry_after)
+    error = error_class(response.status_code)(f"{name}: {message[:1000]}", param=param, retry_after=retry_after)
+    error.upstream_status = response.status_code
+    return error
 
 
 def decode_error_event(name: str, data: str) -> ServiceError:
@@ -203,8 +216,11 @@ class ServiceClient:
     name = "service"
 
     def __init__(self, settings: ClientSettings, *, transport: httpx.AsyncBaseTransport | None = None,
-                 metrics: ServiceMetrics | None = None, name: str | None = None) -> None:
+                 metrics: ServiceMetrics | None = None, name: str | None = None, retry_timeouts: bool = True,
+                 upstream_text: bool = True) -> None:
         self.settings = settings
+        self.retry_timeouts = retry_timeouts
+        self.upstream_text = upstream_text
         self.name = name or self.name
         self.metrics = metrics
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
@@ -248,15 +264,24 @@ class ServiceClient:
         return UpstreamUnavailable(f"{self.name} unreachable: {type(exc).__name__}",
                                    retry_after=NO_CONNECTION_RETRY_AFTER_S)
 
-    def _error_answer(self, response: Response, seconds: float) -> ServiceError:
-        """An error answer (status >= 400): counted (a 5xx is a breaker failure; the upstream that sent a
-        4xx is alive), and decoded into what to raise."""
-        if response.status_code >= 500:
+    def _error_answer(self, response: Response, seconds: float, caller_body: bool = False) -> ServiceError:
+        """An error answer (status >= 400): counted (a 5xx is a breaker failure, except a 500 to a body the
+        caller shaped; the upstream that sent a 4xx is alive), and decoded into what to raise."""
+        if caller_body and response.status_code == 500:
+            self.breaker.record_neutral()
+        elif response.status_code >= 500:
             self.breaker.record_failure()
         else:
             self.breaker.record_success()
         self._observe(seconds, str(response.status_code))
-        return decode_error(self.name, response)
+        error = decode_error(self.name, response)
+        if self.upstream_text:
+            return error
+        logger.warning("%s answered %d: %s", self.name, response.status_code, error.message)
+        plain = type(error)(f"{self.name} answered HTTP {response.status_code}", param=error.param,
+                            retry_after=error.retry_after)
+        plain.upstream_status = response.status_code
+        return plain
 
     async def _pause(self, attempt: int, retry_after: float | None) -> None:
         """The backoff before the next attempt; at least the upstream's own Retry-After, where it sent one."""
@@ -267,7 +292,8 @@ class ServiceClient:
 
     @asynccontextmanager
     async def _call(self, method: str, path: str, *, json: Any, timeout: float | None, retries: int | None,
-                    refusal: Refusal | None, read: bool) -> AsyncIterator[StreamResponse]:
+                    refusal: Refusal | None, read: bool, caller_body: bool = False
+                    ) -> AsyncIterator[StreamResponse]:
         """The retry loop of `request` and `stream`: yields the first successful response (read whole when
         `read`); raises the last failure, or a 4xx or 500 answer at once (a 4xx through `refusal` where given)."""
         max_retries = self.settings.max_retries if retries is None else retries
@@ -292,6 +318,8 @@ class ServiceClient:
                                             response.reason_phrase)
                 except httpx.RequestError as exc:
                     last = self._no_answer(exc, time.perf_counter() - t0, timeout)
+                    if isinstance(last, UpstreamTimeout) and not self.retry_timeouts:
+                        raise last from exc
                 else:
                     if not failed:
                         self.breaker.record_success()
@@ -299,7 +327,7 @@ class ServiceClient:
                         self._observe(time.perf_counter() - t0, None)
                         return
                     assert isinstance(response, Response)
-                    last = self._error_answer(response, time.perf_counter() - t0)
+                    last = self._error_answer(response, time.perf_counter() - t0, caller_body)
                     if response.status_code not in RETRY_STATUSES:
                         raise last if refusal is None or response.status_code >= 500 else refusal(last)
                     retry_after = last.retry_after
@@ -309,19 +337,21 @@ class ServiceClient:
         raise last
 
     async def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
-                      retries: int | None = None, refusal: Refusal | None = None) -> Response:
+                      retries: int | None = None, refusal: Refusal | None = None, caller_body: bool = False
+                      ) -> Response:
         """Send with the policy's retries and breaker; the response read whole. Raises ServiceError."""
         async with self._call(method, path, json=json, timeout=timeout, retries=retries, refusal=refusal,
-                              read=True) as response:
+                              read=True, caller_body=caller_body) as response:
             assert isinstance(response, Response)
             return response
 
     def stream(self, method: str, path: str, *, json: Any = None, timeout: float | None = None,
-               retries: int | None = None, refusal: Refusal | None = None
+               retries: int | None = None, refusal: Refusal | None = None, caller_body: bool = False
                ) -> AbstractAsyncContextManager[StreamResponse]:
         """Like `request`, for a response read as it arrives (server-sent events): retried the same way
         until a successful status; the body is read inside the block (`timeout`: between reads)."""
-        return self._call(method, path, json=json, timeout=timeout, retries=retries, refusal=refusal, read=False)
+        return self._call(method, path, json=json, timeout=timeout, retries=retries, refusal=refusal, read=False,
+                          caller_body=caller_body)
 
     async def post_model(self, path: str, body: BaseModel, response_model: type[M], *,
                          timeout: float | None = None, retries: int | None = None) -> M:

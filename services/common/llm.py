@@ -6,6 +6,7 @@ policy of every service call); on top of it: a concurrency limit, the chat shape
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
@@ -18,6 +19,22 @@ from services.common.http import CallSettings, ClientSettings, Refusal, ServiceC
 from services.common.metrics import ServiceMetrics
 from services.common.settings import ServiceSettings
 from services.common.transport import Response
+
+logger = logging.getLogger(__name__)
+
+
+def _merge_tool_call(into: dict[str, Any], delta: dict[str, Any]) -> None:
+    """One streamed tool-call delta into the call it continues (ids and names set once, arguments joined)."""
+    for key in ("id", "type"):
+        if delta.get(key):
+            into[key] = delta[key]
+    function = delta.get("function")
+    if isinstance(function, dict):
+        target = into.setdefault("function", {"name": "", "arguments": ""})
+        if function.get("name"):
+            target["name"] = function["name"]
+        if isinstance(function.get("arguments"), str):
+            target["arguments"] += function["arguments"]
 
 
 class LLMSettings(CallSettings):
@@ -76,7 +93,10 @@ class OpenAIChatClient:
         self.model = settings.model
         self.name = name
         self.metrics = metrics
-        self.upstream = ServiceClient(settings.client_settings(), name=name, metrics=metrics, transport=transport)
+        # A generation that timed out may still be running upstream: never sent twice. An LLM's error text
+        # (tracebacks, paths) is logged, never passed on.
+        self.upstream = ServiceClient(settings.client_settings(), name=name, metrics=metrics, transport=transport,
+                                      retry_timeouts=False, upstream_text=False)
         self._sem = asyncio.Semaphore(settings.max_concurrency)
 
     async def aclose(self) -> None:
@@ -96,10 +116,18 @@ class OpenAIChatClient:
 
     def _refusal(self, caller_error: bool) -> Refusal:
         """A 4xx answer (not 429) to a request we built is our failure (502); to the caller's own fields
-        (`caller_error`: a proxied request), the caller's BadRequest."""
+        (`caller_error`: a proxied request), the caller's BadRequest, except a refusal of this service's
+        own credentials or configuration (401, 403, 404: the key, the model, the URL), which is ours (502)."""
         def refuse(err: ServiceError) -> ServiceError:
-            message = f"{self.name} refused the request: {err.message}"
-            return BadRequest(message, param=err.param) if caller_error else UpstreamError(message)
+            status = err.upstream_status or err.status
+            if status in (401, 403):
+                return UpstreamError(f"{self.name} LLM refused this service's credentials (HTTP {status}): "
+                                     "its API key is missing or wrong in the service's settings")
+            if status == 404:
+                return UpstreamError(f"{self.name} LLM answered 404: its base URL or model is misconfigured")
+            message = f"{self.name} LLM refused the request (HTTP {status})"
+            return BadRequest(f"{message}: check the request's parameters", param=err.param) if caller_error \
+                else UpstreamError(message)
 
         return refuse
 
@@ -107,21 +135,47 @@ class OpenAIChatClient:
         """POST /chat/completions under the concurrency limit, with the upstream policy."""
         async with self._sem:
             return await self.upstream.request("POST", "/chat/completions", json=body,
-                                               refusal=self._refusal(caller_error))
+                                               refusal=self._refusal(caller_error), caller_body=caller_error)
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """A whole chat-completions request (the caller's own fields, e.g. a proxied request) -> the
-        response body as it came. A 4xx answer is the caller's BadRequest."""
-        data = self._body(await self._post({**body, "stream": False}, caller_error=True))
-        self._count_usage(data.get("usage"))
-        return data
+        response body in OpenAI's non-streaming shape. Asked of the LLM as a stream and assembled here: a
+        caller that leaves closes the stream, and the LLM (vLLM, llama.cpp's server) stops generating,
+        which it does not for a plain request. A 4xx answer is the caller's BadRequest."""
+        first: dict[str, Any] | None = None
+        content: list[str] = []
+        tool_calls: dict[int, dict[str, Any]] = {}
+        finish_reason: str | None = None
+        usage: Any = None
+        async for chunk in self.stream(body):
+            first = first or chunk
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                if not isinstance(choice, dict):
+                    continue
+                delta: dict[str, Any] = choice["delta"] if isinstance(choice.get("delta"), dict) else {}
+                if isinstance(delta.get("content"), str):
+                    content.append(delta["content"])
+                for call in delta.get("tool_calls") or []:
+                    if isinstance(call, dict):
+                        index = call.get("index")
+                        _merge_tool_call(tool_calls.setdefault(index if isinstance(index, int) else 0, {}), call)
+                finish_reason = choice.get("finish_reason") or finish_reason
+        if first is None:
+            raise UpstreamError(f"{self.name} LLM answered no completion")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+        if tool_calls:
+            message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
+        return {"id": first.get("id", ""), "object": "chat.completion", "created": first.get("created", 0),
+                "model": first.get("model", self.model), "system_fingerprint": first.get("system_fingerprint"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}], "usage": usage}
 
     async def stream(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A chat-completions request with `stream: true`: yields each chunk (the `data:` JSON of the
         server-sent events) until `[DONE]`. Retried like `complete` until a successful status; a failure
         after it raises (what was yielded cannot be taken back)."""
         async with self._sem, self.upstream.stream("POST", "/chat/completions", json={**body, "stream": True},
-                                                   refusal=self._refusal(True)) as response:
+                                                   refusal=self._refusal(True), caller_body=True) as response:
             try:
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
@@ -134,9 +188,12 @@ class OpenAIChatClient:
                     except orjson.JSONDecodeError as exc:
                         raise UpstreamError(f"{self.name} streamed an unexpected event") from exc
                     if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-                        raise UpstreamError(f"{self.name} failed mid-stream: "
-                                            f"{str(chunk['error'].get('message', 'error'))[:500]}")
-                    self._count_usage(chunk.get("usage") if isinstance(chunk, dict) else None)
+                        logger.warning("%s failed mid-stream: %s", self.name,
+                                       str(chunk["error"].get("message", "error"))[:500])
+                        raise UpstreamError(f"{self.name} LLM failed mid-stream")
+                    if not isinstance(chunk, dict):
+                        raise UpstreamError(f"{self.name} streamed an unexpected event")
+                    self._count_usage(chunk.get("usage"))
                     yield chunk
             except httpx.TransportError as exc:
                 raise UpstreamError(f"{self.name} stream broke off: {type(exc).__name__}") from exc

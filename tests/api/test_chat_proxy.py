@@ -63,7 +63,7 @@ async def test_openai_client_gets_a_search_augmented_answer(chat: tuple[ChatStac
     assert search["mode"] == "s3" and len(search["document_ids"]) == 8 and len(search["queries"]) == 3
     sent = stack.answer_llm.state.bodies[-1]
     assert sent["model"] == "answer-model" and sent["temperature"] == 0.3 and sent["top_p"] == 0.9
-    assert "search" not in sent and not sent.get("stream")
+    assert "search" not in sent and sent["stream"] is True  # asked as a stream: a caller leaving stops it
     assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
     user = sent["messages"][-1]["content"]
     assert user.endswith(f"Question: {Q}") and f"Doc 1(Title: T1) passage 1 for {Q}" in user
