@@ -28,12 +28,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.llama_server import DEFAULT_PROMPT_CACHE_MB, llama_spec
+from services.common.llama_server import DEFAULT_MODEL_ALIAS, DEFAULT_PROMPT_CACHE_MB, llama_spec
 from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
@@ -172,6 +172,8 @@ class StackOptions:
     """The llama.cpp processes started here require it; the services send it (`*_LLM__API_KEY`,
     `SEARCHER_POLICY__API_KEY`). Not sent to an external `llm_url`."""
     log_level: str = "INFO"
+    chat: bool = False
+    """Serve the answering proxy (`/v1/chat/completions`) on the stack's LLM, with its key."""
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -188,8 +190,19 @@ def service_spec(name: str, port: int, env: dict[str, str], *, redis: str | None
                        ready_url=f"http://127.0.0.1:{port}/health/ready", port=port)
 
 
-def build_specs(options: StackOptions, *, redis_server: str | None = None) -> list[ProcessSpec]:
-    """The process table: Redis, LLM, then the services in dependency order."""
+CHAT_URL_ENV = "SEARCHER_CHAT__ANSWER__BASE_URL"
+
+
+def _same_url(a: str, b: str) -> bool:
+    return a.strip().rstrip("/").replace("://localhost:", "://127.0.0.1:") == b.rstrip("/")
+
+
+def build_specs(options: StackOptions, *, redis_server: str | None = None,
+                environ: Mapping[str, str] | None = None) -> list[ProcessSpec]:
+    """The process table: Redis, LLM, then the services in dependency order. `environ` (default: this
+    process's) is what the services inherit: an answering proxy pointed there at the stack's own LLM
+    (`SEARCHER_CHAT__ANSWER__BASE_URL`, as the docs show) is given the LLM's per-run key."""
+    environ = os.environ if environ is None else environ
     specs: list[ProcessSpec] = []
     redis = None
     if options.redis and redis_server:
@@ -234,6 +247,17 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None) -> li
     elif options.llm_url is None:
         # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (tests/e2e/test_searcher_e2e.py).
         searcher["CONSTRAINED"] = "true"
+    if options.llm_url is None:
+        # llama.cpp serves one request at a time: LLM-bound requests (chat answers, LLM-policy searches)
+        # are admitted one per key at once while several keys use it (SEARCHER_LLM_SLOTS)
+        searcher["LLM_SLOTS"] = "1"
+    own_llm = llm["BASE_URL"]
+    if options.chat:
+        searcher.update({f"CHAT__ANSWER__{k}": v for k, v in llm.items()})
+        searcher.setdefault("CHAT__ANSWER__MODEL", DEFAULT_MODEL_ALIAS)
+    elif (options.llm_url is None and _same_url(environ.get(CHAT_URL_ENV, ""), own_llm)
+          and not environ.get("SEARCHER_CHAT__ANSWER__API_KEY")):
+        searcher["CHAT__ANSWER__API_KEY"] = options.llm_api_key  # the documented set-up, by hand
     if options.api_key:
         # Public auth on; the internal token is accepted too (the trainer calls the searcher with it).
         searcher["API_KEYS"] = options.api_key
@@ -287,6 +311,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): compact "
                         "when its recorded evaluation beat naive top-k, else trained when its evaluation beat the "
                         "untrained policy, else base")
+    parser.add_argument("--chat", action="store_true",
+                        help="serve the OpenAI-compatible answering proxy (POST /v1/chat/completions) on the "
+                        "stack's LLM, with its key; SEARCHER_CHAT__* settings still apply")
     parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
                         help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
@@ -414,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
                                compact=compact, trained=None if compact is not None else _trained_policy(args, say),
-                               api_key=args.api_key, log_level=args.log_level,
+                               api_key=args.api_key, log_level=args.log_level, chat=args.chat,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
         _run_index_build(options, group)
     except StackError as exc:

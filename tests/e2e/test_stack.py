@@ -1,6 +1,7 @@
 """The README's first command for real: `plugsearch-stack` on free ports (real Redis, llama.cpp with
 SmolLM2, retriever with its BM25 index, generator, judge, searcher), `POST /search` returns documents,
-SIGINT stops every process it started."""
+SIGINT stops every process it started. Started with `--chat`, the answering proxy's set-up from
+docs/INTEGRATIONS.md: the `openai` client gets a 200 answer from the stack's own llama.cpp."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
     env = {**os.environ, "PLUGSEARCH_DATA": str(data_dir), "PYTHONUNBUFFERED": "1",
            "SEARCHER_DOC_CHARS": "300", "SEARCHER_MAX_NEW_TOKENS": "64"}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color",
+        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color", "--chat",
                                  "--ready-file", str(ready_file), "--var-dir", str(var_dir),
                                  "--ready-timeout", str(READY_TIMEOUT_S)],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -117,6 +118,16 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
             titles = [doc["title"] for doc in naive.json()["documents"]]
             assert any("call of the wild" in title.lower() for title in titles), titles
             assert client.get(f"{info['urls']['retriever']}/health/ready").status_code == 200
+            # issue 31: the documented chat set-up answers (the proxy has the LLM's per-run key)
+            import openai
+
+            chat = openai.OpenAI(base_url=f"{info['searcher']}/v1", api_key="any", timeout=300, max_retries=0)
+            answer = chat.chat.completions.create(
+                model="plugsearch", messages=[{"role": "user", "content": "who wrote the call of the wild"}],
+                max_tokens=8, temperature=0, extra_body={"search": {"mode": "naive", "retrieve_k": 2}})
+            assert answer.choices[0].message.content is not None
+            assert (answer.model_extra or {})["search"]["mode"] == "naive"
+            chat.close()
             # issue 21: any other local process is refused by the LLM and by Redis (per-run key and password)
             assert client.get(f"{info['urls']['llm']}/v1/models").status_code == 401
             assert client.post(f"{info['urls']['llm']}/v1/chat/completions", json={
