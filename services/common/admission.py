@@ -13,11 +13,18 @@ requests and `WINDOW_S`) the mean of all samples is compared with it:
     requests refused while latency is fine: limit += sqrt(limit)        (probe upwards)
     nobody refused, latency fine:           limit <= max(floor, 1.5 * peak in flight + 2)   (headroom)
 
-within [min_limit, max_limit] (`MAX_IN_FLIGHT`); `floor`, an eighth of the ceiling, is always admitted.
+within [floor, max_limit] (`MAX_IN_FLIGHT`): `floor`, an eighth of the ceiling (at least `min_limit`), is
+always admitted, however latency goes (a burst of cheap requests on a small machine raises latency by
+queueing alone; the floor keeps such bursts served rather than refused).
 After a decrease only requests admitted under the new limit count, so one overload does not shrink the limit
 again and again while its backlog drains. A baseline from low load only cannot be dragged up by a sustained
 overload (Gradient2's long-term average drifts so); a service that never sees low load keeps the baseline
 it started with (or the lower means it has seen).
+
+`FairAdmission`: the same limit shared fairly between callers: with others in flight, a caller holding more
+than its share (the limit divided by the callers in flight) is refused first, and a caller under its share
+is admitted even when the limit is reached (up to the ceiling), so one flooding key cannot take every slot
+while others wait. `FairShare`: the same idea for a scarce upstream (the LLM's slots), per request.
 
 `TokenBucket` / `RateLimiter`: a cost budget per caller (API key), refilled at `rate` units per second up
 to `burst`, kept in Redis when there is one (a Lua script, so every replica and worker spends from the
@@ -119,7 +126,76 @@ class AdaptiveLimit:
             limit = self.limit + math.sqrt(self.limit)
         else:
             limit = min(self.limit, max(self.floor, 1.5 * self._peak + 2))
-        self.limit = min(self.max_limit, max(self.min_limit, limit))
+        self.limit = min(self.max_limit, max(self.floor, limit))
+
+
+class FairAdmission:
+    """`AdaptiveLimit` shared fairly between callers (by id). Not thread-safe: one per event loop."""
+
+    def __init__(self, limit: AdaptiveLimit) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self.by_caller: dict[str, int] = {}
+
+    def admits(self, caller: str) -> bool:
+        """Whether `caller`'s next request may start: under the limit; or, at the limit (below the ceiling),
+        while `caller` holds less than its share of it (limit / callers in flight, this one counted)."""
+        if self.limit.admits(self.in_flight):
+            return True
+        held = self.by_caller.get(caller, 0)
+        callers = len(self.by_caller) + (0 if held else 1)
+        return self.in_flight < self.limit.max_limit and held < max(1, self.limit.current // callers)
+
+    def enter(self, caller: str) -> int:
+        """Count one more in flight for `caller`; returns the others in flight (for `AdaptiveLimit.observe`)."""
+        others = self.in_flight
+        self.in_flight += 1
+        self.by_caller[caller] = self.by_caller.get(caller, 0) + 1
+        return others
+
+    def leave(self, caller: str) -> None:
+        self.in_flight -= 1
+        left = self.by_caller.get(caller, 1) - 1
+        if left > 0:
+            self.by_caller[caller] = left
+        else:
+            self.by_caller.pop(caller, None)
+
+
+class FairShare:
+    """Slots of a scarce upstream (the LLM) shared between callers. A caller alone may use all `slots`;
+    with others holding slots, at most max(1, slots / callers holding slots, this one counted): one key
+    cannot queue the LLM full while another waits. Refused requests are told when to retry: the caller's
+    own requests in flight times the mean seconds a slot was held (learned, `initial_hold_s` until then)."""
+
+    def __init__(self, slots: int, *, initial_hold_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.slots = slots
+        self.held: dict[str, int] = {}
+        self.hold_s = initial_hold_s
+        self.clock = clock
+
+    def share(self, caller: str) -> int:
+        others = len(self.held) - (1 if caller in self.held else 0)
+        return self.slots if others == 0 else max(1, self.slots // (others + 1))
+
+    def try_acquire(self, caller: str, n: int = 1) -> float:
+        """Take `n` slots for `caller` (at most `slots`): 0.0 when taken, else the seconds after which to
+        retry (when about one of the caller's requests has ended, by the mean hold time)."""
+        held = self.held.get(caller, 0)
+        if held + n > self.share(caller):
+            return max(1.0, self.hold_s * max(1, held) / max(1, self.share(caller)))
+        self.held[caller] = held + n
+        return 0.0
+
+    def release(self, caller: str, seconds: float, n: int = 1) -> None:
+        left = self.held.get(caller, n) - n
+        if left > 0:
+            self.held[caller] = left
+        else:
+            self.held.pop(caller, None)
+        if seconds > 0 and math.isfinite(seconds):
+            self.hold_s += 0.2 * (seconds - self.hold_s)
 
 
 # ------------------------------------------------------------------------------------------- callers

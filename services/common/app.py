@@ -30,7 +30,15 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services
-from services.common.admission import CALLER_STATE, COST_STATE, AdaptiveLimit, Caller, address_id, key_id
+from services.common.admission import (
+    CALLER_STATE,
+    COST_STATE,
+    AdaptiveLimit,
+    Caller,
+    FairAdmission,
+    address_id,
+    key_id,
+)
 from services.common.errors import (
     ErrorDetail,
     ErrorEnvelope,
@@ -238,35 +246,45 @@ def body_refusal(body: bytes, content_type: bytes) -> Refusal | None:
 
 
 class Admission:
-    """The adaptive in-flight limit: admits or refuses, counts who is in, learns from their latency."""
+    """The adaptive in-flight limit, shared fairly between callers (`FairAdmission`): admits or refuses,
+    counts who is in, learns from their latency."""
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
         self.limit = AdaptiveLimit(settings.max_in_flight, min_limit=settings.min_in_flight,
                                    tolerance=settings.latency_tolerance, adaptive=settings.adaptive_concurrency)
+        self.fair = FairAdmission(self.limit)
         self.overloaded = Refusal(429, "overloaded", "too many requests in flight; retry later",
                                   ((b"retry-after", str(settings.retry_after_s).encode()),))
         self.metrics = metrics
-        self.in_flight = 0
         metrics.admission_limit.set(self.limit.current)
 
-    def admits(self) -> bool:
-        return self.limit.admits(self.in_flight)
+    @property
+    def in_flight(self) -> int:
+        return self.fair.in_flight
 
-    def enter(self) -> tuple[int, int]:
+    def admits(self, caller: str = "") -> bool:
+        return self.fair.admits(caller)
+
+    def enter(self, caller: str = "") -> tuple[int, int]:
         """Count one more in flight; returns what `leave` needs (the others in flight, the limit's epoch)."""
-        others = self.in_flight
-        self.in_flight += 1
+        others = self.fair.enter(caller)
         self.metrics.in_flight.inc()
         return others, self.limit.epoch
 
-    def leave(self, entered: tuple[int, int], status: int, seconds: float, cost: float) -> None:
+    def leave(self, entered: tuple[int, int], status: int, seconds: float, cost: float, caller: str = "") -> None:
         """One fewer in flight; a success's latency (per cost unit) feeds the limit."""
-        self.in_flight -= 1
+        self.fair.leave(caller)
         self.metrics.in_flight.dec()
         if 200 <= status < 300:
             others, epoch = entered
             self.limit.observe(seconds, cost, epoch, others)
             self.metrics.admission_limit.set(self.limit.current)
+
+
+def caller_id(scope: Scope) -> str:
+    """Who the guard authenticated (`Caller.kind:id`), for fair admission; "" before it has."""
+    caller = scope.get("state", {}).get(CALLER_STATE)
+    return f"{caller.kind}:{caller.id}" if isinstance(caller, Caller) else ""
 
 
 class Exchange:
@@ -346,7 +364,7 @@ class GuardMiddleware:
                 record_request(self.metrics, scope, CLIENT_CLOSED, time.perf_counter() - t0)
             elif isinstance(screened, Refusal):
                 await self._refuse(send, screened, request_id)
-            elif not self.admission.admits():
+            elif not self.admission.admits(caller_id(scope)):
                 await self._refuse(send, self.admission.overloaded, request_id)
             else:
                 await self._admitted(scope, Exchange(receive, send, screened, rid_header), send, request_id)
@@ -370,14 +388,15 @@ class GuardMiddleware:
         return body_refusal(body, headers.get(b"content-type", b"")) or body
 
     async def _admitted(self, scope: Scope, exchange: Exchange, send: Send, request_id: str) -> None:
-        entered = self.admission.enter()
+        caller = caller_id(scope)
+        entered = self.admission.enter(caller)
         t0 = time.perf_counter()
         try:
             await self._respond(scope, exchange, send, request_id)
         finally:
             seconds = time.perf_counter() - t0
             self.admission.leave(entered, exchange.status, seconds,
-                                 float(scope.get("state", {}).get(COST_STATE, 1.0)))
+                                 float(scope.get("state", {}).get(COST_STATE, 1.0)), caller)
             record_request(self.metrics, scope, exchange.status, seconds)
 
     async def _respond(self, scope: Scope, exchange: Exchange, send: Send, request_id: str) -> None:

@@ -7,16 +7,19 @@ import orjson
 from fastapi import Request, Response
 
 from services.common import sse
-from services.common.admission import CALLER_STATE
+from services.common.admission import CALLER_STATE, COST_STATE
 from services.common.app import from_state, service_router
 from services.common.errors import error_responses
 from services.common.schemas.chat import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
 from services.searcher.chat import ChatProxy
 
 ERRORS = error_responses({
-    400: "bad input (no user message, bad search options, or refused by the answer LLM)",
-    401: "missing or invalid API key", 422: "invalid request", 429: "overloaded; retry after Retry-After",
-    502: "the answer LLM failed", 503: "the retriever is unavailable; retry after Retry-After",
+    400: "bad input (no user message, bad search options, or parameters the answer LLM refused)",
+    401: "missing or invalid API key",
+    422: "invalid request, or max_tokens / min_tokens over the proxy's limit (cost_limit_exceeded)",
+    429: "overloaded, the key's budget spent, or the key holds its share of the LLM; retry after Retry-After",
+    502: "the answer LLM failed or refused this service's credentials",
+    503: "the retriever or the answer LLM is unavailable; retry after Retry-After",
     504: "the answer LLM or the request timed out"})
 
 router = service_router("openai")
@@ -36,6 +39,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """OpenAI chat completions, search-augmented: the last user message is searched and answered from
     the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
     proxy = from_state(request, "chat", ChatProxy, starting="searcher is still starting")
+    setattr(request.state, COST_STATE, proxy.cost(body))  # admission judges latency per cost unit
     caller = getattr(request.state, CALLER_STATE, None)
     if body.stream:
         return sse.EventStreamResponse(await proxy.open_stream(body, caller))

@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from services.common import sse
-from services.common.admission import Caller, RateLimiter
+from services.common.admission import Caller, FairShare, RateLimiter
 from services.common.cache import ResultCache, cache_key
 from services.common.errors import (
     BadRequest,
@@ -114,6 +114,7 @@ class SearchService:
                  index_identity: IndexIdentity | None = None, rate_limiter: RateLimiter | None = None) -> None:
         self.settings = settings
         self.rate_limiter = rate_limiter
+        self.llm_share = FairShare(settings.llm_slots)
         self.index_identity = index_identity
         self.policy = policy
         self.retriever = retriever
@@ -170,6 +171,31 @@ class SearchService:
             raise CostLimitExceeded(f"the request costs {cost:g} units, over the limit of {limit:g} per request "
                                     "(fewer turns, documents or batch items)", param="items")
 
+    def uses_llm(self, params: SearchParams) -> bool:
+        """Whether a search with these parameters calls an LLM (so holds one of its slots)."""
+        return params.mode != "naive" and not (params.mode == "s3" and isinstance(self.policy, ActingPolicy))
+
+    def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
+        """Hold `slots` of the LLM's slots for a limited caller (`FairShare`), or raise `RateLimited` with
+        when to retry; returns the release (call it once, when the LLM work is over)."""
+        if slots <= 0 or caller is None or not self._limited(caller):
+            return lambda: None
+        slots = min(slots, self.llm_share.slots)
+        wait = self.llm_share.try_acquire(caller.id, slots)
+        if wait > 0:
+            raise RateLimited(f"this key holds its share of the LLM ({self.llm_share.share(caller.id)} of "
+                              f"{self.llm_share.slots} requests at once while other keys use it): retry later",
+                              retry_after=wait)
+        t0, released = time.monotonic(), False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.llm_share.release(caller.id, time.monotonic() - t0, slots)
+
+        return release
+
     async def charge(self, caller: Caller | None, cost: float) -> None:
         """Spend `cost` of the caller's budget, or raise `RateLimited` with the seconds until it could."""
         if self.rate_limiter is None or caller is None or not self._limited(caller):
@@ -179,12 +205,13 @@ class SearchService:
             raise RateLimited(f"rate limit: {self.settings.rate_limit_per_s:g} cost units per second per key "
                               f"(this request: {cost:g})", retry_after=max(1.0, wait))
 
-    async def _prepare(self, request: SearchRequest, caller: Caller | None = None) -> _Prepared:
+    async def _prepare(self, request: SearchRequest, caller: Caller | None = None, extra_cost: float = 0.0
+                       ) -> _Prepared:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
         params = self._params(request)
         cost = self._cost(params)
-        self.check_cost(caller, cost)
+        self.check_cost(caller, cost + extra_cost)
         cache, index_id = self.cache, None
         if cache is not None and self.index_identity is not None:
             index_id = await self.index_identity.current()
@@ -218,15 +245,24 @@ class SearchService:
             await store.set_json(prepared.key, full.model_dump(mode="json"))
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
 
-    async def search(self, request: SearchRequest, caller: Caller | None = None) -> SearchResponse:
+    async def search(self, request: SearchRequest, caller: Caller | None = None, *, extra_cost: float = 0.0,
+                     hold_llm: bool = True) -> SearchResponse:
         """One search. Raises (-> 503) only when the retriever cannot give even the naive top-k. A cache
-        hit is free; a miss spends the caller's budget first (`caller` None: no bound, no budget)."""
-        prepared = await self._prepare(request, caller)
+        hit is free; a miss spends the caller's budget first (`caller` None: no bound, no budget), and an
+        LLM-bound one holds one of the LLM's slots while it runs. `extra_cost`: work the caller's request
+        does besides (the chat proxy's answer), bounded and charged with the search, hit or miss; `hold_llm`
+        False: the caller holds the LLM slot itself (the chat proxy, for search and answer)."""
+        prepared = await self._prepare(request, caller, extra_cost)
         hit = await self._cached(request, prepared)
         if hit is not None:
+            await self.charge(caller, extra_cost)
             return hit
-        await self.charge(caller, prepared.cost)
-        return await self._run(request, prepared)
+        await self.charge(caller, prepared.cost + extra_cost)
+        release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
+        try:
+            return await self._run(request, prepared)
+        finally:
+            release()
 
     async def open_stream(self, request: SearchRequest, caller: Caller | None = None) -> AsyncGenerator[bytes, None]:
         """One search as server-sent events (`services.common.schemas.searcher`: retrieval, action, end,
@@ -238,10 +274,16 @@ class SearchService:
         if hit is not None:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
         await self.charge(caller, prepared.cost)
+        release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
         task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
-        task.add_done_callback(lambda _: queue.put_nowait(None))
+
+        def done(_: asyncio.Task[SearchResponse]) -> None:
+            release()
+            queue.put_nowait(None)
+
+        task.add_done_callback(done)
         try:
             first = await queue.get()
         except BaseException:
@@ -267,7 +309,13 @@ class SearchService:
             async with sem:
                 return await self.search(item)  # bound and budget: the whole batch's, above
 
-        results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+        # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
+        llm_items = sum(self.uses_llm(self._params(item)) for item in items)
+        release = self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
+        try:
+            results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+        finally:
+            release()
         for result in results:
             if isinstance(result, BaseException):
                 raise result

@@ -30,6 +30,17 @@ class ChatProxySettings(BaseModel):
     template: str = Field(DEFAULT_CHAT_TEMPLATE, description=(
         "replaces the last user message: `$context` (the documents found) and `$question` (the message)"))
     model_name: str = Field("plugsearch", min_length=1, description="the model id GET /v1/models lists")
+    max_tokens: int = Field(256, ge=1, le=32_768, description=(
+        "answer tokens when a request sets no max_tokens (forwarded, so every generation has a bound)"))
+    max_tokens_limit: int = Field(1024, ge=1, le=32_768, description=(
+        "the most answer tokens a request may ask for (max_tokens, max_completion_tokens, min_tokens); "
+        "more is 422 cost_limit_exceeded before any work"))
+
+    @model_validator(mode="after")
+    def _check_tokens(self) -> ChatProxySettings:
+        if self.max_tokens > self.max_tokens_limit:
+            raise ValueError("chat max_tokens must be at most max_tokens_limit")
+        return self
 
     @field_validator("template")
     @classmethod
@@ -71,6 +82,12 @@ class SearcherSettings(ServiceSettings):
         "cost units per second each API key may spend (token bucket, shared through Redis when redis_url is "
         "set); past it 429 rate_limited + Retry-After; 0 = no rate limit"))
     rate_limit_burst: float = Field(256.0, gt=0, description="cost units a key may spend at once (the bucket)")
+    llm_slots: int = Field(16, ge=1, le=4096, description=(
+        "LLM-bound requests (s3 / QAgent searches with an LLM policy, chat answers) the LLM serves at once "
+        "without queueing: shared fairly between API keys (services.common.admission.FairShare); a key "
+        "alone may use them all, with others active it may hold max(1, llm_slots / active keys) at once, "
+        "past it 429 llm_busy + Retry-After. llama.cpp serves one request at a time (the local stack sets 1); "
+        "vLLM many (its max_num_seqs)"))
     limit_anonymous: bool = Field(False, description=(
         "apply the cost bound and the rate limit to callers without a key too (one bucket per client "
         "address), when no API keys are configured"))
