@@ -23,8 +23,10 @@ def load_questions(name: str, limit: int | None = None) -> list[QAItem]:
 
 
 def fake_llm_spec(port: int, latency_ms: float, responder: str = "tests.support.fake_policy:respond",
-                  model: str = "fake-policy") -> ProcessSpec:
-    """`tests.support.fake_llm` on `port` (process "llm"), answering with `responder` after `latency_ms`."""
+                  model: str = "fake-policy", slots: int = 0) -> ProcessSpec:
+    """`tests.support.fake_llm` on `port` (process "llm"), answering with `responder` after `latency_ms`
+    (`slots` > 0: that many completions at once, as llama.cpp's one)."""
     return ProcessSpec("llm", [sys.executable, "-m", "tests.support.fake_llm", "--port", str(port),
-                               "--latency-ms", str(latency_ms), "--model", model, "--responder", responder],
+                               "--latency-ms", str(latency_ms), "--model", model, "--responder", responder,
+                               "--slots", str(slots)],
                        ready_url=f"http://127.0.0.1:{port}/v1/models", port=port)

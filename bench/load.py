@@ -52,7 +52,8 @@ class LocalStack(ProcessGroup):
     restarted (`stop(name, signal)`, `start(name)`, `wait_ready(name)`, `revive()`)."""
 
     def __init__(self, corpus: Path, var_dir: Path, *, llm_latency_ms: float = 50.0,
-                 searcher_env: dict[str, str] | None = None, redis: bool = True, log_dir: Path | None = None) -> None:
+                 searcher_env: dict[str, str] | None = None, redis: bool = True, log_dir: Path | None = None,
+                 llm_slots: int = 0) -> None:
         super().__init__(log_dir=log_dir, cwd=REPO)
         ports = allocate_ports(free_ports=True)
         redis_server = shutil.which("redis-server") if redis else None
@@ -61,7 +62,7 @@ class LocalStack(ProcessGroup):
                                     llm_model="fake-policy", log_level="WARNING")
         specs = {spec.name: spec for spec in build_specs(self.options, redis_server=redis_server)}
         specs["searcher"].env.update(searcher_env or {})
-        specs["llm"] = fake_llm_spec(ports["llm"], llm_latency_ms)
+        specs["llm"] = fake_llm_spec(ports["llm"], llm_latency_ms, slots=llm_slots)
         self.add(*(specs[name] for name in START_ORDER if name in specs))
 
     def url(self, name: str) -> str:
@@ -76,11 +77,12 @@ class LocalStack(ProcessGroup):
 
 
 def bench_stack(args: argparse.Namespace, searcher_env: dict[str, str], logs: str,
-                retriever_workers: int = 0) -> tuple[LocalStack, list[str]]:
+                retriever_workers: int = 0, llm_slots: int = 0) -> tuple[LocalStack, list[str]]:
     """A bench's stack over its `--corpus` (default the shared combined corpus), the policy answering after
-    `--llm-latency-ms`, logs in var/logs/<logs>; and the NQ questions its clients send."""
+    `--llm-latency-ms` (`llm_slots` at once, 0: any number), logs in var/logs/<logs>; and the NQ questions
+    its clients send."""
     stack = LocalStack((args.corpus or CORPUS).resolve(), REPO / "var", llm_latency_ms=args.llm_latency_ms,
-                       searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs)
+                       searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs, llm_slots=llm_slots)
     if retriever_workers:
         stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(retriever_workers)
     return stack, [r.question for r in load_questions("nq", 1000)]
@@ -127,10 +129,13 @@ Body = Callable[[int], dict[str, Any]]
 
 
 async def run_phase(url: str, questions: list[str], *, clients: int, seconds: float, timeout_s: float,
-                    offset: int = 0, body: Body | None = None) -> PhaseResult:
-    """`clients` closed-loop clients for `seconds` (default body: the next question, s3); latencies of 200
-    answers only. The clients use aiohttp's pool directly (httpx's pool cost the load generator more CPU
-    than the searcher under 200 clients, and its queue showed up as latency)."""
+                    offset: int = 0, body: Body | None = None, path: Callable[[int], str] | None = None,
+                    headers: dict[str, str] | None = None, honour_retry_after: bool = True) -> PhaseResult:
+    """`clients` closed-loop clients for `seconds` (default body: the next question, s3, to `/search`;
+    `path(i)`: the i-th request's path), with `headers` (an API key); latencies of 200 answers only. A
+    client waits Retry-After after a refusal unless `honour_retry_after` is off (then 50 ms). The clients
+    use aiohttp's pool directly (httpx's pool cost the load generator more CPU than the searcher under 200
+    clients, and its queue showed up as latency)."""
     import aiohttp
 
     statuses: Counter[int] = Counter()
@@ -146,17 +151,18 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
     # request is never written into a connection the server is closing (which would read as "lost").
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(base_url=url, connector=connector, timeout=timeout) as http:
+    async with aiohttp.ClientSession(base_url=url, connector=connector, timeout=timeout, headers=headers) as http:
         stop_at = time.monotonic() + seconds
 
         async def client(make: Body) -> None:
             nonlocal counter, ok_in_window, no_retry_after
             while time.monotonic() < stop_at:
                 payload = make(counter)
+                where = "/search" if path is None else path(counter)
                 counter += 1
                 sent = time.monotonic()
                 try:
-                    async with http.post("/search", json=payload) as response:
+                    async with http.post(where, json=payload) as response:
                         status = response.status
                         retry_after = response.headers.get("retry-after")
                         data = await response.json(content_type=None)
@@ -176,8 +182,10 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
                 else:
                     error = data.get("error", {}) if isinstance(data, dict) else {}
                     bodies[str(error.get("type", status))] += 1
-                    if retry_after is not None:
+                    if retry_after is not None and honour_retry_after:
                         await asyncio.sleep(float(retry_after))
+                    elif not honour_retry_after:
+                        await asyncio.sleep(0.05)
 
         make = body or (lambda i: {"question": questions[i % len(questions)], "mode": "s3"})
         await asyncio.gather(*(client(make) for _ in range(clients)))

@@ -138,17 +138,22 @@ def bare(handle: Handler) -> Any:
     return app
 
 
-def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake-llm") -> Any:
-    """The same answers as `create_fake_llm_app`, bare (what `main` serves)."""
+def bare_app(responder: Responder, *, latency_s: float = 0.0, model: str = "fake-llm", slots: int = 0) -> Any:
+    """The same answers as `create_fake_llm_app`, bare (what `main` serves); `slots` > 0: at most that many
+    completions at once, the others queue (llama.cpp's server serves one at a time)."""
     models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model"}]})
     calls = 0
+    gate = asyncio.Semaphore(slots) if slots > 0 else None
 
     async def handle(method: str, path: str, raw: bytes) -> tuple[int, str, bytes]:
         nonlocal calls
         if path == "/v1/chat/completions" and method == "POST":
             body = orjson.loads(raw)
             calls += 1
-            if latency_s:
+            if gate is not None:
+                async with gate:
+                    await asyncio.sleep(latency_s)
+            elif latency_s:
                 await asyncio.sleep(latency_s)
             text = await answer(responder, body)
             if body.get("stream"):
@@ -187,9 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--responder", default="echo", help="preset (echo, yes, no) or module:function")
     parser.add_argument("--model", default="fake-llm")
+    parser.add_argument("--slots", type=int, default=0, help="completions served at once (0: no limit)")
     parser.add_argument("--no-record", action="store_true", help="ignored: the served fake keeps no request bodies")
     args = parser.parse_args(argv)
-    app = bare_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model)
+    app = bare_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model,
+                   slots=args.slots)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
