@@ -180,7 +180,7 @@ class SearchService:
         when to retry; returns the release (call it once, when the LLM work is over)."""
         if slots <= 0 or caller is None or not self._limited(caller):
             return lambda: None
-        slots = min(slots, self.llm_share.slots)
+        slots = min(slots, self.llm_share.share(caller.id))  # a batch: at most the key's share, never starved
         wait = self.llm_share.try_acquire(caller.id, slots)
         if wait > 0:
             raise RateLimited(f"this key holds its share of the LLM ({self.llm_share.share(caller.id)} of "

@@ -86,7 +86,7 @@ class SearcherSettings(ServiceSettings):
         "LLM-bound requests (s3 / QAgent searches with an LLM policy, chat answers) the LLM serves at once "
         "without queueing: shared fairly between API keys (services.common.admission.FairShare); a key "
         "alone may use them all, with others active it may hold max(1, llm_slots / active keys) at once, "
-        "past it 429 llm_busy + Retry-After. llama.cpp serves one request at a time (the local stack sets 1); "
+        "past it 429 rate_limited + Retry-After. llama.cpp serves one request at a time (the local stack sets 1); "
         "vLLM many (its max_num_seqs)"))
     limit_anonymous: bool = Field(False, description=(
         "apply the cost bound and the rate limit to callers without a key too (one bucket per client "
