@@ -827,7 +827,7 @@ def test_the_cpu_retriever_gets_cpu_torch_and_fails_on_cuda(dockerfile: tuple[di
     (first, *_) = [" ".join(c.value) for c in stages["build-retriever"].commands if c.cmd.upper() == "RUN"]
     torch_at = first.index('pip install --no-deps -r requirements/torch.txt ${TORCH_INDEX_URL:+--index-url')
     assert torch_at < first.index("-r requirements/image-retriever.txt")
-    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx"]  # the onnx extra: RETRIEVER_ENCODER__BACKEND=onnx
+    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx", "otel"]  # onnx: RETRIEVER_ENCODER__BACKEND=onnx
     assert "torch.version.cuda" in first and "grep -i '^nvidia-'" in first
 
 
