@@ -21,8 +21,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NamedTuple, TypeVar, cast
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -516,6 +516,25 @@ def document_auth(schema: dict[str, Any], open_paths: frozenset[str]) -> dict[st
     return schema
 
 
+def _flushing_traces(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None
+                     ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The service's lifespan, then the spans still pending exported (uvicorn ends on the signal that
+    stopped it, so the SDK's own exit hook never runs)."""
+    @asynccontextmanager
+    async def run(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            if lifespan is None:
+                yield
+            else:
+                async with lifespan(app):
+                    yield
+        finally:
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
+
+    return run
+
+
 def build_app(
     settings: ServiceSettings,
     *,
@@ -531,7 +550,7 @@ def build_app(
     forget_dead_workers()
     metrics = ServiceMetrics(service)
     app = FastAPI(title=f"plugsearch {service}", description=description, version=services.__version__,
-                  lifespan=lifespan, **tracing.fastapi_options())
+                  lifespan=_flushing_traces(lifespan), **tracing.fastapi_options())
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.readiness = None

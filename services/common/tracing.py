@@ -138,6 +138,12 @@ def use_provider(provider: Any) -> None:
     _state.configured = True
 
 
+def flush(timeout_s: float = 5.0) -> None:
+    """Export the spans still pending (at most `timeout_s`): each service at shutdown."""
+    if _state.provider is not None:
+        _state.provider.force_flush(int(timeout_s * 1000))
+
+
 def shutdown_tracing() -> None:
     """Export what is pending and stop (the SDK also does this at exit)."""
     if _state.provider is not None:

@@ -6,7 +6,8 @@ LLM (`tests.support.fake_llm` answering as the scripted policy) export over OTLP
   spans from all three processes, each process's server span under the searcher's client span that called it,
   and the request id forwarded beside the trace context;
 - a caller's `traceparent` is continued (its trace id, its span as the parent), and a caller that does not
-  sample gets no trace.
+  sample gets no trace;
+- a searcher that is stopped exports what it still holds first.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ SERVICES = {"plugsearch-searcher", "plugsearch-retriever", "plugsearch-fake-llm"
 class Traced:
     searcher: str
     collector: str
+    retriever: str
+    policy: str
+    logs: Path
 
     def trace(self, trace_id: str) -> list[dict[str, Any]]:
         response = httpx.get(f"{self.collector}/v1/traces/{trace_id}", timeout=5)
@@ -74,7 +78,7 @@ def traced(data_dir: Path, var_dir: Path) -> Iterator[Traced]:
                 scripted_policy_process(logs / "tracing_policy.log") as policy, \
                 searcher_process(retriever, policy, logs / "tracing_searcher.log", policy_model="scripted-policy",
                                  extra={"cache_enabled": "false"}) as searcher:
-            yield Traced(searcher, collector)
+            yield Traced(searcher, collector, retriever, policy, logs)
 
 
 def by_id(spans: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -161,3 +165,20 @@ def test_a_caller_that_does_not_sample_gets_no_trace(traced: Traced) -> None:
                headers={"traceparent": f"00-{sampled}-{parent}-01"}, timeout=60).raise_for_status()
     traced.wait_for(sampled, complete)
     assert traced.trace(unsampled) == []
+
+
+def test_a_stopped_searcher_exports_its_last_spans_first(traced: Traced) -> None:
+    """Batches every minute: only the flush at shutdown can deliver this search's spans in time."""
+    trace_id = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
+        with searcher_process(traced.retriever, traced.policy, traced.logs / "tracing_searcher_stopped.log",
+                              policy_model="scripted-policy", extra={"cache_enabled": "false"}) as searcher:
+            response = httpx.post(f"{searcher}/search", json={"question": QUESTION, "mode": "naive"},
+                                  headers={"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"}, timeout=60)
+            assert response.status_code == 200
+            time.sleep(0.5)
+            assert not [s for s in traced.trace(trace_id) if s["service"] == "plugsearch-searcher"]
+    # stopped (SIGTERM): its spans are at the collector
+    spans = traced.wait_for(trace_id, lambda found: any(s["name"] == "searcher.search" for s in found), timeout_s=10)
+    assert {"POST /search", "searcher.search", "searcher.retrieve"} <= {s["name"] for s in spans}
