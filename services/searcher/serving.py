@@ -310,15 +310,16 @@ class SearchService:
         await self.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 
-        async def one(item: SearchRequest) -> SearchResponse:
+        async def one(i: int, item: SearchRequest) -> SearchResponse:
             async with sem:
-                return await self.search(item)  # bound and budget: the whole batch's, above
+                with tracing.span("searcher.batch_item", {"plugsearch.item": i}):  # (its own `cached`)
+                    return await self.search(item)  # bound and budget: the whole batch's, above
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
         llm_items = sum(self.uses_llm(self._params(item)) for item in items)
         release = self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
         try:
-            results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+            results = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)), return_exceptions=True)
         finally:
             release()
         for result in results:
