@@ -47,7 +47,7 @@ class _State:
 
     configured = False
     tracer: trace.Tracer | None = None
-    provider: Any = None  # the SDK's TracerProvider (shut down by `shutdown_tracing`)
+    provider: Any = None  # the SDK's TracerProvider (`flush` at each service's shutdown)
 
 
 _state = _State()
@@ -130,8 +130,7 @@ def _otlp_exporter() -> Any:
 
 
 def use_provider(provider: Any) -> None:
-    """Trace into `provider` (an SDK TracerProvider) from now on: what `setup_tracing` does with the one it
-    builds; tests and the trace printer hand one with an in-memory exporter."""
+    """Trace into `provider` (an SDK TracerProvider) from now on: `setup_tracing`'s last step."""
     trace.set_tracer_provider(provider)
     _state.provider = provider
     _state.tracer = provider.get_tracer(TRACER_NAME, services.__version__)
@@ -142,12 +141,6 @@ def flush(timeout_s: float = 5.0) -> None:
     """Export the spans still pending (at most `timeout_s`): each service at shutdown."""
     if _state.provider is not None:
         _state.provider.force_flush(int(timeout_s * 1000))
-
-
-def shutdown_tracing() -> None:
-    """Export what is pending and stop (the SDK also does this at exit)."""
-    if _state.provider is not None:
-        _state.provider.shutdown()
 
 
 def enabled() -> bool:
