@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.common import tracing
 from services.common.answers import is_yes_no
 from services.common.logging import configure_logging
 from services.stack import default_llm_threads
@@ -652,6 +653,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(TrainerSettings().log_level, service="trainer")
+    tracing.setup_tracing("trainer")  # off unless OTEL_* variables switch it on
     result = args.func(args)
     print(json.dumps(result, default=str))
     sys.stdout.flush()

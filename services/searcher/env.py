@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from services.common import tracing
 from services.common.errors import ServiceError
 from services.common.llm import ChatMessage
 from services.common.schemas.base import Document
@@ -300,11 +301,15 @@ class SearchEnv:
 
     async def _add_block(self, turn: int, queries: list[str]) -> InfoBlock:
         t0 = time.perf_counter()
-        try:
-            results = await self.retriever.retrieve(queries, self.params.retrieve_k, self.params.method)
-        finally:
-            self.timings.retrieval_ms += (time.perf_counter() - t0) * 1000
-            self.timings.retrieval_calls += 1
+        with tracing.span("searcher.retrieve", {"plugsearch.turn": turn, "plugsearch.queries": len(queries),
+                                                "plugsearch.k": self.params.retrieve_k,
+                                                "plugsearch.method": self.params.method or "default"}) as span:
+            try:
+                results = await self.retriever.retrieve(queries, self.params.retrieve_k, self.params.method)
+            finally:
+                self.timings.retrieval_ms += (time.perf_counter() - t0) * 1000
+                self.timings.retrieval_calls += 1
+            span.set_attribute("plugsearch.documents", sum(len(hits) for hits in results))
         if len(results) != len(queries):
             raise ServiceError(f"retriever answered {len(results)} result lists for {len(queries)} queries")
         # validated once already (the retriever's response model); copying without validating again

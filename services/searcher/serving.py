@@ -9,12 +9,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
-from services.common import sse
+from services.common import sse, tracing
 from services.common.admission import Caller, FairShare, RateLimiter
 from services.common.cache import ResultCache, cache_key
 from services.common.errors import (
@@ -254,11 +255,13 @@ class SearchService:
         False: the caller holds the LLM slot itself (the chat proxy, for search and answer)."""
         prepared = await self._prepare(request, caller, extra_cost)
         hit = await self._cached(request, prepared)
+        tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
             await self.charge(caller, extra_cost)
             return hit
-        await self.charge(caller, prepared.cost + extra_cost)
-        release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
+        with _admission_span(caller, prepared.cost + extra_cost):
+            await self.charge(caller, prepared.cost + extra_cost)
+            release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
         try:
             return await self._run(request, prepared)
         finally:
@@ -271,10 +274,12 @@ class SearchService:
         `result` event alone. Closing the returned generator (the client went away) cancels the search."""
         prepared = await self._prepare(request, caller)
         hit = await self._cached(request, prepared)
+        tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
-        await self.charge(caller, prepared.cost)
-        release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
+        with _admission_span(caller, prepared.cost):
+            await self.charge(caller, prepared.cost)
+            release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
         task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
@@ -305,21 +310,30 @@ class SearchService:
         await self.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 
-        async def one(item: SearchRequest) -> SearchResponse:
+        async def one(i: int, item: SearchRequest) -> SearchResponse:
             async with sem:
-                return await self.search(item)  # bound and budget: the whole batch's, above
+                with tracing.span("searcher.batch_item", {"plugsearch.item": i}):  # (its own `cached`)
+                    return await self.search(item)  # bound and budget: the whole batch's, above
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
         llm_items = sum(self.uses_llm(self._params(item)) for item in items)
         release = self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
         try:
-            results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+            results = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)), return_exceptions=True)
         finally:
             release()
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return [r for r in results if isinstance(r, SearchResponse)]
+
+
+def _admission_span(caller: Caller | None, cost: float) -> AbstractContextManager[Any]:
+    """The span of a search's admission: its cost charged to the caller's budget (a Redis round trip where
+    there is one) and the LLM slot it holds; a refusal (429) ends it with the error."""
+    return tracing.span("searcher.admission", {"plugsearch.cost": cost,
+                                                "plugsearch.caller": caller.kind if caller else "none"}
+                        if tracing.enabled() else None)
 
 
 # ------------------------------------------------------------------------------------------ streaming

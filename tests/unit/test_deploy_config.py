@@ -228,7 +228,7 @@ def test_compose_service_matches_code(service: str, compose: dict[str, Any], mon
     svc = compose["services"][service]
     env = {k: str(v) for k, v in svc["environment"].items()}
     cls = settings_class(service)
-    unknown = set(env) - env_names(cls, env_prefix(cls))
+    unknown = {k for k in env if not k.startswith("OTEL_")} - env_names(cls, env_prefix(cls))  # OTEL_*: tracing's
     assert not unknown, f"{service}: env vars no settings field reads: {sorted(unknown)}"
     settings = load_settings(service, env, monkeypatch)
     assert settings.host == "0.0.0.0"
@@ -827,7 +827,7 @@ def test_the_cpu_retriever_gets_cpu_torch_and_fails_on_cuda(dockerfile: tuple[di
     (first, *_) = [" ".join(c.value) for c in stages["build-retriever"].commands if c.cmd.upper() == "RUN"]
     torch_at = first.index('pip install --no-deps -r requirements/torch.txt ${TORCH_INDEX_URL:+--index-url')
     assert torch_at < first.index("-r requirements/image-retriever.txt")
-    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx"]  # the onnx extra: RETRIEVER_ENCODER__BACKEND=onnx
+    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx", "otel"]  # onnx: RETRIEVER_ENCODER__BACKEND=onnx
     assert "torch.version.cuda" in first and "grep -i '^nvidia-'" in first
 
 
