@@ -509,7 +509,10 @@ class OnnxModel:
         ids = self._tokenize(texts)
         lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=len(ids))
         order = np.argsort(-lengths, kind="stable")
-        runs = plan_chunks(lengths[order])
+        # chunks small enough to keep every thread busy (1.5 per thread: the least makespan in a simulation over
+        # the question sets' lengths, 2 threads, batches of 4 to 512)
+        share = math.ceil(int(lengths.sum()) / (1.5 * self.threads)) if self.threads > 1 else MAX_CHUNK_TOKENS
+        runs = plan_chunks(lengths[order], max_tokens=min(MAX_CHUNK_TOKENS, max(share, int(lengths.max()))))
         parts = [[ids[i] for i in order[lo:hi]] for lo, hi in runs]
         if self._pool is None or len(parts) == 1:
             pooled = [self._forward(p) for p in parts]

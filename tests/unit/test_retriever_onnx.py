@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -248,6 +249,25 @@ def test_a_merged_batch_is_encoded_in_chunks_cut_by_length(onnx_dir: Path, quest
     assert sum(rows * width for rows, width in shapes) < len(questions) * max(lengths)  # less padding
     assert all(rows * width <= onnx_encoder.MAX_CHUNK_TOKENS for rows, width in shapes)
     assert np.abs(merged[:40] - whole).max() < 1e-5  # input order kept, padding does not change vectors
+
+
+def test_a_batch_keeps_every_thread_busy(onnx_dir: Path, questions: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two threads even 8 questions of similar length run as chunks on both (one session call per chunk,
+    on the encoder's pool), giving the single-threaded encoder's vectors."""
+    one = Encoder(EncoderSettings(backend="onnx", onnx_dir=onnx_dir, threads=1))
+    two = Encoder(EncoderSettings(backend="onnx", onnx_dir=onnx_dir, threads=2))
+    assert two.onnx is not None and two.onnx.threads == 2
+    threads: list[str] = []
+    run = two.onnx.session.run
+
+    def spy(names: Any, feed: dict[str, np.ndarray]) -> Any:
+        threads.append(threading.current_thread().name)
+        return run(names, feed)
+
+    monkeypatch.setattr(two.onnx.session, "run", spy, raising=False)
+    got = two.encode_queries(questions[:8])
+    assert len(threads) >= 2 and all(name.startswith("onnx") for name in threads)
+    assert np.abs(got - one.encode_queries(questions[:8])).max() < 1e-6
 
 
 def _brute_force(lengths: list[int], call_cost: int, max_tokens: int) -> float:
