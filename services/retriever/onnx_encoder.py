@@ -281,7 +281,8 @@ def _reusable(folder: Path, name: str, record: dict[str, Any]) -> bool:
 def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:
     """The ONNX file for this model and variant: exported (once, logged, checked against torch) when missing,
     else reused after its sha256 is checked against the record. Raises OnnxUnavailable when the model cannot
-    be exported, or was found to differ from torch (recorded, so later starts do not try again)."""
+    be exported or was found to differ from torch (both recorded, so later starts do not try again), or when
+    something it needs is missing (a package, a writable folder, disk space: not recorded)."""
     folder = export_folder(onnx_dir, model_path)
     name = INT8 if int8 else FUSED
     record = _read_record(folder)
@@ -289,32 +290,41 @@ def ensure_export(model_path: Path, onnx_dir: Path, *, int8: bool) -> Path:
         logger.info("onnx encoder: reusing %s (sha256 checked)", folder / name)
         return folder / name
     if record.get("refused") and not int8:
-        raise OnnxUnavailable(record["refused"])
+        raise OnnxUnavailable(_refused(record, folder))
     with _export_lock(folder):
         record = _read_record(folder)  # another worker may have exported it while this one waited
         if _reusable(folder, name, record):
             logger.info("onnx encoder: reusing %s (sha256 checked)", folder / name)
             return folder / name
         if record.get("refused") and not int8:
-            raise OnnxUnavailable(record["refused"])
+            raise OnnxUnavailable(_refused(record, folder))
         try:
             record = _export(model_path, folder, name, record)
-        except OnnxUnavailable:
+        except OnnxUnavailable:  # a missing package...: not the model's fault, not recorded
             raise
-        except Exception as exc:  # an exporter or converter failure: the model cannot be served by onnx
-            raise OnnxUnavailable(f"exporting {model_path} to ONNX failed: {type(exc).__name__}: {exc}") from exc
+        except OSError as exc:  # a full disk, a permission...: not the model's fault either
+            raise OnnxUnavailable(f"exporting {model_path} to ONNX in {folder} failed: {exc}") from exc
+        except Exception as exc:  # the exporter or a converter cannot handle this model: recorded
+            failure = f"exporting {model_path} to ONNX failed: {type(exc).__name__}: {exc}"
+            if int8:
+                raise OnnxUnavailable(failure) from exc
+            record["refused"] = failure
         finally:
             for stale in folder.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
         _write_record(folder, record)
         if record.get("refused") and not int8:
-            raise OnnxUnavailable(record["refused"])
+            raise OnnxUnavailable(_refused(record, folder))
     return folder / name
+
+
+def _refused(record: dict[str, Any], folder: Path) -> str:
+    return f"{record['refused']} (recorded in {folder / RECORD}; remove that folder to try again)"
 
 
 def _export(model_path: Path, folder: Path, name: str, record: dict[str, Any]) -> dict[str, Any]:
     record = {"model": str(model_path), "format": EXPORT_FORMAT, "opset": OPSET, "files": {},
-              **{k: v for k, v in record.items() if k in ("exporter", "fused", "check", "files")}}
+              **{k: v for k, v in record.items() if k in ("exporter", "fused", "check", "refused", "files")}}
     fp32 = folder / FP32
     if not _reusable(folder, FP32, record):
         logger.info("onnx encoder: exporting %s to ONNX once (reused by later starts): %s", model_path, fp32)

@@ -319,7 +319,10 @@ def _assert_torch_fallback(encoder: Encoder, why: str, caplog: pytest.LogCapture
 def test_auto_falls_back_to_torch_when_the_export_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture,
                                                         torch_encoder: Encoder) -> None:
+    calls: list[Path] = []
+
     def broken_export(model_path: Path, out: Path) -> str:
+        calls.append(out)
         raise RuntimeError("Unsupported: ONNX export of operator aten::fancy_attention")
 
     monkeypatch.setattr(onnx_encoder, "export_fp32", broken_export)
@@ -327,8 +330,20 @@ def test_auto_falls_back_to_torch_when_the_export_fails(tmp_path: Path, monkeypa
         encoder = Encoder(EncoderSettings(onnx_dir=tmp_path))
     _assert_torch_fallback(encoder, "aten::fancy_attention", caplog, torch_encoder)
     assert encoder.fallback is not None and "exporting" in encoder.fallback
+    assert "remove that folder to try again" in encoder.fallback
     with pytest.raises(OnnxUnavailable, match="aten::fancy_attention"):  # asked for onnx: no quiet fallback
         Encoder(EncoderSettings(backend="onnx", onnx_dir=tmp_path))
+    assert len(calls) == 1  # the failure is recorded: later starts fall back at once
+
+    def disk_full(model_path: Path, out: Path) -> str:
+        calls.append(out)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(onnx_encoder, "export_fp32", disk_full)  # not the model's fault: tried again next time
+    for _ in range(2):
+        with pytest.raises(OnnxUnavailable, match="No space left"):
+            Encoder(EncoderSettings(backend="onnx", onnx_dir=tmp_path / "other"))
+    assert len(calls) == 3
 
 
 def test_auto_falls_back_for_a_model_layout_onnx_cannot_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
