@@ -34,7 +34,8 @@ class EncoderSettings(BaseModel):
     pooling: Pooling = Field("model", description="model = the model's own sentence-transformers pooling")
     normalize: bool = True
     max_seq_length: int = Field(256, ge=8, le=8192)
-    batch_size: int = Field(64, ge=1, le=4096, description="encoding batch for index builds")
+    batch_size: int = Field(64, ge=1, le=4096, description="encoding batch for index builds (torch; onnx cuts "
+                            "batches by length itself)")
     device: str | None = Field(None, description="cpu, cuda, cuda:1...; None = sentence-transformers' choice")
     threads: int = Field(0, ge=0, description="CPU threads of the encoder: torch's intra-op threads, or "
                          "onnxruntime's sessions run side by side; 0 = torch's default, or for onnxruntime the "
