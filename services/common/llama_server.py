@@ -221,11 +221,19 @@ def main(argv: list[str] | None = None) -> None:
     key = os.environ.pop(API_KEY_ENV, "")
     if key:
         os.environ["API_KEY"] = key
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     try:
-        apply_weight_repacking()
+        repacking = weight_repacking()
     except LlamaServerError as exc:
         parser.error(str(exc))
+    serve(cmd, repacking=repacking)
+
+
+def serve(cmd: Sequence[str], *, repacking: bool) -> None:
+    """Run `python -m llama_cpp.server ...` (`cmd`, from `llama_server_command`) in this process, with llama.cpp's
+    weight repacking as `weight_repacking` decided: the setting must reach llama-cpp-python before it loads the
+    model, which an `exec`ed server would not let us do."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    apply_weight_repacking(repacking)
     sys.argv = [cmd[2], *cmd[3:]]  # what `python -m llama_cpp.server ...` would see
     runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 

@@ -323,13 +323,13 @@ def test_compose_builds_with_the_dockerfile_inputs(compose_raw: dict[str, Any], 
 
 
 def llama_command(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What `python -m services.common.llama_server ARGS` would exec (captured, not run)."""
+    """What `python -m services.common.llama_server ARGS` would run (captured, not run)."""
     from services.common import llama_server
 
     captured: list[list[str]] = []
-    monkeypatch.setattr(llama_server.os, "execv", lambda _exe, cmd: captured.append(list(cmd)))
+    monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(list(cmd)))
     llama_server.main(args)
-    assert captured, "llama_server.main did not exec"
+    assert captured, "llama_server.main did not serve"
     return captured[0]
 
 
