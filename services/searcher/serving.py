@@ -43,6 +43,7 @@ from services.common.schemas.searcher import (
     search_cost,
 )
 from services.searcher import parsing
+from services.searcher.compact import CompactPolicy
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import ActingPolicy, run_search
@@ -98,8 +99,9 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
     if return_trace:
         trace = SearchTrace(
             messages=[TraceMessage(role=m.role, content=m.content) for m in outcome.messages],
-            blocks=[TraceBlock(turn=b.turn, queries=b.queries, document_ids=[d.id for d in b.documents],
-                               selected=b.selected) for b in outcome.blocks])
+            blocks=[TraceBlock(turn=b.turn, queries=b.queries, method=b.method,
+                               document_ids=[d.id for d in b.documents], selected=b.selected)
+                    for b in outcome.blocks])
     return SearchResponse(
         question=outcome.question, mode=outcome.mode, documents=outcome.documents,
         context=parsing.format_documents(outcome.documents), queries=outcome.queries, turns=outcome.turns,
@@ -152,10 +154,30 @@ class SearchService:
         return params
 
     def _cost(self, params: SearchParams) -> float:
-        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval."""
+        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval (its
+        first retrieval may take a dense block beside the BM25 one: counted)."""
         if params.mode == "s3" and isinstance(self.policy, ActingPolicy):
-            return 1.0 + params.max_turns
+            pool = len(params.pool_methods) if params.pool_methods else \
+                (2 if isinstance(self.policy, CompactPolicy) and self.policy.has_dense else 1)
+            return pool + params.max_turns
         return search_cost(params)
+
+    async def _pool(self, params: SearchParams) -> SearchParams:
+        """The compact policy's first retrieval: BM25, plus dense when the retriever serves the encoder its
+        dense scorer was trained with (`SEARCHER_COMPACT_DENSE`: auto reads the retriever's `/version`)."""
+        if params.mode != "s3" or not isinstance(self.policy, CompactPolicy):
+            return params
+        setting = self.settings.compact_dense
+        served: list[str] | None
+        if setting == "off":
+            served, encoder = ["bm25"], None
+        elif setting == "on":
+            served, encoder = ["bm25", "dense"], self.policy.dense_encoder
+        elif self.index_identity is not None:
+            served, encoder = await self.index_identity.served()
+        else:
+            return params
+        return params.model_copy(update={"pool_methods": self.policy.pool_methods(served, encoder)})
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
         """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
@@ -210,7 +232,7 @@ class SearchService:
                        ) -> _Prepared:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
-        params = self._params(request)
+        params = await self._pool(self._params(request))
         cost = self._cost(params)
         self.check_cost(caller, cost + extra_cost)
         cache, index_id = self.cache, None
@@ -366,7 +388,7 @@ class _StreamEvents:
             self.blocks.append(list(data["documents"]))
             payload = RetrievalEvent.model_construct(
                 block=len(self.blocks) - 1, turn=data["block_turn"], queries=data["queries"],
-                documents=data["documents"], step=event.turn, elapsed_ms=elapsed_ms)
+                method=data.get("method"), documents=data["documents"], step=event.turn, elapsed_ms=elapsed_ms)
         elif event.type == "action":
             selected: list[int] | None = data.get("selected")
             block, ids = None, None
