@@ -624,11 +624,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--select-k", type=int, default=3, help="documents returned")
     c.add_argument("--max-turns", type=int, default=2, help="follow-up searches at most")
     c.add_argument("--warm-epochs", type=int, default=30)
-    c.add_argument("--steps", type=int, default=200, help="RL steps")
+    c.add_argument("--steps", type=int, default=600, help="RL steps")
     c.add_argument("--questions-per-step", type=int, default=32)
     c.add_argument("--group", type=int, default=4, help="sampled searches per question (the group baseline)")
-    c.add_argument("--lr", type=float, default=5e-4)
-    c.add_argument("--temperature", type=float, default=1.0)
+    c.add_argument("--lr", type=float, default=1e-3)
+    c.add_argument("--temperature", type=float, default=0.5, help="softmax temperature of the sampled actions in RL "
+                   "(1.0 explored too little to learn follow-up searches)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--reward", choices=["recall", "gbr"], default="recall",
                    help="recall: GBR with GenAcc's span check on the documents, no LLM (the CPU default); gbr: "

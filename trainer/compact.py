@@ -77,11 +77,11 @@ class CompactConfig:
     hidden: tuple[int, int] = (32, 16)
     warm_epochs: int = 30
     warm_lr: float = 3e-3
-    rl_steps: int = 150
+    rl_steps: int = 600
     questions_per_step: int = 32
     group: int = 4
-    rl_lr: float = 5e-4
-    temperature: float = 1.0
+    rl_lr: float = 1e-3
+    temperature: float = 0.5
     save_every: int = 10
     seed: int = 0
     dense: bool = True

@@ -24,11 +24,12 @@ def plot_reward_curve(entries: Sequence[Mapping[str, Any]], path: Path, *, title
     fig, ax = plt.subplots(figsize=(7, 4))
     kind = entries[0]["kind"] if entries else ""
     rewards = [e["mean_reward"] for e in entries]
-    ax.plot(steps, rewards, marker="o", label=f"mean {kind}")
+    name = "GBR reward (span check, - naive top-n)" if kind == "recall" else f"{kind} reward"
+    ax.plot(steps, rewards, marker="o", label=f"mean {name}")
     if len(rewards) >= 10:
         window = 10
         smooth = [fmean(rewards[max(0, i - window + 1):i + 1]) for i in range(len(rewards))]
-        ax.plot(steps, smooth, linewidth=2.5, label=f"mean {kind}, last {window} steps")
+        ax.plot(steps, smooth, linewidth=2.5, label=f"mean {name}, last {window} steps")
     second = "share of searches whose documents hold the answer" if kind == "recall" else "mean GenAcc"
     ax.plot(steps, [e["mean_genacc"] for e in entries], marker=".", linestyle="--", label=second)
     ax.axhline(0.0, color="grey", linewidth=0.8)

@@ -245,7 +245,7 @@ def test_openapi_contract() -> None:
     assert [(e["properties"]["event"]["const"], e["properties"]["data"]["contentSchema"]["$ref"].rsplit("/", 1)[1])
             for e in events] == [("retrieval", "RetrievalEvent"), ("action", "ActionEvent"), ("end", "EndEvent"),
                                  ("result", "SearchResponse"), ("error", "ErrorEnvelope")]
-    assert set(schemas["RetrievalEvent"]["properties"]) == {"block", "turn", "queries", "documents", "step",
+    assert set(schemas["RetrievalEvent"]["properties"]) == {"block", "method", "turn", "queries", "documents", "step",
                                                            "elapsed_ms"}
     assert set(schemas["ActionEvent"]["properties"]) == {"step", "kind", "queries", "block", "selected",
                                                         "selected_ids", "elapsed_ms"}
