@@ -22,7 +22,9 @@ def test_query_and_key_adapters_are_refused() -> None:
     assert list(names) == ["blk.3.ffn_down.weight.lora_b"]
 
 
-def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_path: Path) -> None:
+def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import llama_cpp.llama_cpp as lib
     import torch
     from llama_cpp import Llama
     from peft import LoraConfig, get_peft_model
@@ -30,6 +32,7 @@ def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_pat
     from services.common.llama_server import apply_weight_repacking, smollm2_gguf_path
     from trainer.model import default_policy_path, load_policy
 
+    monkeypatch.setattr(lib, "llama_model_default_params", lib.llama_model_default_params)  # restored after
     apply_weight_repacking()  # as the served llama.cpp does (off on CPUs with AMX)
 
     torch.manual_seed(0)
