@@ -253,7 +253,11 @@ class DiskStore:
         return parse_line(self._line(i), i + 1, self.path)
 
     def documents(self, positions: Sequence[int]) -> list[tuple[str, str, str]]:
-        return [self.document(int(i)) for i in positions]
+        at = np.asarray(positions, dtype=np.int64)
+        if at.size and (int(at.min()) < 0 or int(at.max()) >= self._n):
+            raise IndexError(f"a document number outside the store ({self._n} documents)")
+        starts, ends = self._offsets[at].tolist(), (self._offsets[at] + self._lengths[at]).tolist()
+        return [parse_line(self._map[a:b], i + 1, self.path) for a, b, i in zip(starts, ends, at.tolist(), strict=True)]
 
     def passage(self, i: int) -> str:
         _, title, text = self.document(i)
