@@ -211,7 +211,9 @@ PositionsOf = Callable[[Sequence[str]], "np.ndarray[Any, np.dtype[np.int64]]"]
 
 
 class PyseriniRetriever(Retriever):
-    """pyserini `LuceneSearcher.batch_search` with `threads` Java threads; k1/b set at load.
+    """Anserini's Lucene searcher (`SimpleSearcher`, what pyserini's `LuceneSearcher` wraps) called through
+    pyjnius: `batch_search` with `threads` Java threads, k1/b set at load. pyserini's Python search package is
+    not imported: it imports torch, transformers and faiss (~440 MB per worker, and seconds at start).
 
     Lucene answers with the documents' ids: `docid_to_index` turns them into document numbers, a dict or a
     batch lookup (`DocumentStore.positions`, on disk: no per-worker dict of every id)."""
@@ -221,19 +223,20 @@ class PyseriniRetriever(Retriever):
     def __init__(self, folder: Path, docid_to_index: Mapping[str, int] | PositionsOf, *, threads: int = 2,
                  k1: float | None = None, b: float | None = None) -> None:
         setup_java()
-        from pyserini.search.lucene import LuceneSearcher
+        from pyserini.pyclass import JArrayList, autoclass
 
         self.manifest = Manifest.read(folder)
         self.threads = threads
-        self._searcher = LuceneSearcher(str(folder / "lucene"))
-        self._searcher.set_bm25(k1 if k1 is not None else LUCENE_DEFAULTS["k1"],
-                                b if b is not None else LUCENE_DEFAULTS["b"])
+        self._list = JArrayList
+        self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(folder / "lucene"))
+        self._searcher.set_bm25(float(k1 if k1 is not None else LUCENE_DEFAULTS["k1"]),
+                                float(b if b is not None else LUCENE_DEFAULTS["b"]))
         if isinstance(docid_to_index, Mapping):
             table = docid_to_index
             self._positions: PositionsOf = lambda ids: np.array([table.get(i, -1) for i in ids], dtype=np.int64)
         else:
             self._positions = docid_to_index
-        self._n = int(self._searcher.num_docs)
+        self._n = int(self._searcher.get_total_num_docs())
         self._unknown_logged = False
 
     @property
@@ -244,9 +247,14 @@ class PyseriniRetriever(Retriever):
         hits = Hits.empty(len(queries), k)
         qids = [str(i) for i in range(len(queries))]
         if len(queries) == 1:
-            results = {"0": self._searcher.search(queries[0], k=k)}
+            results = {"0": list(self._searcher.search(queries[0], int(k)))}
         else:
-            results = self._searcher.batch_search(list(queries), qids, k=k, threads=self.threads)
+            jqueries, jqids = self._list(), self._list()
+            for query, qid in zip(queries, qids, strict=True):
+                jqueries.add(query)
+                jqids.add(qid)
+            found = self._searcher.batch_search(jqueries, jqids, int(k), int(self.threads))
+            results = {entry.getKey(): list(entry.getValue()) for entry in found.entrySet().toArray()}
         ranked = [[(hit.docid, hit.score) for hit in results.get(qid, [])[:k]] for qid in qids]
         positions = self._positions([docid for row in ranked for docid, _ in row]).tolist()
         at = 0
