@@ -121,6 +121,8 @@ def write_corpus(n: int, out: Path, *, seed: int = 0) -> Path:
     words = np.array(vocab, dtype=object)
     rng = np.random.default_rng(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.*"):  # a run stopped while writing (14 GB at wiki-18)
+        stale.unlink()
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     t0 = time.perf_counter()
     with tmp.open("wb") as fh:
@@ -670,8 +672,12 @@ def extrapolate(backends: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any
         sizes = sorted(int(s) for s in points if int(s) < WIKI18)
         row: dict[str, Any] = {}
         for metric, kind in GROWTH:
-            model = fit(sizes, [points[str(s)].get(metric) for s in sizes], kind)
-            if model is not None:
+            values = [points[str(s)].get(metric) for s in sizes]
+            model = fit(sizes, values, kind)
+            if model is not None and kind == "linear" and model["per_item"] <= 0:  # no growth measured: the
+                row[metric] = max(v for v in values if v is not None)  # largest measured value, not a decline
+                row[f"{metric}_fit"] = {"no_growth_measured": 1}
+            elif model is not None:
                 row[metric] = round(predict(model, WIKI18), 1)
                 row[f"{metric}_fit"] = {k: round(v, 8) for k, v in model.items()}
         if row:
@@ -703,7 +709,7 @@ def plot(result: dict[str, Any], path: Path = PLOT) -> None:
             ax.plot(sizes, values, "o-", color=colour, label=name)
             model = fit([s for s in sizes if s < WIKI18], [v for s, v in zip(sizes, values, strict=True)
                                                            if s < WIKI18], kind) if kind else None
-            if model is not None:
+            if model is not None and model.get("per_item", 1) > 0 and predict(model, grid[0]) > 0:
                 ax.plot(grid, [predict(model, n) for n in grid], "--", color=colour, alpha=0.5)
             held = [(s, points[str(s)]["held"].get(metric)) for s in sizes if "held" in points[str(s)]]
             if metric == "rss_anon_total_mb" and held:
@@ -766,6 +772,8 @@ def main() -> None:
                         "once its points are measured (wiki-18's take ~40 GB)")
     parser.add_argument("--resume", action="store_true", help="skip points already in <work>/result.json and "
                         "reuse indexes already built (a run stopped part-way goes on)")
+    parser.add_argument("--remeasure", action="store_true", help="with --resume: serve and measure the points "
+                        "already in result.json again, on their built indexes (e.g. another --nprobe)")
     parser.add_argument("--plot", action="store_true", help=f"draw {PLOT.relative_to(REPO)} from the result")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from <work>/result.json and print it "
                         "(with the extrapolation) as the final line")
@@ -817,8 +825,8 @@ def main() -> None:
         sizes = sorted(set(sizes) | set(previous["sizes"]))
     t_all = time.perf_counter()
     for n in run_sizes:
-        todo = [b for b in backends
-                if n <= largest[b] and not (args.resume and str(n) in results.get(b + suffix, {}))]
+        todo = [b for b in backends if n <= largest[b] and not (
+            args.resume and not args.remeasure and str(n) in results.get(b + suffix, {}))]
         skipped += [{"backend": b, "size": n, "why": f"above its --max ({largest[b]}): its build at this size takes "
                      "too long on 2 cores or does not fit in memory; see the extrapolation"}
                     for b in backends if n > largest[b]]

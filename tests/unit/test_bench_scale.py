@@ -89,6 +89,8 @@ def test_growth_fits_recover_known_curves_and_extrapolate() -> None:
     assert out["build_s"] == pytest.approx(0.0001 * scale.WIKI18, rel=1e-3)
     assert out["rss_anon_total_mb"] == pytest.approx(100 + 0.0005 * scale.WIKI18, rel=1e-3)
     assert out["from_sizes"] == sizes
+    flat = {str(n): {"rss_anon_total_mb": v} for n, v in zip(sizes, [900.0, 760.0, 780.0], strict=True)}
+    assert scale.extrapolate({"hybrid": flat})["hybrid"]["rss_anon_total_mb"] == 900.0  # no growth: no decline
 
 
 def test_each_backend_is_served_from_where_it_was_built(tmp_path: Path) -> None:
