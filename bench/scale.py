@@ -760,6 +760,8 @@ def main() -> None:
     parser.add_argument("--dims", type=int, choices=(384, 768), default=DIMS, help="768: E5-base's width (the "
                         "vectors MiniLM's carried into 768-d, queries encoded by a BERT-base-shaped model with random "
                         "weights: E5-base's cost; served recall is not measured, the nprobe sweep gives it)")
+    parser.add_argument("--lucene-search", choices=("anserini", "topk"), default="anserini",
+                        help="RETRIEVER_LUCENE_SEARCH of the Lucene backends (topk: results under <backend>-topk)")
     parser.add_argument("--nprobe", type=int, default=None, help="RETRIEVER_FAISS__NPROBE of the IVF backends")
     parser.add_argument("--nlist", type=int, default=None, help="RETRIEVER_FAISS__IVF_NLIST (default ~4*sqrt(n))")
     parser.add_argument("--sweep", default=",".join(map(str, SWEEP)), help="nprobe values of the in-process "
@@ -813,6 +815,8 @@ def main() -> None:
                                   backend=args.encoder_backend)
         args.encoder_env.update({"RETRIEVER_ENCODER__NAME": encoder.name, "RETRIEVER_ENCODER__POOLING": "mean"})
     suffix = "" if args.dims == DIMS else f"-d{args.dims}"
+    args.encoder_env["RETRIEVER_LUCENE_SEARCH"] = args.lucene_search
+    label = suffix + ("-topk" if args.lucene_search == "topk" else "")
     results: dict[str, dict[str, dict[str, Any]]] = {}
     skipped: list[dict[str, Any]] = []
     run_sizes = sizes
@@ -826,7 +830,7 @@ def main() -> None:
     t_all = time.perf_counter()
     for n in run_sizes:
         todo = [b for b in backends if n <= largest[b] and not (
-            args.resume and not args.remeasure and str(n) in results.get(b + suffix, {}))]
+            args.resume and not args.remeasure and str(n) in results.get(b + label, {}))]
         skipped += [{"backend": b, "size": n, "why": f"above its --max ({largest[b]}): its build at this size takes "
                      "too long on 2 cores or does not fit in memory; see the extrapolation"}
                     for b in backends if n > largest[b]]
@@ -840,7 +844,7 @@ def main() -> None:
                                           encoder=encoder)
             truth = truth_for(size_dir, embeddings, query_vectors, args.encoder_backend)
         for backend in todo:
-            log(f"size {n}: {backend}{suffix}")
+            log(f"size {n}: {backend}{label}")
             try:
                 point = measure(backend, size_dir, args, pool=pool, truth=truth if is_dense(backend) else None,
                                 recall_qs=recall_qs, query_vectors=query_vectors, held=n <= args.held_max)
@@ -850,7 +854,7 @@ def main() -> None:
                 skipped.append({"backend": backend, "size": n, "why": f"failed: {str(exc)[-300:]}"})
             else:
                 point["encoder_backend"] = args.encoder_backend
-                results.setdefault(backend + suffix, {})[str(n)] = point
+                results.setdefault(backend + label, {})[str(n)] = point
                 log(f"  {backend} at {n}: { {k: v for k, v in point.items() if k != 'nprobe_sweep'} }")
                 if "nprobe_sweep" in point:
                     log(f"  nprobe sweep: {point['nprobe_sweep']}")

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -216,21 +217,39 @@ class PyseriniRetriever(Retriever):
     not imported: it imports torch, transformers and faiss (~440 MB per worker, and seconds at start).
 
     Lucene answers with the documents' ids: `docid_to_index` turns them into document numbers, a dict or a
-    batch lookup (`DocumentStore.positions`, on disk: no per-worker dict of every id)."""
+    batch lookup (`DocumentStore.positions`, on disk: no per-worker dict of every id).
+
+    `search`: "anserini" ranks equal scores by document id, as Anserini and pyserini do, so every document
+    matching a query term is scored; "topk" asks Lucene for its own top k (the same analyzer, query and BM25
+    scores), which skips the documents that cannot enter it (block-max WAND): faster on large indexes, equal
+    scores in index order, the queries of a batch one after another."""
 
     name = "pyserini"
 
     def __init__(self, folder: Path, docid_to_index: Mapping[str, int] | PositionsOf, *, threads: int = 2,
-                 k1: float | None = None, b: float | None = None) -> None:
+                 k1: float | None = None, b: float | None = None, search: str = "anserini") -> None:
         setup_java()
         from pyserini.pyclass import JArrayList, autoclass
 
         self.manifest = Manifest.read(folder)
         self.threads = threads
         self._list = JArrayList
+        k1 = float(k1 if k1 is not None else LUCENE_DEFAULTS["k1"])
+        b = float(b if b is not None else LUCENE_DEFAULTS["b"])
         self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(folder / "lucene"))
-        self._searcher.set_bm25(float(k1 if k1 is not None else LUCENE_DEFAULTS["k1"]),
-                                float(b if b is not None else LUCENE_DEFAULTS["b"]))
+        self._searcher.set_bm25(k1, b)
+        self._topk: Any = None
+        if search == "topk":
+            from jnius import cast
+
+            paths, directory = autoclass("java.nio.file.Paths"), autoclass("org.apache.lucene.store.FSDirectory")
+            reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
+                directory.open(paths.get(str(folder / "lucene"))))
+            searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
+                cast("org.apache.lucene.index.IndexReader", reader))
+            searcher.setSimilarity(autoclass("org.apache.lucene.search.similarities.BM25Similarity")(k1, b))
+            self._topk = (reader, searcher, autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance(),
+                          autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")())
         if isinstance(docid_to_index, Mapping):
             table = docid_to_index
             self._positions: PositionsOf = lambda ids: np.array([table.get(i, -1) for i in ids], dtype=np.int64)
@@ -246,7 +265,15 @@ class PyseriniRetriever(Retriever):
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         hits = Hits.empty(len(queries), k)
         qids = [str(i) for i in range(len(queries))]
-        if len(queries) == 1:
+        if self._topk is not None:
+            _, searcher, analyzer, generator = self._topk
+            stored = searcher.storedFields()
+            results = {}
+            for qid, query in zip(qids, queries, strict=True):
+                top = searcher.search(generator.buildQuery("contents", analyzer, query), int(k))
+                # scores rounded to 4 decimals, as Anserini's ScoredDoc gives them
+                results[qid] = [_Hit(stored.document(d.doc).get("id"), round(d.score, 4)) for d in top.scoreDocs]
+        elif len(queries) == 1:
             results = {"0": list(self._searcher.search(queries[0], int(k)))}
         else:
             jqueries, jqids = self._list(), self._list()
@@ -270,9 +297,18 @@ class PyseriniRetriever(Retriever):
         return hits
 
     def close(self) -> None:
+        if self._topk is not None:
+            self._topk[0].close()
+            self._topk = None
         if self._searcher is not None:
             self._searcher.close()
             self._searcher = None
+
+
+@dataclass(frozen=True)
+class _Hit:
+    docid: str
+    score: float
 
 
 if __name__ == "__main__":  # child process of build_pyserini

@@ -34,7 +34,7 @@ from services.retriever.dense import (
 from services.retriever.docstore import DocumentStore, corpus_checksum, open_store
 from services.retriever.fusion import rrf_fuse
 from services.retriever.manifest import IndexMismatch, Manifest
-from services.retriever.settings import RetrieverSettings
+from services.retriever.settings import IVF_TYPES, RetrieverSettings
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests:
     """What the served results depend on: the corpus, every loaded index (its manifest, build time included)
     and the settings that change rankings. Callers put it in their cache keys (`/version` -> `index_id`),
     so a re-index never serves results cached from the old one."""
-    payload = {
+    payload: dict[str, Any] = {
         "corpus": corpus_checksum,
         "indexes": {name: m.model_dump(mode="json", exclude={"corpus_path", "build_seconds"})
                     for name, m in sorted(manifests.items())},
@@ -110,8 +110,13 @@ def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests:
         "query_prefix": settings.encoder.query_prefix if "dense" in manifests else None,
         "fusion": [settings.rrf_k, settings.fusion_depth],
     }
-    if "dense" in manifests and settings.dense_backend == "faiss":  # approximate search's query-time knobs
-        payload["dense_search"] = [settings.faiss.nprobe, settings.faiss.hnsw_ef_search]
+    dense_type = manifests["dense"].index_type if "dense" in manifests else None  # query-time knobs of ANN search
+    if settings.dense_backend == "faiss" and dense_type in IVF_TYPES:
+        payload["nprobe"] = settings.faiss.nprobe
+    elif settings.dense_backend == "faiss" and dense_type == "hnsw":
+        payload["hnsw_ef_search"] = settings.faiss.hnsw_ef_search
+    if "bm25" in manifests and manifests["bm25"].backend == "pyserini" and settings.lucene_search != "anserini":
+        payload["lucene_search"] = settings.lucene_search  # equal scores in another order
     digest = hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return f"idx-{digest[:20]}"
 
@@ -178,7 +183,8 @@ class RetrieverService:
                                                     mmap=settings.bm25_mmap)
             else:
                 retrievers["bm25"] = PyseriniRetriever(folder, corpus.positions, threads=settings.bm25_threads,
-                                                       k1=settings.bm25_k1, b=settings.bm25_b)
+                                                       k1=settings.bm25_k1, b=settings.bm25_b,
+                                                       search=settings.lucene_search)
         if settings.dense:
             index: VectorIndex
             if settings.dense_backend == "milvus":

@@ -142,6 +142,11 @@ class RetrieverSettings(ServiceSettings):
     bm25_b: float | None = Field(None, ge=0, le=1, description="None = the backend's default (0.75 / 0.4)")
     bm25_threads: int = Field(2, ge=1, le=256, description="BM25 search threads: bm25s runs this many "
                               "single-threaded batch calls at once, pyserini one call with this many threads")
+    lucene_search: Literal["anserini", "topk"] = Field("anserini", description="pyserini backend: anserini = "
+                                                       "equal scores ranked by document id, as Anserini and pyserini "
+                                                       "do (every matching document is scored); topk = Lucene's own "
+                                                       "top k (block-max WAND: the same scores, faster on large "
+                                                       "indexes, equal scores in index order)")
     bm25_mmap: bool = Field(True, description="bm25s: memory-map its score matrix (shared by the workers through "
                             "the page cache) instead of reading it into each worker")
 

@@ -150,6 +150,13 @@ def test_pyserini_backend_built_and_served(tiny: RetrieverSettings, questions: l
     single = lucene.batch_search(questions[:1], 5)
     assert [corpus.ids[d] for d, _ in single.per_query(0)] == [hit.docid for hit in reference.search(questions[0], 5)]
     reference.close()
+    # Lucene's own top k: the same scores at every rank (equal scores may come in another order)
+    topk = PyseriniRetriever(tiny.index_dir / "pyserini", {d: i for i, d in enumerate(corpus.ids)}, search="topk")
+    fast = topk.batch_search(questions[:20] + ["the of and"], 5)  # stopwords only: no hits
+    assert [[round(s, 4) for _, s in fast.per_query(i)] for i in range(20)] == \
+        [[round(s, 4) for _, s in hits.per_query(i)] for i in range(20)]
+    assert sum(fast.per_query(i) == hits.per_query(i) for i in range(20)) >= 15 and fast.per_query(20) == []
+    topk.close()
     lucene.close()
 
 
