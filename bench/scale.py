@@ -71,7 +71,7 @@ BACKENDS = ("bm25s", "pyserini", "faiss-flat", "faiss-hnsw", "faiss-sq8", "faiss
             "milvus-flat", "milvus-hnsw", "hybrid")
 HYBRID = ("pyserini", "faiss-ivfsq8")  # what `hybrid` serves together
 WIKI18 = 21_015_324
-DEFAULT_MAX = {"bm25s": 2_000_000, "pyserini": WIKI18, "faiss-flat": 5_000_000,
+DEFAULT_MAX = {"bm25s": 1_000_000, "pyserini": WIKI18, "faiss-flat": 5_000_000,
                "faiss-hnsw": 1_000_000, "faiss-sq8": 5_000_000, "faiss-ivfsq8": WIKI18, "faiss-ivfpq": WIKI18,
                "milvus-flat": 1_000_000, "milvus-hnsw": 1_000_000, "hybrid": WIKI18}
 WIKI_SAMPLE = DATA / "corpus" / "flashrag_wiki_sample.jsonl"  # FlashRAG's sample of wiki-18 (its lengths)
@@ -370,35 +370,58 @@ def _settings(backend: str, size_dir: Path, env: dict[str, str]) -> Any:
     return RetrieverSettings(corpus=size_dir / "corpus.jsonl", index_dir=size_dir / "index")
 
 
-def build_child(backend: str, size_dir: Path, env: dict[str, str]) -> None:
-    """Runs in the child: build `backend`'s indexes (and the document store) for the corpus in size_dir."""
+def _part_record(size_dir: Path, part: str) -> Path:
+    return size_dir / f"built-{part}.json"
+
+
+def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool = False) -> None:
+    """Runs in the child: build `backend`'s indexes (and the document store) for the corpus in size_dir.
+    `resume`: a part whose index is complete (built by a run that stopped later) is kept, its seconds counted."""
     from services.retriever.cli import build
-    from services.retriever.dense import build_faiss, dense_folder
+    from services.retriever.manifest import Manifest
 
     settings = _settings(backend, size_dir, env)
     t0 = time.perf_counter()
     build(settings, bm25=[], dense=False, force=False, show_progress=False)  # the document store
     store_s = time.perf_counter() - t0
+    earlier = 0.0
     for part in _parts(backend):
-        if part in ("bm25s", "pyserini"):
-            build(settings, bm25=[part], dense=False, force=True, show_progress=False)
+        record = _part_record(size_dir, part)
+        if resume and record.is_file() and all((p / "manifest.json").is_file()
+                                               for p in index_paths(part, size_dir) if p.suffix != ".db"):
+            earlier += float(json.loads(record.read_text())["build_s"])
             continue
-        embeddings = next(p.parent for p in settings.index_dir.glob("embeddings-*/manifest.json")
-                          if not p.parent.name.endswith(".partial"))
-        if part.startswith("faiss"):
-            build_faiss(embeddings, dense_folder(settings.index_dir, part.split("-")[1]), settings.faiss,
-                        chunks=synthetic_chunks(embeddings), show_progress=False)
-        else:
-            from services.retriever.milvus import build_milvus
-
-            settings.milvus.index_type = part.split("-")[1]  # type: ignore[assignment]
-            build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False,
-                         chunks=synthetic_chunks(embeddings))
-    build_s = round(time.perf_counter() - t0, 2)
+        t_part = time.perf_counter()
+        _build_part(part, settings)
+        record.write_text(json.dumps({"build_s": round(time.perf_counter() - t_part, 2),
+                                      "manifests": [Manifest.read(p).created_at for p in index_paths(part, size_dir)
+                                                    if p.suffix != ".db"]}))
+    build_s = round(time.perf_counter() - t0 + earlier, 2)
     # this process's peak since exec (wait4's ru_maxrss would count the parent's), or a helper process it ran
     # and waited for (Lucene's indexer JVM) if that one's was larger
     peak = max(peak_rss_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
-    print(json.dumps({"build_s": build_s, "build_rss_mb": round(peak, 1), "store_s": round(store_s, 2)}))
+    print(json.dumps({"build_s": build_s, "build_rss_mb": round(peak, 1), "store_s": round(store_s, 2),
+                      "resumed_parts_s": round(earlier, 2)}))
+
+
+def _build_part(part: str, settings: Any) -> None:
+    from services.retriever.cli import build
+    from services.retriever.dense import build_faiss, dense_folder
+
+    if part in ("bm25s", "pyserini"):
+        build(settings, bm25=[part], dense=False, force=True, show_progress=False)
+        return
+    embeddings = next(p.parent for p in settings.index_dir.glob("embeddings-*/manifest.json")
+                      if not p.parent.name.endswith(".partial"))
+    if part.startswith("faiss"):
+        build_faiss(embeddings, dense_folder(settings.index_dir, part.split("-")[1]), settings.faiss,
+                    chunks=synthetic_chunks(embeddings), show_progress=False)
+    else:
+        from services.retriever.milvus import build_milvus
+
+        settings.milvus.index_type = part.split("-")[1]
+        build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False,
+                     chunks=synthetic_chunks(embeddings))
 
 
 def built_already(backend: str, size_dir: Path) -> dict[str, Any] | None:
@@ -419,10 +442,11 @@ def run_build(backend: str, size_dir: Path, env: dict[str, str], *, resume: bool
     if resume and (done := built_already(backend, size_dir)) is not None:
         log(f"  {backend}: reusing the built index ({done})")
         return done
-    for path in index_paths(backend, size_dir):
-        shutil.rmtree(path, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, __file__, "--build-child", backend, str(size_dir), json.dumps(env)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if not resume:
+        for path in index_paths(backend, size_dir):
+            shutil.rmtree(path, ignore_errors=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--build-child", backend, str(size_dir), json.dumps(env),
+                             "resume" if resume else "new"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = (b.decode(errors="replace") for b in proc.communicate())
     if proc.returncode != 0:
         raise RuntimeError(f"{backend} build failed ({proc.returncode}): {err[-2000:]}")
@@ -742,8 +766,8 @@ def parse_max(values: list[str]) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------------------------ main
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--build-child":
-        build_child(sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4]))
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--build-child":
+        build_child(sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4]), resume=sys.argv[5:] == ["resume"])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=None, help="comma-separated passage counts (default 100000,1000000,"
