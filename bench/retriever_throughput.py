@@ -4,15 +4,29 @@ Per method (bm25 = bm25s, dense = MiniLM + FAISS flat, hybrid = RRF of both): qu
 (k=10, 8 clients) at batch 1, 32 and 256 next to one in-process caller of the same library objects, in
 interleaved windows so both see the same machine load; `ratio_b32` = service / in-process at batch 32 (above 1
 when the micro-batcher merges the clients' requests); the service's peak RSS (VmHWM, summed over `--workers`
-and `--replicas`). Encoder backends: dense queries/s of onnx and onnx-int8 against torch (in-process and
-served) and recall@10 against torch's top-10. ANN: HNSW and SQ8 / IVF-PQ against exact search on synthetic
-vectors (around real MiniLM passage vectors when the dense index exists): recall@10 and speed-up.
+and `--replicas`).
+
+The default dense path against torch (`vs_torch`): for dense and hybrid, the served default (no encoder
+setting: ONNX Runtime fp32) against plain in-process torch in the same windows: sentence-transformers'
+`encode` of the batch (its defaults) + the FAISS search, which is what Search-R1's `retrieval_server.py` does
+per request (hybrid: bm25s + that + RRF). `ratio` = served / torch; recall@10 and identical top-10 lists
+(same ids in the same order up to swaps of neighbours whose scores tie within 1e-5, scores within 1e-5) of
+the served results against torch's, on `--recall-questions` real questions. Also reported: torch the way
+Search-R1's server calls it (one forward of the whole batch padded to its longest question, no length
+sorting: `searchr1_encode_qps` and `ratio_searchr1_encode`, dense only), and the encoders' CPU time per
+query on one thread each (`encoder_cpu_one_thread`: thread CPU time, which other load on the machine barely
+moves, unlike the wall-clock rates of multi-threaded torch; a note says when the machine was loaded).
+
+Encoder backends: dense queries/s of onnx and onnx-int8 against torch (in-process and served) and recall@10
+against torch's top-10. ANN: HNSW and SQ8 / IVF-PQ against exact search on synthetic vectors (around real
+MiniLM passage vectors when the dense index exists): recall@10 and speed-up.
 
 Dense figures use the full corpus's MiniLM flat index, built once into var/indexes/combined when missing
 (~10-20 min on 2 cores); `--quick` never builds it and uses a ~300-passage subset instead (a note says so).
 
     python bench/retriever_throughput.py           # 8 s per point, 1,000,000 vectors
     python bench/retriever_throughput.py --quick   # 0.5 s per point, 20,000 128-d vectors (says so)
+    python bench/retriever_throughput.py --methods dense,hybrid --skip-ann --skip-onnx   # vs torch only
 
 The client is a minimal keep-alive HTTP/1.1 client on asyncio streams, so that it takes little CPU from the
 server. The last line printed is the JSON result.
@@ -32,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import numpy as np
 import orjson
@@ -47,6 +62,7 @@ from bench.retriever_common import (  # noqa: E402
     dense_subset,
     ensure_indexes,
 )
+from services.retriever.base import Hits, Retriever  # noqa: E402
 
 BATCHES = (1, 32, 256)
 ONNX_BATCHES = (1, 32)
@@ -225,6 +241,139 @@ def recall_questions(n: int) -> list[str]:
     return [q for row in itertools.zip_longest(*sets) for q in row if q][:n]
 
 
+class TorchDense(Retriever):
+    """Plain in-process torch: sentence-transformers' `encode` of the batch with its defaults (batches of 32
+    sorted by length), normalised, then one FAISS search: Search-R1's `retrieval_server.py` per request.
+    `whole_batch`: the way that server calls its model (the batch tokenized at once, padded to its longest,
+    one forward, mean pooling, normalised)."""
+
+    name = "dense"
+
+    def __init__(self, index: Any, *, whole_batch: bool = False) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from transformers import AutoModel, AutoTokenizer
+
+        from services.retriever.dense import resolve_encoder_path
+        from services.retriever.settings import DEFAULT_ENCODER
+
+        path = resolve_encoder_path(DEFAULT_ENCODER)
+        self.torch = torch
+        self.index = index
+        self.whole_batch = whole_batch
+        if whole_batch:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModel.from_pretrained(path).eval()
+        else:
+            self.st = SentenceTransformer(path, device="cpu")
+
+    @property
+    def doc_count(self) -> int:
+        return int(self.index.ntotal)
+
+    def encode(self, queries: list[str]) -> np.ndarray:
+        if not self.whole_batch:
+            return np.asarray(self.st.encode(queries, normalize_embeddings=True, convert_to_numpy=True),
+                              dtype=np.float32)
+        inputs = self.tokenizer(queries, max_length=256, padding=True, truncation=True, return_tensors="pt")
+        with self.torch.no_grad():
+            hidden = self.model(**inputs).last_hidden_state
+        mask = inputs["attention_mask"][..., None]
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
+        return np.ascontiguousarray(self.torch.nn.functional.normalize(pooled, dim=-1).numpy(), dtype=np.float32)
+
+    def batch_search(self, queries: Any, k: int) -> Hits:
+        hits: Hits = self.index.search(self.encode(list(queries)), k)
+        return hits
+
+    def close(self) -> None:
+        pass
+
+
+def same_top10(ids: np.ndarray, scores: np.ndarray, ref_ids: np.ndarray, ref_scores: np.ndarray,
+               score_tolerance: float | None) -> np.ndarray:
+    """Per query: the same ids in the same order, where neighbours whose reference scores tie within 1e-5 may
+    swap, and (score_tolerance set) every score within it of the reference's."""
+    out = np.zeros(len(ids), dtype=bool)
+    ties = np.abs(np.diff(ref_scores, axis=1)) < 1e-5
+    for q in range(len(ids)):
+        if set(ids[q]) != set(ref_ids[q]):
+            continue
+        moved = np.flatnonzero(ids[q] != ref_ids[q])
+        if not all((r > 0 and ties[q, r - 1]) or (r < ids.shape[1] - 1 and ties[q, r]) for r in moved):
+            continue
+        out[q] = score_tolerance is None or bool(np.abs(scores[q] - ref_scores[q]).max() <= score_tolerance)
+    return out
+
+
+async def _served_hits(port: int, method: str, questions: list[str], corpus_ids: dict[str, int]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    client = RawClient(port)
+    ids, scores = [], []
+    for lo in range(0, len(questions), 32):
+        status, body, _ = await client.post("/retrieve", orjson.dumps({"queries": questions[lo:lo + 32], "k": K,
+                                                                       "method": method}))
+        if status != 200:
+            raise RuntimeError(f"service answered {status}: {body[:300]!r}")
+        for ranked in orjson.loads(body)["results"]:
+            ids.append([corpus_ids[d["id"]] for d in ranked])
+            scores.append([d["score"] for d in ranked])
+    await client.close()
+    return np.asarray(ids, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+
+
+def served_vs_torch(port: int, baselines: dict[str, Any], corpus_ids: dict[str, int], questions: list[str]
+                    ) -> dict[str, dict[str, float]]:
+    """recall@10 and identical top-10 lists of the served methods against the in-process torch baselines."""
+    out: dict[str, dict[str, float]] = {}
+    for method, baseline in baselines.items():
+        truth = baseline.batch_search(questions, K)
+        ids, scores = asyncio.run(_served_hits(port, method, questions, corpus_ids))
+        recall = float(np.mean([len(set(ids[i]) & set(truth.ids[i])) / K for i in range(len(questions))]))
+        # hybrid scores are RRF of ranks: equal ranks give equal scores, compared as such
+        same = same_top10(ids, scores, truth.ids, truth.scores, 1e-5)
+        out[method] = {"recall_at_10": round(recall, 4), "identical_top10": round(float(same.mean()), 4),
+                       "max_score_difference": float(np.abs(scores - truth.scores).max())}
+    return out
+
+
+def encoder_cpu_per_query(index: Any, pool: list[str], queries: int = 1024) -> dict[str, Any]:
+    """CPU milliseconds per query of the encoders alone, on one thread each (thread CPU time, which other load on
+    the machine barely moves, unlike wall-clock rates of multi-threaded torch): sentence-transformers' encode
+    (its defaults), Search-R1's one padded forward per batch, and the default ONNX Runtime encoder; the same
+    batches (consecutive questions of the pool, spread over all of it)."""
+    import torch
+
+    from services.retriever.dense import Encoder
+    from services.retriever.settings import EncoderSettings
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        onnx = Encoder(EncoderSettings(threads=1, onnx_dir=ONNX_DIR))
+        if onnx.onnx is None:
+            return {"skipped": f"the default backend serves torch here: {onnx.fallback}"}
+        encoders = {"torch": TorchDense(index).encode, "searchr1_encode": TorchDense(index, whole_batch=True).encode,
+                    "onnx": onnx.encode_queries}
+        out: dict[str, Any] = {}
+        for batch in (32, 256):
+            starts = np.linspace(0, len(pool) - batch, max(2, queries // batch)).astype(int)
+            batches = [pool[s:s + batch] for s in starts]
+            ms: dict[str, float] = {}
+            for name, encode in encoders.items():
+                encode(batches[0])  # warm
+                t0 = time.thread_time()
+                for queries_ in batches:
+                    encode(queries_)
+                ms[name] = round((time.thread_time() - t0) / sum(map(len, batches)) * 1e3, 3)
+            out[str(batch)] = {"ms_per_query": ms, "torch_over_onnx": round(ms["torch"] / ms["onnx"], 2),
+                               "searchr1_encode_over_onnx": round(ms["searchr1_encode"] / ms["onnx"], 2)}
+        onnx.onnx.close()
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
 def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: float, n_questions: int,
                      served: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     """Dense queries/s per encoder backend (in-process and served, batch 1 and 32) and recall@10 vs torch.
@@ -289,9 +438,9 @@ def main() -> None:
                         "--quick: 128)")
     parser.add_argument("--skip-ann", action="store_true")
     parser.add_argument("--skip-onnx", action="store_true", help="no encoder backend comparison")
-    parser.add_argument("--recall-questions", type=int, default=None, help="questions for recall@10 of the onnx "
-                        "backends against torch (default 300; --quick: 100)")
-    parser.add_argument("--build-backend", choices=["torch", "onnx"], default="torch",
+    parser.add_argument("--recall-questions", type=int, default=None, help="questions for recall@10 against torch "
+                        "(the served default, and the onnx backends; default 300; --quick: 100)")
+    parser.add_argument("--build-backend", choices=["auto", "torch", "onnx"], default="auto",
                         help="encoder backend that builds the full-corpus dense index when it is missing")
     parser.add_argument("--workers", type=int, default=int(os.environ.get("RETRIEVER_WORKERS", "1")),
                         help="service worker processes (RETRIEVER_WORKERS; default 1)")
@@ -303,6 +452,7 @@ def main() -> None:
     n_vectors = args.vectors or (20_000 if args.quick else 1_000_000)
 
     from services.retriever.bm25 import Bm25sRetriever
+    from services.retriever.corpus import Corpus
     from services.retriever.dense import DenseRetriever, Encoder, FaissIndex
     from services.retriever.fusion import HybridRetriever
     from services.retriever.settings import EncoderSettings, FaissSettings, RetrieverSettings
@@ -317,6 +467,7 @@ def main() -> None:
         os.environ["RETRIEVER_ENCODER__BACKEND"] = args.build_backend  # read by the build's settings only
         os.environ["RETRIEVER_ENCODER__ONNX_DIR"] = str(ONNX_DIR)
     ensure_indexes(bm25=["bm25s"], dense=build_dense)
+    load = os.getloadavg()[0]  # other work on the machine, before this run's own processes start
     os.environ.pop("RETRIEVER_ENCODER__BACKEND", None)  # the services below set their own
     notes: list[str] = []
     pool = [r.question for name in DATASETS for r in load_questions(name)]
@@ -340,7 +491,9 @@ def main() -> None:
 
     inprocess: dict[str, dict[str, float]] = {}
     service: dict[str, dict[str, float]] = {}
+    vs_torch: dict[str, Any] = {}
     peaks = []
+    n_questions = args.recall_questions or (100 if args.quick else 300)
     for names, corpus, index_dir in setups:
         if not names:
             continue
@@ -348,42 +501,93 @@ def main() -> None:
         # per core (not the service's setting, which --replicas runs may lower)
         bm25 = Bm25sRetriever(index_dir / "bm25s", threads=os.cpu_count() or 2)
         candidates: dict[str, Any] = {"bm25": bm25}
+        baselines: dict[str, Any] = {}  # plain torch, per dense method
         uses_dense = any(m in ("dense", "hybrid") for m in names)
         if uses_dense:
-            dense = DenseRetriever(Encoder(EncoderSettings()), FaissIndex(index_dir / "dense-flat", FaissSettings()))
+            index = FaissIndex(index_dir / "dense-flat", FaissSettings())
+            dense = DenseRetriever(Encoder(EncoderSettings()), index)  # the default backend, as served
             candidates["dense"] = dense
             candidates["hybrid"] = HybridRetriever(bm25, dense, depth=defaults.fusion_depth, rrf_k=defaults.rrf_k)
+            torch_dense = TorchDense(index)
+            baselines["dense"] = torch_dense
+            baselines["hybrid"] = HybridRetriever(bm25, torch_dense, depth=defaults.fusion_depth,
+                                                  rrf_k=defaults.rrf_k)
+            whole_batch = TorchDense(index, whole_batch=True)
         env = {"RETRIEVER_DENSE": "true" if uses_dense else "false", "RETRIEVER_WORKERS": str(args.workers)}
         with ExitStack() as replicas:
+            t0 = time.perf_counter()
             served_all = [replicas.enter_context(ServedRetriever(env, corpus=corpus, index_dir=index_dir))
                           for _ in range(args.replicas)]
             ports = [served.port for served in served_all]
+            log(f"service ready in {time.perf_counter() - t0:.1f} s (a first start exports the encoder to ONNX)")
+            if uses_dense:
+                served_details = orjson.loads(urlopen(f"{served_all[0].url}/version", timeout=10).read())["details"]
+                vs_torch["served_encoder_backend"] = served_details["encoder_backend"]
+                vs_torch["served_encoder_fallback"] = served_details["encoder_fallback"]
             for method in names:
                 inprocess[method], service[method] = {}, {}
+                baseline = baselines.get(method)
+                if baseline is not None:
+                    vs_torch[method] = {"service_qps": service[method], "torch_qps": {}, "ratio": {}}
+                    if method == "dense":
+                        vs_torch[method]["searchr1_encode_qps"] = {}
                 for b in BATCHES:
-                    ip, sv = [], []
-                    for _ in range(ROUNDS):
+                    ip, sv, tq, wb = [], [], [], []
+                    for _ in range(ROUNDS):  # interleaved: all see the same machine load
                         ip.append(_inprocess_rate(candidates[method], b, pool, seconds / ROUNDS))
+                        if baseline is not None:
+                            tq.append(_inprocess_rate(baseline, b, pool, seconds / ROUNDS))
+                        if method == "dense":
+                            wb.append(_inprocess_rate(whole_batch, b, pool, seconds / ROUNDS))
                         sv.append(asyncio.run(_service_rate(ports, method, b, pool, seconds / ROUNDS)))
                     inprocess[method][str(b)] = round(sum(ip) / ROUNDS, 1)
                     service[method][str(b)] = round(sum(sv) / ROUNDS, 1)
+                    if baseline is not None:
+                        vs_torch[method]["torch_qps"][str(b)] = round(sum(tq) / ROUNDS, 1)
+                        vs_torch[method]["ratio"][str(b)] = round(sum(sv) / sum(tq), 2)
+                    if wb:
+                        vs_torch[method]["searchr1_encode_qps"][str(b)] = round(sum(wb) / ROUNDS, 1)
+                        vs_torch[method].setdefault("ratio_searchr1_encode", {})[str(b)] = round(sum(sv) / sum(wb), 2)
                 log(f"in-process {method}: {inprocess[method]}")
                 log(f"service    {method}: {service[method]}")
+                if baseline is not None:
+                    log(f"torch      {method}: {vs_torch[method]['torch_qps']}, served / torch "
+                        f"{vs_torch[method]['ratio']}")
+                if method == "dense" and baseline is not None:
+                    log(f"torch, Search-R1's way (one padded forward per batch): "
+                        f"{vs_torch[method]['searchr1_encode_qps']}, served / that "
+                        f"{vs_torch[method]['ratio_searchr1_encode']}")
+            if baselines:
+                vs_torch["encoder_cpu_one_thread"] = encoder_cpu_per_query(index, pool)
+                log(f"encoders' CPU per query, one thread each: {vs_torch['encoder_cpu_one_thread']}")
+                corpus_ids = {doc_id: i for i, doc_id in enumerate(Corpus.load(corpus).ids)}
+                same = served_vs_torch(ports[0], {m: baselines[m] for m in names if m in baselines}, corpus_ids,
+                                       recall_questions(n_questions))
+                for method, figures in same.items():
+                    vs_torch[method].update(figures)
+                log(f"served default against torch: {same}")
             peaks.append(sum(served.peak_rss_mb() for served in served_all))
         for r in candidates.values():
             r.close()
-        del candidates, bm25
+        del candidates, bm25, baselines
     peak = round(max(peaks), 1)
     ratio = {m: round(service[m]["32"] / inprocess[m]["32"], 3) for m in service}
     log(f"ratio at batch 32: {ratio}, service peak RSS {peak} MB")
 
-    result: dict[str, Any] = {"service_qps": service, "inprocess_qps": inprocess, "ratio_b32": ratio,
+    if load > (os.cpu_count() or 1) * 0.5:
+        notes.append(f"measured with the machine loaded (1-minute load {load:.1f} before the run, on "
+                     f"{os.cpu_count()} CPUs): torch's "
+                     "multi-threaded encode slows far more under load than ONNX Runtime's single-threaded sessions, "
+                     "so the wall-clock ratios against torch overstate; rerun on a quiet machine "
+                     "(vs_torch.encoder_cpu_one_thread is CPU time, which load barely moves)")
+        log(notes[-1])
+    result: dict[str, Any] = {"service_qps": service, "load_average_1m": round(load, 2), "inprocess_qps": inprocess, "ratio_b32": ratio,
+                              "vs_torch": vs_torch, "recall_questions": n_questions,
                               "peak_rss_mb": peak, "status_429": dict(REFUSED), "replicas": args.replicas,
                               "workers": args.workers, "clients": CLIENTS, "k": K, "seconds_per_point": seconds,
                               "quick": args.quick, "notes": notes,
                               "dense_index_documents": sum(1 for _ in dense_corpus.open()) if wants_dense else None}
     if not args.skip_onnx:
-        n_questions = args.recall_questions or (100 if args.quick else 300)
         # --quick serves torch and onnx only (one service start less); int8 is measured in-process
         result["onnx"] = encoder_backends(dense_corpus, dense_index_dir, pool, seconds, n_questions,
                                           served=("torch", "onnx") if args.quick else BACKENDS)

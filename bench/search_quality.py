@@ -9,6 +9,14 @@ answer (`span_match`), averaged. matched: each policy's documents against naive 
 budget3 / budget5: the first 3 / 5 documents against naive top-3 / top-5; ci95: 95% bootstrap intervals over
 questions (2,000 resamples, fixed seed) for every figure and for the paired difference trained - naive.
 
+`--compact FOLDER` (and `--compact-warm FOLDER`) compares the compact policy instead, in-process over the
+retriever's own backends and the stack's indexes (bm25s and the MiniLM flat FAISS index, built when missing),
+per set (hotpotqa, 2wikimultihopqa, nq, popqa): naive bm25, dense and hybrid (RRF) top-n, the untrained
+MiniLM re-ranking the policy's own pool (cosine), and the policy as served (a BM25 + dense pool) and on a BM25
+pool alone; answer recall and all-supporting-passages recall at 3 and 5 documents (the policy's own n is 3:
+`budget3` is the matched comparison), with the same intervals; HotpotQA also split by its gold passages
+(full paragraphs, or only the supporting sentences as most are in combined.jsonl).
+
 Every finished search is appended to var/bench/search_quality/searches-<settings>.jsonl; a killed run started
 again with the same settings resumes (`--restart` discards, `--report` summarises a partial run).
 
@@ -30,6 +38,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -209,17 +219,32 @@ def _metric_block(rows: Sequence[dict[str, Any]], systems: Sequence[str], key: s
     return out
 
 
+FULL_PARAGRAPH_CHARS = 400
+"""A HotpotQA gold passage this long or longer counts as a full paragraph: in combined.jsonl most are only the
+supporting sentences (gold median ~170 characters, distractor paragraphs ~490; see ../shared/data/README.md)."""
+
+
 def compact_main(args: argparse.Namespace) -> None:
-    """The compact policy against naive BM25 top-n and the untrained MiniLM re-ranking the same pool, at 3 and
-    5 documents (the policy's own n is 3: `budget3` is the matched comparison), in-process over the
-    retriever's own bm25s backend; answer recall and all-supporting-passages recall with 95% intervals."""
+    """The compact policy against naive BM25, dense and hybrid top-n and the untrained MiniLM re-ranking the
+    policy's own pool, at 3 and 5 documents (the policy's own n is 3: `budget3` is the matched comparison),
+    in-process over the retriever's own backends and indexes (the stack's: `var/indexes/<corpus>-<sha256>`,
+    built when missing); answer recall and all-supporting-passages recall with 95% intervals. Each policy
+    is served as the searcher serves it: a BM25 + dense pool where it has the dense scorer; the last one is
+    also run on a BM25 pool alone (`<name>_bm25_pool`, its lexical scorer: a retriever without dense)."""
     from services.searcher.compact import CompactPolicy
+    from services.stack import index_dir_for
     from trainer.compact import IndexRetriever
 
     t0 = time.perf_counter()
     policies = {name: CompactPolicy.load(Path(folder)) for name, folder in
                 (("compact_warm", args.compact_warm), ("compact_rl", args.compact)) if folder}
-    retriever = IndexRetriever(CORPUS, VAR / "indexes")
+    retriever = IndexRetriever(CORPUS, index_dir_for(CORPUS, VAR), dense=not args.no_dense)
+    served = list(retriever.methods)
+    pools = {name: p.pool_methods(served, retriever.encoder) for name, p in policies.items()}
+    last = list(policies)[-1]
+    served_pool = pools[last] or []
+    if len(served_pool) > 1:
+        policies[f"{last}_bm25_pool"], pools[f"{last}_bm25_pool"] = policies[last], ["bm25"]
     encoder = None
     if not args.no_minilm:
         from sentence_transformers import SentenceTransformer
@@ -227,14 +252,19 @@ def compact_main(args: argparse.Namespace) -> None:
         from services.retriever.dense import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
-    pool_k = max(p.search_setting().get("retrieve_k", 30) for p in policies.values())
-    systems = ["naive_bm25", *(["minilm_rerank"] if encoder is not None else []), *policies]
-    result: dict[str, Any] = {"datasets": {}}
+    setting = policies[last].search_setting()
+    pool_k = setting.get("retrieve_k", 30)
+    naive_methods = [m for m in ("dense", "hybrid") if m in served]
+    systems = ["naive_bm25", *(f"naive_{m}" for m in naive_methods),
+               *(["minilm_rerank"] if encoder is not None else []), *policies]
 
     async def one(question: str, answers: Sequence[str], gold: frozenset[str]) -> dict[int, dict[str, Any]]:
-        pool = (await retriever.retrieve([question], pool_k, "bm25"))[0]
-        ranked: dict[str, list[Document]] = {"naive_bm25": pool}
-        if encoder is not None and pool:
+        ranked: dict[str, list[Document]] = {"naive_bm25": (await retriever.retrieve([question], pool_k, "bm25"))[0]}
+        for method in naive_methods:
+            ranked[f"naive_{method}"] = (await retriever.retrieve([question], pool_k, method))[0]
+        if encoder is not None:  # the policy's first pool (BM25, with the dense top-k when it uses one)
+            pool = list({d.id: d for m in (pools[last] or ["bm25"])
+                         for d in (await retriever.retrieve([question], pool_k, m))[0]}.values())
             vecs = encoder.encode([question] + [f"{d.title}\n{d.text}" for d in pool], normalize_embeddings=True,
                                   batch_size=32)
             order = sorted(range(len(pool)), key=lambda i: -float(vecs[0] @ vecs[i + 1]))
@@ -245,32 +275,59 @@ def compact_main(args: argparse.Namespace) -> None:
             for name, docs in ranked.items():
                 row[name] = _scores(docs[:budget], answers, gold)
             for name, policy in policies.items():
-                params = SearchParams(mode="s3", **{**policy.search_setting(), "select_k": budget})
+                params = SearchParams(mode="s3", method=args.compact_method, pool_methods=pools[name],
+                                      **{**policy.search_setting(), "select_k": budget})
                 outcome = await run_search(question, params, policy=policy, retriever=retriever)
                 row[name] = {**_scores(outcome.documents, answers, gold), "docs": len(outcome.documents),
                              "searches": len(outcome.queries)}
             out[budget] = row
         return out
 
+    def blocks(rows: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+        return {f"budget{b}": {"answer_recall": _metric_block(rows[b], systems, "hit"),
+                               "all_supporting": _metric_block(rows[b], systems, "all_gold")} for b in BUDGETS}
+
+    lengths = _gold_lengths()
     all_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
+    result: dict[str, Any] = {"datasets": {}}
     for name in args.datasets:
         gold = _supporting(name, args.n)
         items = [q for q in load_questions(name, args.n) if not is_yes_no(q.golden_answers)]
         rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
-        for q in items:
-            per = asyncio.run(one(q.question, q.golden_answers, gold.get(q.id, frozenset())))
+        by_kind: dict[str, dict[int, list[dict[str, Any]]]] = {}
+        for q in tqdm(items, desc=name, disable=args.quiet):
+            titles = gold.get(q.id, frozenset())
+            per = asyncio.run(one(q.question, q.golden_answers, titles))
+            kind = "full_paragraph" if titles and all(lengths.get(t, 0) >= FULL_PARAGRAPH_CHARS for t in titles) \
+                else "short_extract"
             for b in BUDGETS:
                 rows[b].append(per[b])
                 all_rows[b].append(per[b])
-        result["datasets"][name] = {"n": len(items), **{
-            f"budget{b}": {"answer_recall": _metric_block(rows[b], systems, "hit"),
-                           "all_supporting": _metric_block(rows[b], systems, "all_gold")} for b in BUDGETS}}
+                by_kind.setdefault(kind, {c: [] for c in BUDGETS})[b].append(per[b])
+        result["datasets"][name] = {"n": len(items), **blocks(rows)}
+        if name == "hotpotqa":
+            result["datasets"][name]["by_gold_passage"] = {
+                kind: {"n": len(r[3]), **blocks(r)} for kind, r in sorted(by_kind.items())}
         log(f"{name}: {json.dumps(result['datasets'][name]['budget3']['answer_recall'])}")
     result["all"] = {f"budget{b}": {"answer_recall": _metric_block(all_rows[b], systems, "hit")} for b in BUDGETS}
     result["settings"] = {"n_per_set": args.n, "yes_no": "left out", "pool_k": pool_k, "retriever": "bm25s",
+                          "dense": retriever.encoder, "pool_methods": pools, "compact_method": args.compact_method,
+                          "full_paragraph_chars": FULL_PARAGRAPH_CHARS,
                           "policies": {k: p.model for k, p in policies.items()},
                           "seconds": round(time.perf_counter() - t0, 1)}
     print(json.dumps(result))
+
+
+def _gold_lengths() -> dict[str, int]:
+    """The length of each HotpotQA passage title's longest passage in the corpus (for the full-paragraph
+    split: a title whose passages are all short is an extract)."""
+    out: dict[str, int] = {}
+    with CORPUS.open(encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            if str(row.get("id", "")).startswith("hotpotqa-"):
+                out[row["title"]] = max(out.get(row["title"], 0), len(row.get("text", "")))
+    return out
 
 
 def _scores(docs: Sequence[Document], answers: Sequence[str], gold: frozenset[str]) -> dict[str, float]:
@@ -294,6 +351,11 @@ def main() -> None:
                         "top-n and the untrained MiniLM re-ranker instead of the LLM policies")
     parser.add_argument("--compact-warm", help="the compact policy after its warm start only")
     parser.add_argument("--no-minilm", action="store_true", help="--compact: skip the MiniLM re-ranker")
+    parser.add_argument("--no-dense", action="store_true", help="--compact: no dense index (naive dense and hybrid "
+                        "left out, the policies on BM25 pools)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--compact-method", choices=["bm25", "dense", "hybrid"], default=None,
+                        help="--compact: the retrieval method the policies search with (default bm25, as trained)")
     args = parser.parse_args()
     if args.compact:
         if args.datasets == list(DATASETS):

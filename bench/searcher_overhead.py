@@ -8,9 +8,15 @@ one search alone (median of 7) vs 64 at once (median of 5 bursts, after an unmea
 `concurrency_slowdown_64` = t(64) / t(1), <= 2 means no serialisation. `searcher_cpu_ms_per_search`: the
 searcher's CPU per search in those bursts; `cpu_bound_slowdown_64` = max(t(1), 64 x that) / t(1), what one
 busy core forces without any serialisation (a slowdown close to it is CPU-bound). `loop_only_slowdown_64`: the
-same on the loop alone, in-process, no HTTP.
+same on the loop alone, in-process, no HTTP. 3. Tracing (`--tracing`, on by default): the searcher restarted
+with tracing off (no OTEL_* variable: the default) and on (OTLP to a sink defined here that counts the spans),
+alternately, rounds of searches at 1 and 16 concurrent clients each: its CPU per search, searches/s at 16
+and the mean search at 1 for both, `cpu_ms_per_search_on_minus_off` (what tracing on costs a search) and
+`spans_per_search`; `off_path_us_per_search`: what the instrumentation costs with tracing off, measured
+directly (the no-op's time per call, in-process, times the spans a search makes).
 
-Final line: {"overhead_ms_p50", "overhead_ms_p99", "throughput": {"1", "16", "64"}, "concurrency_slowdown_64", ...}
+Final line: {"overhead_ms_p50", "overhead_ms_p99", "throughput": {"1", "16", "64"}, "concurrency_slowdown_64",
+..., "tracing": {"off": {...}, "on": {...}, "cpu_ms_per_search_on_minus_off", "off_path_us_per_search", ...}}
 """
 
 from __future__ import annotations
@@ -56,6 +62,27 @@ def serve_fake_retriever(port: int) -> None:
     uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def serve_otlp_sink(port: int) -> None:
+    """`POST /v1/traces` (OTLP/HTTP, protobuf): counts the spans and drops them; `GET /count` says how many."""
+    import orjson
+    import uvicorn
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from tests.support.fake_llm import bare
+
+    spans = 0
+
+    async def answer(method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        nonlocal spans
+        if path == "/v1/traces" and method == "POST":
+            request = ExportTraceServiceRequest.FromString(body)
+            spans += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+            return 200, "application/x-protobuf", b""
+        return 200, "application/json", orjson.dumps({"spans": spans})
+
+    uvicorn.run(bare(answer), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
 class Servers(ProcessGroup):
     """Fake LLM + fake retriever + searcher; `start_llm` (re)starts the fake LLM with a latency."""
 
@@ -73,7 +100,16 @@ class Servers(ProcessGroup):
         self.stop("llm")
         self.up(fake_llm_spec(self.llm_port, latency_ms), timeout_s=30)
 
-    def start_searcher(self) -> str:
+    def start_sink(self) -> str:
+        """The OTLP sink the searcher exports to with tracing on; returns its URL."""
+        port = free_port()
+        self.up(ProcessSpec("otlp-sink", [sys.executable, __file__, "--serve-otlp-sink", str(port)],
+                            ready_url=f"http://127.0.0.1:{port}/count"), timeout_s=30)
+        return f"http://127.0.0.1:{port}"
+
+    def start_searcher(self, extra_env: dict[str, str] | None = None) -> str:
+        """(Re)start the searcher; `extra_env`: more variables (the OTEL_* ones of tracing on)."""
+        self.stop("searcher")
         env = {
             "SEARCHER_PORT": str(self.searcher_port),
             "SEARCHER_RETRIEVER__URL": f"http://127.0.0.1:{self.retriever_port}",
@@ -83,6 +119,7 @@ class Servers(ProcessGroup):
             "SEARCHER_CACHE_ENABLED": "false",
             "SEARCHER_LOG_LEVEL": "warning",
             "SEARCHER_WORKERS": str(self.workers),
+            **(extra_env or {}),
         }
         url = f"http://127.0.0.1:{self.searcher_port}"
         self.up(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
@@ -168,7 +205,86 @@ async def loop_only_slowdown(latency_s: float, repeats: int) -> float:
     return t64 / t1
 
 
-async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
+def off_path_ns_per_call(calls: int = 200_000) -> float:
+    """Nanoseconds one instrumented step costs with tracing off (set up, off: every service's default): a
+    `span()` with attributes, entered and left, in-process."""
+    from services.common import tracing
+
+    assert tracing.setup_tracing("bench") is False, "tracing is on in this process: unset the OTEL_* variables"
+    t0 = time.perf_counter_ns()
+    for i in range(calls):
+        with tracing.span("searcher.retrieve", {"plugsearch.turn": i, "plugsearch.k": 8}) as span:
+            span.set_attribute("plugsearch.documents", 8)
+    return (time.perf_counter_ns() - t0) / calls
+
+
+async def tracing_rounds(servers: Servers, quick: bool) -> dict[str, object]:
+    """The searcher with tracing off and on, alternately (off, on, off, on ...): CPU per search, searches/s
+    at 16 clients, the mean search at 1 client; the sink's spans per traced search."""
+    sink = servers.start_sink()
+    traced_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    rounds = 2 if quick else 4
+    singles, burst = (20, 64) if quick else (100, 320)
+    results: dict[str, dict[str, list[float]]] = {k: {"cpu": [], "c16": [], "c1": [], "ov": []} for k in ("off", "on")}
+    spans = 0.0
+
+    def count() -> int:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{sink}/count", timeout=10) as response:  # noqa: S310 - the sink, loopback
+            return int(json.loads(response.read())["spans"])
+
+    for r in range(rounds):
+        for name, env in (("off", None), ("on", traced_env)):
+            before = await asyncio.to_thread(count)  # every span of this searcher's life (warm-up included)
+            url = servers.start_searcher(env)
+            await run_searches(url, 8, 4, f"warm-{name}{r}")
+            cpu0 = tree_cpu_seconds(servers.procs["searcher"].pid)
+            wall1, ov1 = await run_searches(url, singles, 1, f"t1-{name}{r}")
+            wall16, ov16 = await run_searches(url, burst, 16, f"t16-{name}{r}")
+            cpu = tree_cpu_seconds(servers.procs["searcher"].pid) - cpu0
+            results[name]["cpu"].append(cpu * 1000 / (singles + burst))
+            results[name]["c1"].append(wall1 * 1000 / singles)
+            results[name]["c16"].append(burst / wall16)
+            results[name]["ov"].extend(ov1 + ov16)
+            if name == "on":
+                servers.stop("searcher")  # exports what it still holds on the way out
+                spans += await asyncio.to_thread(count) - before
+            print(f"tracing {name}, round {r}: {results[name]['cpu'][-1]:.2f} ms CPU per search, "
+                  f"{results[name]['c16'][-1]:.1f}/s at 16, {results[name]['c1'][-1]:.2f} ms at 1", file=sys.stderr)
+    servers.stop("otlp-sink")
+
+    def summary(name: str) -> dict[str, float]:
+        v = results[name]
+        return {"cpu_ms_per_search": round(statistics.median(v["cpu"]), 3),
+                "throughput_16": round(statistics.median(v["c16"]), 1),
+                "search_ms_at_1": round(statistics.median(v["c1"]), 3),
+                "overhead_ms_p50": round(percentile(v["ov"], 0.5), 3)}
+
+    off, on = summary("off"), summary("on")
+    spans_per_search = spans / (rounds * (singles + burst + 8))
+    off_ns = off_path_ns_per_call()
+    return {
+        "off": off, "on": on, "rounds": rounds,
+        "cpu_ms_per_search_on_minus_off": round(on["cpu_ms_per_search"] - off["cpu_ms_per_search"], 3),
+        "cpu_on_over_off": round(on["cpu_ms_per_search"] / off["cpu_ms_per_search"], 3),
+        "throughput_16_on_over_off": round(on["throughput_16"] / off["throughput_16"], 3),
+        "spans_per_search": round(spans_per_search, 1),
+        "off_path_ns_per_span": round(off_ns, 1),
+        "off_path_us_per_search": round(off_ns * spans_per_search / 1000, 2),
+        "off_path_share_of_cpu": round(off_ns * spans_per_search / 1e6 / off["cpu_ms_per_search"], 5),
+    }
+
+
+async def tracing_only(quick: bool, workers: int) -> dict[str, object]:
+    with Servers(workers) as servers:
+        servers.start_llm(0)
+        traced = await tracing_rounds(servers, quick)
+    return {"tracing": traced, "searcher_workers": workers, "load_average_1m": round(os.getloadavg()[0], 2),
+            "quick": quick}
+
+
+async def main_async(quick: bool, workers: int = 1, with_tracing: bool = True) -> dict[str, object]:
     with Servers(workers) as servers:
         servers.start_llm(0)
         url = servers.start_searcher()
@@ -193,6 +309,10 @@ async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
         t64 = statistics.median([(await run_searches(url, 64, 64, f"burst{i}"))[0] for i in range(bursts)])
         cpu_per_search = (tree_cpu_seconds(servers.procs["searcher"].pid) - cpu0) / (64 * bursts)
         print(f"latency 50 ms: one search {t1 * 1000:.0f} ms, 64 at once {t64 * 1000:.0f} ms", file=sys.stderr)
+        traced: dict[str, object] | None = None
+        if with_tracing:
+            servers.start_llm(0)
+            traced = await tracing_rounds(servers, quick)
     loop_slowdown = await loop_only_slowdown(0.05, 3)
     return {
         "overhead_ms_p50": round(percentile(overheads, 0.5), 3),
@@ -209,6 +329,7 @@ async def main_async(quick: bool, workers: int = 1) -> dict[str, object]:
         "searcher_workers": workers,
         "retriever": "fake retriever server (synthetic documents, no index)",
         "quick": quick,
+        "tracing": traced,
     }
 
 
@@ -216,12 +337,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer searches (< 1 minute)")
     parser.add_argument("--workers", type=int, default=1, help="searcher worker processes (SEARCHER_WORKERS)")
+    parser.add_argument("--no-tracing", action="store_true", help="skip the tracing off / on rounds")
+    parser.add_argument("--tracing-only", action="store_true", help="only the tracing off / on rounds")
     parser.add_argument("--serve-fake-retriever", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-otlp-sink", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fake_retriever:
         serve_fake_retriever(args.serve_fake_retriever)
         return
-    result = asyncio.run(main_async(args.quick, args.workers))
+    if args.serve_otlp_sink:
+        serve_otlp_sink(args.serve_otlp_sink)
+        return
+    if any(name.startswith("OTEL_") for name in os.environ):
+        sys.exit("unset the OTEL_* variables: the searcher's tracing is switched by this bench")
+    if args.tracing_only:
+        result = asyncio.run(tracing_only(args.quick, args.workers))
+    else:
+        result = asyncio.run(main_async(args.quick, args.workers, not args.no_tracing))
     print(json.dumps(result))
 
 

@@ -49,7 +49,7 @@ while IFS= read -r line; do
   done
 done < <(${PYTHON:-python3} -m pip config list 2>/dev/null | sort -u)
 extras=()
-for extra in retriever onnx milvus llm generator mcp train test; do extras+=(--extra "$extra"); done
+for extra in retriever onnx milvus llm generator mcp train test otel langchain llamaindex haystack dspy; do extras+=(--extra "$extra"); done
 echo "[lock] uv pip compile ${UPGRADE[*]} -> $OUT/all.txt"
 start=$(date +%s)
 "$TOOLS/bin/uv" pip compile -q "${UPGRADE[@]}" --generate-hashes "${extras[@]}" \

@@ -22,12 +22,13 @@ import tomllib
 from pathlib import Path
 
 # image lock -> the extras its image installs (docker/Dockerfile); the CPU torch comes from torch.txt
+# (otel: the tracing SDK and exporter in every image that runs a service or the trainer; off until OTEL_* says)
 IMAGES: dict[str, list[str]] = {
-    "core": [],  # searcher, judge
-    "generator": ["generator"],
-    "retriever": ["retriever", "onnx"],  # retriever, retriever-gpu (+ faiss-gpu)
+    "core": ["otel"],  # searcher, judge, plugsearch-collector
+    "generator": ["generator", "otel"],
+    "retriever": ["retriever", "onnx", "otel"],  # retriever, retriever-gpu (+ faiss-gpu)
     "llm": ["llm"],
-    "train": ["train"],
+    "train": ["train", "otel"],
 }
 SELF = "plugsearch"
 

@@ -1,7 +1,8 @@
 """`plugsearch-stack`: the whole local stack as supervised processes (the README's first command).
 
 Redis (when `redis-server` is on PATH, else the services' in-process caches), llama.cpp with SmolLM2, the
-retriever (its BM25 index built into `var/indexes/` on first run), the generator, the judge and the searcher,
+retriever (its BM25 index, and the MiniLM dense index the compact searcher's pool uses, built into
+`var/indexes/` on first run), the generator, the judge and the searcher,
 each as `python -m services.<svc>` with the `<SVC>_*` settings the containers use, as one `ProcessGroup`: logs
 prefixed with the service name, one process dying stops the others, Ctrl-C (SIGINT) or SIGTERM stops
 everything. Once every readiness check passes, it prints the URL and a ready-to-copy `curl` for `POST /search`.
@@ -164,6 +165,9 @@ class StackOptions:
     """Serve this trained searcher (its own llama.cpp process with the adapter); None = the base policy."""
     compact: CompactPolicy | None = None
     """Serve this compact policy (in the searcher's process); wins over `trained`."""
+    dense: bool = False
+    """The retriever also serves dense search (MiniLM + FAISS flat; its index built on first run): the compact
+    policy's pool takes the dense top-k beside BM25's, and `method` dense / hybrid are served."""
     api_key: str | None = None
     internal_token: str = field(default_factory=lambda: secrets.token_hex(24))
     redis_password: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
@@ -228,7 +232,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     token = options.internal_token
     answering = {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}
     specs.append(service("retriever", {"CORPUS": str(options.corpus), "INDEX_DIR": str(options.index_dir),
-                                       "INTERNAL_TOKEN": token}))
+                                       "INTERNAL_TOKEN": token, **retriever_indexes(options)}))
     specs.append(service("generator", answering))
     specs.append(service("judge", answering))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
@@ -266,9 +270,15 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     return specs
 
 
+def retriever_indexes(options: StackOptions) -> dict[str, str]:
+    """The retriever's index settings (without the `RETRIEVER_` prefix), the same for its build and its service."""
+    return {"DENSE": "true", "FAISS__INDEX_TYPE": "flat"} if options.dense else {}
+
+
 def index_command(options: StackOptions) -> tuple[list[str], dict[str, str]]:
     """`plugsearch-index build` for the retriever's settings (a no-op when the index is up to date)."""
-    env = {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir)}
+    env = {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir),
+           **{f"RETRIEVER_{k}": v for k, v in retriever_indexes(options).items()}}
     return [sys.executable, "-m", "services.retriever.cli", "build"], env
 
 
@@ -311,6 +321,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): compact "
                         "when its recorded evaluation beat naive top-k, else trained when its evaluation beat the "
                         "untrained policy, else base")
+    parser.add_argument("--dense", choices=["auto", "on", "off"], default="auto",
+                        help="the retriever's dense index (MiniLM + FAISS flat, built on the first run: minutes "
+                        "on 2 cores): auto (default) when the served compact policy scores a dense pool, on, off "
+                        "(BM25 alone: a faster first start; the compact policy then scores with its lexical scorer)")
     parser.add_argument("--chat", action="store_true",
                         help="serve the OpenAI-compatible answering proxy (POST /v1/chat/completions) on the "
                         "stack's LLM, with its key; SEARCHER_CHAT__* settings still apply")
@@ -385,9 +399,15 @@ def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder
     return trained
 
 
+def serve_dense(setting: str, compact: CompactPolicy | None) -> bool:
+    """`--dense`: on, off, or auto: when the served compact policy scores a dense pool."""
+    return setting == "on" or (setting == "auto" and compact is not None and compact.has_dense)
+
+
 def _run_index_build(options: StackOptions, group: ProcessGroup) -> None:
     argv, env = index_command(options)
-    group.say(f"index: {options.index_dir} (corpus {options.corpus}); builds once, then reuses it")
+    group.say(f"index: {options.index_dir} (corpus {options.corpus}); {'BM25 and dense (MiniLM)' if options.dense else 'BM25'}"
+              ": builds once, then reuses it")
     t0 = time.monotonic()
     code = group.run(ProcessSpec("index", argv, env=env))
     if code != 0:
@@ -441,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
                                compact=compact, trained=None if compact is not None else _trained_policy(args, say),
+                               dense=serve_dense(args.dense, compact),
                                api_key=args.api_key, log_level=args.log_level, chat=args.chat,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
         _run_index_build(options, group)

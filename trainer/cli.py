@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.common import tracing
 from services.common.answers import is_yes_no
 from services.common.logging import configure_logging
-from services.stack import default_llm_threads
+from services.stack import default_llm_threads, index_dir_for
 from trainer import recipe as local
 from trainer.baseline import BaselineConfig, BaselineStore, ensure_baselines
 from trainer.data import (
@@ -465,20 +466,23 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
         datasets=tuple(args.datasets), per_dataset=args.per_dataset, dev_per_dataset=args.dev_per_dataset,
         retrieve_k=args.retrieve_k, select_k=args.select_k, max_turns=args.max_turns, warm_epochs=args.warm_epochs,
         rl_steps=args.steps, questions_per_step=args.questions_per_step, group=args.group, rl_lr=args.lr,
-        temperature=args.temperature, seed=args.seed)
+        temperature=args.temperature, seed=args.seed, dense=not args.no_dense)
     train, dev = compact.load_items(data, config)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus = Path(args.corpus) if args.corpus else data / "corpus" / "combined.jsonl"
     t0 = time.perf_counter()
-    retriever = compact.IndexRetriever(corpus, Path(args.index_dir))
+    index_dir = Path(args.index_dir) if args.index_dir else index_dir_for(corpus, Path("var"))
+    retriever = compact.IndexRetriever(corpus, index_dir, dense=config.dense, progress=not args.quiet)
     record = {"command": "plugsearch-train " + " ".join(args.argv), "config": compact.config_dict(config),
               "rows": f"{config.offset}..{config.offset + config.per_dataset + config.dev_per_dataset - 1} of "
                       f"{', '.join(config.datasets)} (yes/no dropped); the last {config.dev_per_dataset} of each "
                       "set held out as the RL stage's dev check",
               "train_questions": len(train), "dev_questions": len(dev), "corpus": corpus.name}
     search = {"mode": "s3", "retrieve_k": config.retrieve_k, "select_k": config.select_k,
-              "max_turns": config.max_turns, "method": "bm25"}
+              "max_turns": config.max_turns, "method": "bm25", "pool_methods": config.search_params().pool_methods}
+    if retriever.encoder is not None:
+        record["dense"] = {"encoder": retriever.encoder, "index": "flat (exact)"}
     warm_dir = out / "warmstart"
     if (warm_dir / "manifest.json").is_file() and not args.no_resume:
         warm = CompactPolicy.load(warm_dir)
@@ -610,10 +614,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compact", help="the compact CPU searcher policy: supervised warm start, then RL with the "
                        "GBR reward, in the search environment (resumable)")
     c.add_argument("--datasets", nargs="+", default=["nq", "hotpotqa", "2wikimultihopqa", "popqa"])
-    c.add_argument("--per-dataset", type=int, default=700, help="training rows per set, from row 200 on")
+    c.add_argument("--per-dataset", type=int, default=750, help="training rows per set, from row 200 on")
     c.add_argument("--dev-per-dataset", type=int, default=50, help="rows after those, held out to watch RL")
     c.add_argument("--corpus", help="JSONL corpus (default: $PLUGSEARCH_DATA/corpus/combined.jsonl)")
-    c.add_argument("--index-dir", default="var/indexes", help="where the BM25 index is built once")
+    c.add_argument("--index-dir", default=None, help="the corpus's index folder, built once when missing (default: "
+                   "plugsearch-stack's, var/indexes/<corpus>-<sha256>)")
+    c.add_argument("--no-dense", action="store_true", help="BM25 pools only: no dense block, no dense scorer")
     c.add_argument("--retrieve-k", type=int, default=30, help="documents per retrieval (the pool)")
     c.add_argument("--select-k", type=int, default=3, help="documents returned")
     c.add_argument("--max-turns", type=int, default=2, help="follow-up searches at most")
@@ -652,6 +658,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(TrainerSettings().log_level, service="trainer")
+    tracing.setup_tracing("trainer")  # off unless OTEL_* variables switch it on
     result = args.func(args)
     print(json.dumps(result, default=str))
     sys.stdout.flush()

@@ -4,8 +4,10 @@ serves.
 
 - Warm start: for every training question the environment is driven by a demonstrator that knows the
   labels (a follow-up query is good when its retrieval brings a new document that is a supporting passage
-  or holds a gold answer); the document scorer learns those labels on the pools it saw (binary
-  cross-entropy), the query chooser the demonstrator's choices (softmax cross-entropy).
+  or holds a gold answer); the document scorers learn those labels on the pools it saw (binary
+  cross-entropy): the `dense` scorer on the whole pool (BM25 and dense blocks, with the dense evidence), the
+  `lexical` scorer on the same search without its dense block (what it is served on when the retriever has
+  no dense index); the query chooser learns the demonstrator's choices (softmax cross-entropy).
 - RL: groups of sampled searches per question (queries from the candidates' softmax, the selection by
   Plackett-Luce), reward `recall` (GBR without an LLM: hit(selected documents) - hit(naive top-n at the same
   n), GenAcc's span check) or `gbr` (generator + judge GenAcc through the services, `--local`); the
@@ -35,16 +37,22 @@ from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
 from services.searcher.compact import (
     CANDIDATE_FEATURES,
+    DENSE,
+    DENSE_FEATURES,
+    DENSE_PREFIX,
+    DENSE_SCORER,
     DOC_FEATURES,
+    LEXICAL_SCORER,
     CompactPolicy,
     Decision,
     QuestionInfo,
     candidates,
+    dense_features,
     doc_features,
     pool_of,
     softmax,
 )
-from services.searcher.env import Action, RetrieverBackend, SearchEnv
+from services.searcher.env import Action, InfoBlock, RetrieverBackend, SearchEnv
 from trainer.data import QAItem, append_durable, load_qa, qa_path, read_jsonl
 from trainer.rewards import documents_hit
 from trainer.upstreams import QAServices
@@ -60,7 +68,7 @@ FIRST_TRAIN_ROW = 200
 class CompactConfig:
     datasets: tuple[str, ...] = TRAIN_SETS
     offset: int = FIRST_TRAIN_ROW
-    per_dataset: int = 600
+    per_dataset: int = 750
     dev_per_dataset: int = 50
     """The last this many of each set's training rows are held out to watch the RL stage (never trained on)."""
     retrieve_k: int = 30
@@ -76,10 +84,12 @@ class CompactConfig:
     temperature: float = 1.0
     save_every: int = 10
     seed: int = 0
+    dense: bool = True
+    """The pool adds the dense retriever's top `retrieve_k` (the `dense` scorer is trained and RL runs with it)."""
 
     def search_params(self) -> SearchParams:
         return SearchParams(mode="s3", retrieve_k=self.retrieve_k, select_k=self.select_k, max_turns=self.max_turns,
-                            method="bm25")
+                            method="bm25", pool_methods=["bm25", DENSE] if self.dense else ["bm25"])
 
 
 @dataclass
@@ -119,33 +129,42 @@ def load_items(data_dir: Path, config: CompactConfig) -> tuple[list[LabeledItem]
 
 # ------------------------------------------------------------------------------------------ retrieval
 class IndexRetriever:
-    """The retriever's own BM25 backend (bm25s, the stack's default) in-process, memoised per query: the
-    same documents the service returns, without HTTP in the training loop."""
+    """The retriever service's own indexes and backends in-process, memoised per query: the same documents the
+    service returns, without HTTP in the training loop. The indexes are the stack's (`index_dir`, by default
+    `var/indexes/<corpus>-<sha256>`, as `plugsearch-stack` names it): bm25s, and with `dense` the encoder's flat
+    FAISS index (`RETRIEVER_ENCODER__*`, default MiniLM), built by `plugsearch-index build`'s code when missing.
+    Methods: bm25, and with `dense` dense and hybrid (RRF)."""
 
-    def __init__(self, corpus_path: Path, index_dir: Path) -> None:
-        from services.retriever.bm25 import Bm25sRetriever, build_bm25s
-        from services.retriever.corpus import Corpus, file_checksum
-        from services.retriever.manifest import Manifest
+    def __init__(self, corpus_path: Path, index_dir: Path, *, dense: bool = False, progress: bool = True) -> None:
+        from services.retriever.cli import build
+        from services.retriever.fusion import HybridRetriever
+        from services.retriever.serving import RetrieverService, check_indexes
+        from services.retriever.settings import RetrieverSettings
 
-        checksum = file_checksum(corpus_path)
-        folder = index_dir / f"compact-train-bm25s-{checksum[:16]}"
-        self.corpus = Corpus.load(corpus_path, checksum=checksum)
-        try:
-            Manifest.read(folder)
-        except Exception:  # noqa: BLE001 - missing or unreadable: build it
-            build_bm25s(self.corpus, folder, show_progress=False)
-        self.backend = Bm25sRetriever(folder, threads=1)
-        self._memo: dict[tuple[str, int], list[Document]] = {}
+        settings = RetrieverSettings(corpus=corpus_path, index_dir=index_dir, bm25=True, bm25_backend="bm25s",
+                                     dense=dense, dense_backend="faiss")
+        settings.faiss.index_type = "flat"
+        build(settings, bm25=["bm25s"], dense=dense, force=False, show_progress=progress)
+        self.service = RetrieverService.load(settings, check_indexes(settings))
+        self.methods = dict(self.service.retrievers)
+        if dense:
+            self.methods["hybrid"] = HybridRetriever(self.methods["bm25"], self.methods["dense"],
+                                                     depth=settings.fusion_depth, rrf_k=settings.rrf_k)
+        self.encoder: str | None = settings.encoder.name if dense else None
+        """The dense encoder (what a policy's dense scorer is trained with), None without dense."""
+        self._memo: dict[tuple[str, int, str], list[Document]] = {}
 
     async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
-        missing = [q for q in dict.fromkeys(queries) if (q, k) not in self._memo]
+        name = method or "bm25"
+        backend = self.methods.get(name)
+        if backend is None:
+            raise ValueError(f"method {name!r} is not loaded here (have {sorted(self.methods)})")
+        missing = [q for q in dict.fromkeys(queries) if (q, k, name) not in self._memo]
         if missing:
-            hits = self.backend.batch_search(missing, k)
-            c = self.corpus
-            for i, q in enumerate(missing):
-                self._memo[(q, k)] = [Document(id=c.ids[d], title=c.titles[d], text=c.texts[d], score=float(s))
-                                      for d, s in hits.per_query(i)]
-        return [self._memo[(q, k)] for q in queries]
+            found = self.service.documents(backend.batch_search(missing, k))
+            for q, docs in zip(missing, found, strict=True):
+                self._memo[(q, k, name)] = [Document.model_construct(**d) for d in docs]
+        return [self._memo[(q, k, name)] for q in queries]
 
 
 # ------------------------------------------------------------------------------------------ episodes
@@ -155,6 +174,7 @@ class Step:
     cand_x: np.ndarray | None
     choice: int | None
     selected: list[int]
+    scorer: str = LEXICAL_SCORER
 
 
 @dataclass
@@ -172,22 +192,47 @@ async def run_episode(policy: CompactPolicy, item: LabeledItem, retriever: Retri
     steps: list[Step] = []
     while not env.done:
         d: Decision = policy.decide(env, rng=rng, temperature=temperature)
-        steps.append(Step(d.doc_x, d.cand_x, d.choice, d.selected))
+        steps.append(Step(d.doc_x, d.cand_x, d.choice, d.selected, d.scorer))
         await env.act(d.action)
     return Episode(item, steps, list(env.documents()))
 
 
-async def demonstrate(item: LabeledItem, retriever: RetrieverBackend, params: SearchParams
-                      ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, list[int]]]]:
+@dataclass
+class Demonstration:
+    """What the warm start learns from one demonstrated search: per scorer, the final pool's features and
+    labels (`dense` only when the search had a dense block), and each query choice's (candidate features,
+    good rows)."""
+
+    pools: dict[str, tuple[np.ndarray, np.ndarray]]
+    choices: list[tuple[np.ndarray, list[int]]]
+
+
+def _labelled(item: LabeledItem, question: QuestionInfo, blocks: Sequence[InfoBlock]
+              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The pool's features and labels for each scorer: `lexical` without the dense block, `dense` with it."""
+    out = {}
+    lexical = [b for b in blocks if b.method != DENSE]
+    for scorer, these in ((LEXICAL_SCORER, lexical), (DENSE_SCORER, blocks)):
+        pool = pool_of(these)
+        x = doc_features(question, pool)
+        if scorer == DENSE_SCORER:
+            dense_x = dense_features(pool, these)
+            if dense_x is None:
+                continue
+            x = np.concatenate([x, dense_x], axis=1)
+        out[scorer] = (x, np.array([float(item.positive(p.doc)) for p in pool], dtype=np.float32))
+    return out
+
+
+async def demonstrate(item: LabeledItem, retriever: RetrieverBackend, params: SearchParams) -> Demonstration:
     """The warm start's demonstrator in the environment: candidates ranked as the untrained policy would
-    (BM25 order), a follow-up query taken when its retrieval brings a new positive document (else stop).
-    Returns the final pool's features and labels, and each choice's (candidate features, good rows)."""
+    (BM25 order), a follow-up query taken when its retrieval brings a new positive document (else stop)."""
     env = SearchEnv(item.item.question, params, retriever)
     await env.reset()
     question = QuestionInfo.of(item.item.question)
     choices: list[tuple[np.ndarray, list[int]]] = []
     while env.can_search and not env.done:
-        pool = pool_of([b.documents for b in env.blocks])
+        pool = pool_of(env.blocks)
         if not pool:
             break
         doc_x = doc_features(question, pool)
@@ -201,89 +246,114 @@ async def demonstrate(item: LabeledItem, retriever: RetrieverBackend, params: Se
         if not good:
             break
         await env.act(Action("search", query=cands[good[0]].query))
-    pool = pool_of([b.documents for b in env.blocks])
-    doc_x = doc_features(question, pool)
-    labels = np.array([float(item.positive(p.doc)) for p in pool], dtype=np.float32)
-    return doc_x, labels, choices
+    return Demonstration(_labelled(item, question, env.blocks), choices)
 
 
 # ------------------------------------------------------------------------------------------ the model
-def _torch_model(hidden: tuple[int, int], weights: dict[str, np.ndarray] | None = None) -> Any:
+SCORER_FEATURES = {LEXICAL_SCORER: len(DOC_FEATURES), DENSE_SCORER: len(DOC_FEATURES) + len(DENSE_FEATURES)}
+SCORER_PREFIX = {LEXICAL_SCORER: "", DENSE_SCORER: DENSE_PREFIX}
+
+
+def _torch_model(hidden: tuple[int, int], scorers: Sequence[str], weights: dict[str, np.ndarray] | None = None
+                 ) -> Any:
+    """One MLP per document scorer (`lexical`, `dense`) and the query head `qv`, optionally from weights."""
     import torch
 
-    n, q = len(DOC_FEATURES), len(CANDIDATE_FEATURES)
-    mlp = torch.nn.Sequential(torch.nn.Linear(n, hidden[0]), torch.nn.ReLU(), torch.nn.Linear(hidden[0], hidden[1]),
-                              torch.nn.ReLU(), torch.nn.Linear(hidden[1], 1))
-    qv = torch.nn.Parameter(torch.zeros(q))
-    model = torch.nn.ModuleDict({"mlp": mlp})
+    def mlp(n: int) -> Any:
+        return torch.nn.Sequential(torch.nn.Linear(n, hidden[0]), torch.nn.ReLU(), torch.nn.Linear(hidden[0], hidden[1]),
+                                   torch.nn.ReLU(), torch.nn.Linear(hidden[1], 1))
+
+    model: Any = torch.nn.ModuleDict({scorer: mlp(SCORER_FEATURES[scorer]) for scorer in scorers})
+    qv = torch.nn.Parameter(torch.zeros(len(CANDIDATE_FEATURES)))
     model.register_parameter("qv", qv)
     if weights is not None:
         with torch.no_grad():
-            for j, (w, b) in enumerate((("w1", "b1"), ("w2", "b2"), ("w3", "b3"))):
-                layer: Any = mlp[2 * j]
-                layer.weight.copy_(torch.from_numpy(weights[w].T.copy()))
-                layer.bias.copy_(torch.from_numpy(weights[b].reshape(-1).copy()))
+            for scorer in scorers:
+                pre, head = SCORER_PREFIX[scorer], model[scorer]
+                for j, (w, b) in enumerate((("w1", "b1"), ("w2", "b2"), ("w3", "b3"))):
+                    layer: Any = head[2 * j]
+                    layer.weight.copy_(torch.from_numpy(weights[pre + w].T.copy()))
+                    layer.bias.copy_(torch.from_numpy(weights[pre + b].reshape(-1).copy()))
             qv.copy_(torch.from_numpy(weights["qv"].copy()))
     return model
 
 
-def _export(model: Any, mean: np.ndarray, std: np.ndarray) -> dict[str, np.ndarray]:
-    mlp: Any = model["mlp"]
-    out = {"mean": mean.astype(np.float32), "std": std.astype(np.float32), "qv": model.qv.detach().numpy().copy()}
-    for j, (w, b) in enumerate((("w1", "b1"), ("w2", "b2"), ("w3", "b3"))):
-        out[w] = mlp[2 * j].weight.detach().numpy().T.copy()
-        out[b] = mlp[2 * j].bias.detach().numpy().copy()
+Norms = dict[str, tuple[np.ndarray, np.ndarray]]
+"""Per scorer, the features' (mean, std) it standardises with."""
+
+
+def _export(model: Any, norms: Norms) -> dict[str, np.ndarray]:
+    out = {"qv": model.qv.detach().numpy().copy()}
+    for scorer, (mean, std) in norms.items():
+        pre, mlp = SCORER_PREFIX[scorer], model[scorer]
+        out[pre + "mean"], out[pre + "std"] = mean.astype(np.float32), std.astype(np.float32)
+        for j, (w, b) in enumerate((("w1", "b1"), ("w2", "b2"), ("w3", "b3"))):
+            out[pre + w] = mlp[2 * j].weight.detach().numpy().T.copy()
+            out[pre + b] = mlp[2 * j].bias.detach().numpy().copy()
     return out
 
 
-def _doc_logits(model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> Any:
+def _norms(weights: dict[str, np.ndarray]) -> Norms:
+    return {scorer: (weights[pre + "mean"], weights[pre + "std"]) for scorer, pre in SCORER_PREFIX.items()
+            if pre + "mean" in weights}
+
+
+def _doc_logits(model: Any, x: np.ndarray, norms: Norms, scorer: str) -> Any:
     import torch
 
-    return model["mlp"](torch.from_numpy((x - mean) / std)).reshape(-1)
+    mean, std = norms[scorer]
+    return model[scorer](torch.from_numpy((x - mean) / std)).reshape(-1)
 
 
 def warm_start(train: Sequence[LabeledItem], retriever: RetrieverBackend, config: CompactConfig,
                progress: bool = True) -> tuple[CompactPolicy, dict[str, Any]]:
-    """Demonstrations for every training question, then the supervised fit of both heads."""
+    """Demonstrations for every training question, then the supervised fit of the scorers and the query head."""
     import torch
     from tqdm import tqdm
 
     torch.manual_seed(config.seed)
     params = config.search_params()
 
-    async def collect() -> list[Any]:
+    async def collect() -> list[Demonstration]:
         return [await demonstrate(item, retriever, params)
                 for item in tqdm(train, desc="warm start: demonstrations", disable=not progress)]
 
     demos = asyncio.run(collect())
-    xs = np.concatenate([d[0] for d in demos])
-    ys = np.concatenate([d[1] for d in demos])
-    mean, std = xs.mean(0), xs.std(0) + 1e-3
-    model = _torch_model(config.hidden)
+    scorers = [s for s in (LEXICAL_SCORER, DENSE_SCORER) if any(s in d.pools for d in demos)]
+    data, norms = {}, {}
+    for scorer in scorers:
+        xs = np.concatenate([d.pools[scorer][0] for d in demos if scorer in d.pools])
+        ys = np.concatenate([d.pools[scorer][1] for d in demos if scorer in d.pools])
+        norms[scorer] = (xs.mean(0), xs.std(0) + 1e-3)
+        data[scorer] = (torch.from_numpy((xs - norms[scorer][0]) / norms[scorer][1]), torch.from_numpy(ys),
+                        torch.tensor(float((1 - ys).sum() / max(1.0, ys.sum())) ** 0.5))
+    model = _torch_model(config.hidden, scorers)
     opt = torch.optim.Adam(model.parameters(), lr=config.warm_lr)
-    x_t, y_t = torch.from_numpy((xs - mean) / std), torch.from_numpy(ys)
-    pos_weight = torch.tensor(float((1 - ys).sum() / max(1.0, ys.sum())) ** 0.5)
-    choices = [(torch.from_numpy(cx), good) for d in demos for cx, good in d[2]]
+    choices = [(torch.from_numpy(cx), good) for d in demos for cx, good in d.choices]
     losses = []
     for _ in tqdm(range(config.warm_epochs), desc="warm start: fit", disable=not progress):
-        perm = torch.randperm(len(x_t))
-        for i in range(0, len(perm), 512):
-            idx = perm[i:i + 512]
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                model["mlp"](x_t[idx]).reshape(-1), y_t[idx], pos_weight=pos_weight)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        epoch: dict[str, float] = {}
+        for scorer, (x_t, y_t, pos_weight) in data.items():
+            perm = torch.randperm(len(x_t))
+            for i in range(0, len(perm), 512):
+                idx = perm[i:i + 512]
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                    model[scorer](x_t[idx]).reshape(-1), y_t[idx], pos_weight=pos_weight)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            epoch[f"{scorer}_bce"] = float(loss.detach())
         q_loss = torch.stack([-(torch.logsumexp((cx @ model.qv)[good], 0) - torch.logsumexp(cx @ model.qv, 0))
                               for cx, good in choices]).mean() if choices else torch.tensor(0.0)
         opt.zero_grad()
         q_loss.backward()
         opt.step()
-        losses.append({"doc_bce": float(loss.detach()), "query_ce": float(q_loss.detach())})
-    policy = CompactPolicy(_export(model, mean, std), name="compact-warmstart")
+        losses.append({**epoch, "query_ce": float(q_loss.detach())})
+    policy = CompactPolicy(_export(model, norms), name="compact-warmstart")
     policy.check()
-    return policy, {"documents": int(len(xs)), "positives": int(ys.sum()), "query_choices": len(choices),
-                    "searches_demonstrated": sum(1 for d in demos for _, good in d[2] if good != [0]),
+    return policy, {"documents": {s: int(len(data[s][0])) for s in scorers},
+                    "positives": {s: int(data[s][1].sum()) for s in scorers}, "query_choices": len(choices),
+                    "searches_demonstrated": sum(1 for d in demos for _, good in d.choices if good != [0]),
                     "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
 
 
@@ -304,7 +374,7 @@ async def evaluate(policy: CompactPolicy, items: Sequence[LabeledItem], retrieve
 
 
 # ------------------------------------------------------------------------------------------ RL
-def _log_prob(model: Any, ep: Episode, mean: np.ndarray, std: np.ndarray, temperature: float) -> Any:
+def _log_prob(model: Any, ep: Episode, norms: Norms, temperature: float) -> Any:
     import torch
 
     total = torch.zeros(())
@@ -313,7 +383,7 @@ def _log_prob(model: Any, ep: Episode, mean: np.ndarray, std: np.ndarray, temper
             logits = torch.from_numpy(step.cand_x) @ model.qv / temperature
             total = total + logits[step.choice] - torch.logsumexp(logits, 0)
         if step.selected:
-            logits = _doc_logits(model, step.doc_x, mean, std) / temperature
+            logits = _doc_logits(model, step.doc_x, norms, step.scorer) / temperature
             for j, i in enumerate(step.selected):
                 taken = torch.zeros(len(logits), dtype=torch.bool)
                 taken[step.selected[:j]] = True
@@ -407,8 +477,8 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
     from tqdm import tqdm
 
     params = config.search_params()
-    mean, std = policy.weights["mean"], policy.weights["std"]
-    model = _torch_model(config.hidden, policy.weights)
+    norms = _norms(policy.weights)
+    model = _torch_model(config.hidden, list(norms), policy.weights)
     opt = torch.optim.Adam(model.parameters(), lr=config.rl_lr)
     state_path, log_path = out / "state.pt", out / "rewards.jsonl"
     entries, _ = read_jsonl(log_path, json.loads)
@@ -426,7 +496,7 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
     for step in bar:
         batch = random.Random(config.seed * 100_003 + step).sample(list(train), min(config.questions_per_step,
                                                                                     len(train)))
-        current = CompactPolicy(_export(model, mean, std), name="compact")
+        current = CompactPolicy(_export(model, norms), name="compact")
         rng = np.random.default_rng(config.seed * 7919 + step)
         t0 = time.perf_counter()
         episodes = [await run_episode(current, item, retriever, params, rng, config.temperature)
@@ -437,7 +507,7 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
         loss = torch.zeros(())
         for ep, a in zip(episodes, adv, strict=True):
             if a != 0:
-                loss = loss - float(a) * _log_prob(model, ep, mean, std, config.temperature)
+                loss = loss - float(a) * _log_prob(model, ep, norms, config.temperature)
         loss = loss / len(episodes)
         opt.zero_grad()
         if loss.requires_grad:
@@ -453,7 +523,7 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
         bar.set_postfix(reward=entry["mean_reward"], hit=entry["mean_genacc"])
         if (step + 1) % config.save_every == 0 or step + 1 == config.rl_steps:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, state_path)
-    final = CompactPolicy(_export(model, mean, std), name="compact-gbr")
+    final = CompactPolicy(_export(model, norms), name="compact-gbr")
     final.check()
     return final, entries
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import httpx
 
+from services.common import tracing
 from services.common.clients import GeneratorClient, JudgeClient, RetrieverClient
 from services.common.schemas.base import Document
 from services.common.schemas.generator import MAX_DOCS, GenDocument, GenerateRequest
@@ -72,19 +73,21 @@ class ServiceStack(AbstractAsyncContextManager["ServiceStack"]):
 
     async def _answer_chunk(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]) -> list[Answered]:
         async with self._sem:
-            generated = await self.generator.generate_batch(
-                [GenerateRequest(question=q, documents=to_gen_documents(docs), max_tokens=None)
-                 for q, docs, _ in items], timeout=self.settings.batch_timeout_s)
+            with tracing.span("trainer.generate", {"plugsearch.items": len(items)}):
+                generated = await self.generator.generate_batch(
+                    [GenerateRequest(question=q, documents=to_gen_documents(docs), max_tokens=None)
+                     for q, docs, _ in items], timeout=self.settings.batch_timeout_s)
         answers = [g.answer.strip() for g in generated]
         # The judge refuses a blank prediction (422); an empty answer is simply wrong.
         to_judge = [i for i, a in enumerate(answers) if a]
         judged: dict[int, JudgeResult] = {}
         if to_judge:
             async with self._sem:
-                results = await self.judge.judge_batch(
-                    [JudgeRequest(prediction=answers[i][:8192], golden_answers=[a[:1024] for a in items[i][2][:100]],
-                                  question=items[i][0][:4096], mode="genacc") for i in to_judge],
-                    timeout=self.settings.batch_timeout_s)
+                with tracing.span("trainer.judge", {"plugsearch.items": len(to_judge)}):
+                    results = await self.judge.judge_batch(
+                        [JudgeRequest(prediction=answers[i][:8192], question=items[i][0][:4096], mode="genacc",
+                                      golden_answers=[a[:1024] for a in items[i][2][:100]]) for i in to_judge],
+                        timeout=self.settings.batch_timeout_s)
             judged = dict(zip(to_judge, results, strict=True))
         out: list[Answered] = []
         for i, gen in enumerate(generated):
@@ -99,7 +102,10 @@ class ServiceStack(AbstractAsyncContextManager["ServiceStack"]):
 
     async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
                                ) -> list[Answered]:
-        """Frozen generator answers `(question, documents, golden answers)` items, the judge scores them."""
+        """Frozen generator answers `(question, documents, golden answers)` items, the judge scores them
+        (with tracing on: one trace, `trainer.answer_and_judge`, over every chunk's generator and judge calls)."""
         size = self.settings.chunk
-        parts = await asyncio.gather(*(self._answer_chunk(items[i:i + size]) for i in range(0, len(items), size)))
+        with tracing.span("trainer.answer_and_judge", {"plugsearch.items": len(items)}):
+            parts = await asyncio.gather(*(self._answer_chunk(items[i:i + size])
+                                           for i in range(0, len(items), size)))
         return [a for part in parts for a in part]

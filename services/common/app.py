@@ -4,6 +4,8 @@ The guard is one pure-ASGI middleware (cheap on the hot path) of small steps, in
 open paths pass untouched; `single_headers` (400); `KeyCheck` (401; the `Caller` into the scope's state);
 `BodyReader` (413, 408; before the request counts as in flight); `body_refusal` (415, 422); `Admission`
 (429 + Retry-After); `GuardMiddleware._respond` (504, 499 for a client that hangs up, 500); `record_request`.
+With tracing on (`services.common.tracing`), each guarded request is one server span that continues the
+caller's W3C `traceparent` and ends with the request's final status.
 Routes: a module-level `service_router(tag)` per service, state read through `from_state` (503 until the
 lifespan built it); errors are documented only through route `responses` (`error_responses`).
 """
@@ -19,8 +21,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NamedTuple, TypeVar, cast
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -30,6 +32,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services
+from services.common import tracing
 from services.common.admission import (
     CALLER_STATE,
     COST_STATE,
@@ -358,18 +361,29 @@ class GuardMiddleware:
             if scope.get("path", "") in self.open_paths:
                 await self.app(scope, receive, _with_header(send, rid_header))
                 return
-            t0 = time.perf_counter()
-            screened = await self._screen(scope, receive)
-            if screened is None:  # the client hung up while sending its body
-                record_request(self.metrics, scope, CLIENT_CLOSED, time.perf_counter() - t0)
-            elif isinstance(screened, Refusal):
-                await self._refuse(send, screened, request_id)
-            elif not self.admission.admits(caller_id(scope)):
-                await self._refuse(send, self.admission.overloaded, request_id)
-            else:
-                await self._admitted(scope, Exchange(receive, send, screened, rid_header), send, request_id)
+            with tracing.server_span(scope, request_id) as span:
+                status = await self._guarded(scope, receive, send, request_id, rid_header)
+                tracing.finish_server_span(span, scope, status)
         finally:
             reset_request_id(token)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, request_id: str,
+                       rid_header: tuple[bytes, bytes]) -> int:
+        """The steps from `_screen` on; returns the request's final status."""
+        t0 = time.perf_counter()
+        screened = await self._screen(scope, receive)
+        if screened is None:  # the client hung up while sending its body
+            record_request(self.metrics, scope, CLIENT_CLOSED, time.perf_counter() - t0)
+            return CLIENT_CLOSED
+        if isinstance(screened, Refusal):
+            await self._refuse(send, screened, request_id)
+            return screened.status
+        if not self.admission.admits(caller_id(scope)):
+            await self._refuse(send, self.admission.overloaded, request_id)
+            return self.admission.overloaded.status
+        exchange = Exchange(receive, send, screened, rid_header)
+        await self._admitted(scope, exchange, send, request_id)
+        return exchange.status
 
     async def _screen(self, scope: Scope, receive: Receive) -> bytes | Refusal | None:
         """Headers, auth, size, body, media type and JSON shape: the body, a refusal, or None (client gone)."""
@@ -502,6 +516,25 @@ def document_auth(schema: dict[str, Any], open_paths: frozenset[str]) -> dict[st
     return schema
 
 
+def _flushing_traces(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None
+                     ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The service's lifespan, then the spans still pending exported (uvicorn ends on the signal that
+    stopped it, so the SDK's own exit hook never runs)."""
+    @asynccontextmanager
+    async def run(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            if lifespan is None:
+                yield
+            else:
+                async with lifespan(app):
+                    yield
+        finally:
+            if tracing.enabled():
+                await asyncio.to_thread(tracing.flush)
+
+    return run
+
+
 def build_app(
     settings: ServiceSettings,
     *,
@@ -517,7 +550,7 @@ def build_app(
     forget_dead_workers()
     metrics = ServiceMetrics(service)
     app = FastAPI(title=f"plugsearch {service}", description=description, version=services.__version__,
-                  lifespan=lifespan)
+                  lifespan=_flushing_traces(lifespan), **tracing.fastapi_options())
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.readiness = None
@@ -620,6 +653,7 @@ def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]
                                 f"{service.capitalize()}Settings")
         settings = settings_type()
         configure_logging(settings.log_level, service=service)
+        tracing.setup_tracing(service)  # off unless OTEL_* variables switch it on
         return importlib.import_module(f"services.{service}.api").create_app(settings), settings
 
     def worker_app() -> FastAPI:

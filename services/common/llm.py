@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 import httpx
 import orjson
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
 from pydantic import BaseModel, Field, SecretStr
 
+from services.common import tracing
 from services.common.errors import BadRequest, ServiceError, UpstreamError
 from services.common.http import CallSettings, ClientSettings, Refusal, ServiceClient
 from services.common.metrics import ServiceMetrics
@@ -107,12 +110,27 @@ class OpenAIChatClient:
         body: dict[str, Any] = {"model": self.model, "messages": [m.model_dump() for m in messages],
                                 "temperature": temperature, "max_tokens": max_tokens,
                                 **({"stop": stop} if stop else {}), **(extra or {})}
-        data = self._body(await self._post(body))
-        choice = data["choices"][0]
-        prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
+        with tracing.span(f"chat {self.model}", self._span_attributes(temperature, max_tokens),
+                          kind=SpanKind.CLIENT) as span:
+            data = self._body(await self._post(body, span))
+            choice = data["choices"][0]
+            prompt_tokens, completion_tokens = self._count_usage(data.get("usage"))
+            if span.is_recording():
+                span.set_attributes({"gen_ai.response.model": str(data.get("model", self.model)),
+                                     "gen_ai.response.finish_reasons": [str(choice.get("finish_reason"))],
+                                     "gen_ai.usage.input_tokens": prompt_tokens,
+                                     "gen_ai.usage.output_tokens": completion_tokens})
         return ChatResult(text=choice["message"].get("content") or "", finish_reason=choice.get("finish_reason"),
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           model=str(data.get("model", self.model)))
+
+    def _span_attributes(self, temperature: float, max_tokens: int) -> tracing.Attributes | None:
+        """A chat call's span, in OpenTelemetry's GenAI conventions (None while not tracing)."""
+        if not tracing.enabled():
+            return None
+        return {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": self.model,
+                "gen_ai.request.temperature": temperature, "gen_ai.request.max_tokens": max_tokens,
+                "peer.service": self.name}
 
     def _refusal(self, caller_error: bool) -> Refusal:
         """A 4xx answer (not 429) to a request we built is our failure (502); to the caller's own fields
@@ -131,9 +149,14 @@ class OpenAIChatClient:
 
         return refuse
 
-    async def _post(self, body: dict[str, Any], *, caller_error: bool = False) -> Response:
-        """POST /chat/completions under the concurrency limit, with the upstream policy."""
+    async def _post(self, body: dict[str, Any], span: Span = INVALID_SPAN, *, caller_error: bool = False
+                    ) -> Response:
+        """POST /chat/completions under the concurrency limit, with the upstream policy; the wait for a
+        slot of that limit goes on the call's `span`."""
+        t0 = time.perf_counter()
         async with self._sem:
+            if span.is_recording():
+                span.set_attribute("plugsearch.llm.slot_wait_ms", round((time.perf_counter() - t0) * 1000, 3))
             return await self.upstream.request("POST", "/chat/completions", json=body,
                                                refusal=self._refusal(caller_error), caller_body=caller_error)
 

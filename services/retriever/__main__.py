@@ -12,6 +12,7 @@ import sys
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from services.common import tracing
 from services.common.app import serve
 from services.common.logging import configure_logging
 from services.retriever.corpus import CorpusError
@@ -44,6 +45,7 @@ def worker_app() -> FastAPI:
 
     settings = RetrieverSettings()  # type: ignore[call-arg]
     configure_logging(settings.log_level, service="retriever")
+    tracing.setup_tracing("retriever")  # off unless OTEL_* variables switch it on
     return create_app(settings, check=check_indexes(settings))
 
 

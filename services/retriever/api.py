@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
+from services.common import tracing
 from services.common.admission import COST_STATE
 from services.common.app import build_app, from_state, service_router
 from services.common.errors import error_responses
@@ -50,7 +51,10 @@ async def retrieve(body: RetrieveRequest, request: Request) -> Response:
     setattr(request.state, COST_STATE, float(len(body.queries)))  # admission judges latency per query
     svc = _service(request)
     t0 = time.perf_counter()
-    method, hits = await svc.search(body.queries, body.k, body.method)
+    with tracing.span("retriever.search", {"plugsearch.queries": len(body.queries), "plugsearch.k": body.k}) as span:
+        method, hits = await svc.search(body.queries, body.k, body.method)
+        if span.is_recording():
+            span.set_attributes({"plugsearch.method": method, "plugsearch.documents": int((hits.ids >= 0).sum())})
     return Response(svc.render(method, hits, (time.perf_counter() - t0) * 1000), media_type=JSON)
 
 

@@ -5,16 +5,21 @@ It reads the RETRIEVER_* env vars the service reads, so both agree on paths and 
 `--index-type`; no-op when every index matches the corpus, `--force` rebuilds; the corpus is streamed, never
 held; an interrupted dense build resumes from its last embedding chunk or Milvus batch), `import lucene|faiss` (adopt an index built elsewhere without
 re-encoding, see `services.retriever.importer`; prints the RETRIEVER_* settings that serve it), `check`
-(exit 0 when the service would start, 2 otherwise), `info` (print the manifests).
+(exit 0 when the service would start, 2 otherwise), `info` (print the manifests), `encoder` (load the dense
+encoder as the service would: the default backend exports it to ONNX once into RETRIEVER_ENCODER__ONNX_DIR;
+prints which backend serves and why; `--require-onnx` exits 1 where it would fall back to torch: the image
+build prepares the default model's export this way).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +176,20 @@ def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
     print("  " + " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\\n  plugsearch-retriever")
 
 
+def prepare_encoder(settings: EncoderSettings, *, require_onnx: bool) -> None:
+    """Load the encoder once (the export, when missing, happens here) and print what serves it."""
+    from services.retriever.dense import Encoder
+
+    t0 = time.perf_counter()
+    encoder = Encoder(settings)
+    onnx_file = str(encoder.onnx.file) if encoder.onnx is not None else None
+    print(json.dumps({"encoder": settings.name, **encoder.describe(), "onnx_file": onnx_file,
+                      "seconds": round(time.perf_counter() - t0, 1)}))
+    if require_onnx and encoder.onnx is None:
+        print(f"error: the encoder would be served by torch: {encoder.fallback}", file=sys.stderr)
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="plugsearch-index", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,10 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     sub.add_parser("check", parents=[paths], help="check the configured indexes against the corpus")
     sub.add_parser("info", parents=[paths], help="print the manifests")
+    enc = sub.add_parser("encoder", help="load the dense encoder as the service would (exports it to ONNX once)")
+    enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
     args = parser.parse_args(argv)
 
-    overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name))}
+    overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name, None))}
     try:
         settings = RetrieverSettings(**overrides)  # type: ignore[arg-type]
         if args.command == "build" and args.index_type and settings.dense_backend == "milvus":
@@ -216,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
             built = build(settings, bm25=backends, dense=dense, force=args.force, chunk_size=args.chunk_size,
                           show_progress=not args.quiet)
             print(f"built: {', '.join(built) if built else 'nothing (up to date)'}")
+        elif args.command == "encoder":
+            prepare_encoder(settings.encoder, require_onnx=args.require_onnx)
         elif args.command == "check":
             from services.retriever.serving import check_indexes
 

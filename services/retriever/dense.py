@@ -58,19 +58,41 @@ def encoder_identity(settings: EncoderSettings) -> dict[str, Any]:
 class Encoder:
     """sentence-transformers model with E5-style prefixes, pooling and normalisation by configuration.
 
-    `settings.backend` onnx / onnx-int8: the same model exported once and run by onnxruntime
-    (services.retriever.onnx_encoder); torch and sentence-transformers are then not loaded."""
+    `settings.backend`: auto (the default) serves the model on ONNX Runtime (services.retriever.onnx_encoder:
+    exported once, checked against torch; torch and sentence-transformers are then not loaded) and falls back
+    to torch where that cannot serve, saying why (`backend`, `fallback`, logged; /version shows both);
+    onnx / onnx-int8 fail instead; torch is sentence-transformers."""
 
     def __init__(self, settings: EncoderSettings) -> None:
         self.settings = settings
         self.onnx: OnnxModel | None = None
+        self.backend = "torch"
+        """what encodes: torch, onnx or onnx-int8"""
+        self.fallback: str | None = None
+        """why `auto` serves torch (None when it serves ONNX Runtime, or when torch was asked for)"""
         path = resolve_encoder_path(settings.name)
         if settings.backend != "torch":
-            from services.retriever.onnx_encoder import OnnxModel
+            from services.retriever.onnx_encoder import OnnxModel, OnnxUnavailable, auto_blocker
 
-            self.onnx = OnnxModel(path, settings)
-            self.dims = self.onnx.dims
-            return
+            blocked = auto_blocker(settings) if settings.backend == "auto" else None
+            why, by_design = blocked if blocked is not None else ("", False)
+            if blocked is None:
+                try:
+                    self.onnx = OnnxModel(path, settings)
+                except OnnxUnavailable as exc:
+                    if settings.backend != "auto":
+                        raise
+                    why = str(exc)
+            if self.onnx is not None:
+                self.backend = "onnx-int8" if settings.backend == "onnx-int8" else "onnx"
+                self.dims = self.onnx.dims
+                logger.info("dense encoder %s: ONNX Runtime (%s, %s threads)", settings.name, self.onnx.file.name,
+                            self.onnx.threads)
+                return
+            self.fallback = why
+            logger.log(logging.INFO if by_design else logging.WARNING,
+                       "dense encoder %s: serving with torch (sentence-transformers), not ONNX Runtime: %s",
+                       settings.name, why)
         import torch
         from sentence_transformers import SentenceTransformer
 
@@ -96,6 +118,10 @@ class Encoder:
         if dims is None:
             raise RuntimeError(f"encoder {settings.name} does not report its embedding dimension")
         self.dims = int(dims)
+
+    def describe(self) -> dict[str, Any]:
+        """What serves (for /version): the backend, and why auto fell back to torch."""
+        return {"encoder_backend": self.backend, "encoder_fallback": self.fallback}
 
     def _encode(self, texts: list[str], batch_size: int, show_progress: bool = False) -> npt.NDArray[np.float32]:
         if self.onnx is not None:
@@ -504,3 +530,5 @@ class DenseRetriever(Retriever):
 
     def close(self) -> None:
         self.index.close()
+        if self.encoder.onnx is not None:
+            self.encoder.onnx.close()

@@ -268,7 +268,14 @@ class RetrieverService:
                 "bm25_backend": self.settings.bm25_backend if "bm25" in self.retrievers else None,
                 "dense_index": self.settings.dense_index_type() if "dense" in self.retrievers else None,
                 "dense_backend": self.settings.dense_backend if "dense" in self.retrievers else None,
-                "encoder": self.settings.encoder.name if "dense" in self.retrievers else None}
+                "encoder": self.settings.encoder.name if "dense" in self.retrievers else None,
+                **self._encoder_details()}
+
+    def _encoder_details(self) -> dict[str, Any]:
+        """Which encoder backend serves the dense queries (auto: onnx, or torch and why)."""
+        encoder = getattr(self.retrievers.get("dense"), "encoder", None)
+        return encoder.describe() if isinstance(encoder, Encoder) else {"encoder_backend": None,
+                                                                         "encoder_fallback": None}
 
     async def health(self) -> str:
         """Readiness of the loaded indexes: "ok", or why not (a Milvus that does not answer)."""

@@ -20,7 +20,7 @@ IndexType = Literal["flat", "hnsw", "sq8", "ivfpq", "ivfsq8"]
 IVF_TYPES = ("ivfpq", "ivfsq8")
 DocStoreMode = Literal["disk", "memory"]
 Pooling = Literal["model", "mean", "cls"]
-EncoderBackend = Literal["torch", "onnx", "onnx-int8"]
+EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 
@@ -36,24 +36,30 @@ class EncoderSettings(BaseModel):
     pooling: Pooling = Field("model", description="model = the model's own sentence-transformers pooling")
     normalize: bool = True
     max_seq_length: int = Field(256, ge=8, le=8192)
-    batch_size: int = Field(64, ge=1, le=4096, description="encoding batch for index builds")
+    batch_size: int = Field(64, ge=1, le=4096, description="encoding batch for index builds (torch; onnx cuts "
+                            "batches by length itself)")
     device: str | None = Field(None, description="cpu, cuda, cuda:1...; None = sentence-transformers' choice")
-    threads: int = Field(0, ge=0, description="intra-op threads of the encoder (torch, or onnxruntime's session); "
-                         "0 = the library's default")
-    backend: EncoderBackend = Field("torch", description="torch = sentence-transformers; onnx = the same model "
-                                    "exported once to ONNX and run by onnxruntime (CPU); onnx-int8 = that export "
+    threads: int = Field(0, ge=0, description="CPU threads of the encoder: torch's intra-op threads, or "
+                         "onnxruntime's sessions run side by side; 0 = torch's default, or for onnxruntime the "
+                         "CPUs this process may use (its affinity and its container's CPU limit)")
+    backend: EncoderBackend = Field("auto", description="auto = onnx where it can serve (a CPU, onnxruntime "
+                                    "installed, a model the export supports and that matches torch once exported), "
+                                    "else torch, with the reason logged and shown by /version; torch = "
+                                    "sentence-transformers; onnx = the same model exported once to ONNX and run by "
+                                    "onnxruntime on the CPU (fails where it cannot); onnx-int8 = that export "
                                     "dynamically quantized to int8 (faster, slightly different vectors)")
     onnx_dir: Path = Field(Path("var/cache/onnx"), description="where the onnx backends keep their export (made "
                            "once per model and variant, reused after); must be writable until it exists")
 
     @model_validator(mode="after")
     def _check_backend(self) -> EncoderSettings:
-        if self.backend != "torch" and self.device not in (None, "cpu"):
+        if self.backend in ("onnx", "onnx-int8") and self.device not in (None, "cpu"):
             raise ValueError(f"RETRIEVER_ENCODER__BACKEND={self.backend} runs on onnxruntime's CPU provider, not "
-                             f"RETRIEVER_ENCODER__DEVICE={self.device}: unset the device, or use the torch backend")
-        if self.backend != "torch" and importlib.util.find_spec("onnxruntime") is None:
+                             f"RETRIEVER_ENCODER__DEVICE={self.device}: unset the device, or use the torch (or "
+                             "auto) backend")
+        if self.backend in ("onnx", "onnx-int8") and importlib.util.find_spec("onnxruntime") is None:
             raise ValueError(f"RETRIEVER_ENCODER__BACKEND={self.backend} needs onnxruntime: install the onnx extra "
-                             "(pip install 'plugsearch[onnx]'), or use the torch backend")
+                             "(pip install 'plugsearch[onnx]'), or use the torch (or auto) backend")
         return self
 
 

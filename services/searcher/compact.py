@@ -1,14 +1,20 @@
 """The compact searcher policy: a small learned scorer that acts in `SearchEnv` on the CPU, with no LLM.
 
 It takes s3's steps through the environment's structured actions (`env.act`):
-1. the environment's first retrieval of the question is the pool (`retrieve_k` documents);
+1. the environment's first retrieval of the question is the pool: BM25's `retrieve_k` documents and, when
+   the retriever serves dense search with the encoder the policy was trained with (`pool_methods`), the
+   dense top `retrieve_k` too (one block each, `SearchParams.pool_methods`);
 2. up to `max_turns` follow-up searches, each chosen among candidates built from what was retrieved (the
    question with the title of a high-scoring document, or a name that document's text introduces), or a
    stop; the choice is a softmax over candidate features;
 3. the selection: the `select_k` best documents of the whole pool under a small MLP over per-document
    features (BM25 evidence: score, rank and z-score in its block; lexical overlap with the question; links
    between documents: a document whose title another document that matches the question mentions, the
-   bridge of a two-hop question; answer-type cues such as a year for a "when" question).
+   bridge of a two-hop question, titles compared without their "(disambiguation)" and ", place" parts;
+   answer-type cues such as a year for a "when" question) and, with the dense block, the dense evidence
+   (cosine, its gap to the best and z-score in the block, rank, and which retrievers found the document).
+   Two scorers ship: `lexical` (BM25 pool alone) and `dense` (both blocks); the one whose evidence is there
+   scores.
 
 Nothing here depends on a passage's length: the corpus's gold passages are often shorter than the others,
 and a length feature would be a shortcut that real corpora do not have.
@@ -34,12 +40,15 @@ import numpy as np
 
 from services.common.schemas.searcher import SearchedDocument
 from services.searcher import parsing
-from services.searcher.env import Action, SearchEnv
+from services.searcher.env import Action, InfoBlock, SearchEnv
 
 WEIGHTS_FILE = "weights.npz"
 MANIFEST_FILE = "manifest.json"
 MLP_KEYS = ("mean", "std", "w1", "b1", "w2", "b2", "w3", "b3")
+DENSE_PREFIX = "dense_"
+"""The dense scorer's weights: `dense_mean`, ..., `dense_b3` (optional: a policy without them is lexical only)."""
 QUERY_KEYS = ("qv",)
+_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 
 _WORD = re.compile(r"\w+")
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
@@ -60,7 +69,22 @@ DOC_FEATURES = (
     "mentioned_by", "mentions", "has_year", "has_number", "cap_density", "when_year", "year_year",
     "who_names", "how_many_number", "how_much_number", "linked_from_anchor", "links_to_anchor",
     "has_new_name", "score_z", "is_anchor",
+    # titles without their disambiguation: "Machine Head (band)" -> core "machine head", "Davenport, Florida"
+    # -> head "davenport"; anchors by core
+    "core_in_q", "core_coverage", "is_core_anchor", "core_linked_from_anchor", "head_linked_from_anchor",
+    "core_links_to_anchor", "head_links_to_anchor", "head_linked_from_top3", "same_title_above",
+    "head_linked_in_top10", "has_core_anchor", "core_anchor_count",
 )
+DENSE_FEATURES = (
+    "in_lexical", "cosine", "cosine_gap", "cosine_z", "in_dense", "dense_inv_rank", "lexical_inv_rank",
+)
+"""Dense evidence of the pool's documents (the `dense` scorer only): a document the dense block lacks gets
+its block's lowest cosine minus `ABSENT_COSINE_GAP`, one the lexical blocks lack a rank past the pool."""
+ABSENT_COSINE_GAP = 0.02
+ABSENT_RANK = 50
+DENSE = "dense"
+LEXICAL_SCORER = "lexical"
+DENSE_SCORER = "dense"
 CANDIDATE_FEATURES = (
     "stop", "title_query", "name_query", "source_prob", "source_inv_rank", "source_is_anchor",
     "source_title_in_q", "turn", "stop_x_when", "stop_x_where", "stop_x_who", "stop_x_what", "stop_x_which",
@@ -70,6 +94,13 @@ CANDIDATE_FEATURES = (
 
 class CompactPolicyError(ValueError):
     """A compact policy folder that cannot be served (missing files, digest mismatch, wrong shapes)."""
+
+
+def _same_encoder(served: str, trained: str | None) -> bool:
+    """The retriever's encoder (a name or a local path) is the one the dense scorer was trained with."""
+    if not trained:
+        return False
+    return served == trained or Path(served.rstrip("/")).name == Path(trained.rstrip("/")).name
 
 
 def _words(text: str) -> list[str]:
@@ -90,14 +121,19 @@ class PoolDoc:
     rank: int
     score_rel: float
     score_z: float
+    lexical: bool = True
+    """Found by a lexical (BM25) block; False: only by the dense block."""
 
 
-def pool_of(blocks: Sequence[Sequence[SearchedDocument]]) -> list[PoolDoc]:
-    """The distinct documents of every block (by id, first occurrence kept), with their BM25 evidence
-    relative to their own block."""
+def pool_of(blocks: Sequence[InfoBlock]) -> list[PoolDoc]:
+    """The distinct documents of every block (by id, first occurrence kept), with their lexical (BM25)
+    evidence relative to their own block: the lexical blocks' documents first, in block order, then those
+    only a dense block found (lexical evidence absent: no score, rank `ABSENT_RANK`)."""
     seen: set[str] = set()
     pool: list[PoolDoc] = []
-    for b, docs in enumerate(blocks):
+    lexical = [(b, block) for b, block in enumerate(blocks) if block.method != DENSE]
+    for b, block in lexical:
+        docs = block.documents
         scores = np.array([d.score or 0.0 for d in docs], dtype=np.float64)
         top = float(scores.max()) if len(scores) and scores.max() > 0 else 1.0
         mean, std = (float(scores.mean()), float(scores.std())) if len(scores) else (0.0, 0.0)
@@ -106,12 +142,49 @@ def pool_of(blocks: Sequence[Sequence[SearchedDocument]]) -> list[PoolDoc]:
                 continue
             seen.add(doc.id)
             pool.append(PoolDoc(doc, b, i + 1, i, float(scores[i]) / top, (float(scores[i]) - mean) / (std + 1e-6)))
+    for b, block in enumerate(blocks):
+        if block.method != DENSE:
+            continue
+        for i, doc in enumerate(block.documents):
+            if doc.id not in seen:
+                seen.add(doc.id)
+                pool.append(PoolDoc(doc, b, i + 1, ABSENT_RANK, 0.0, -3.0, lexical=False))
     return pool
+
+
+def dense_features(pool: Sequence[PoolDoc], blocks: Sequence[InfoBlock]) -> np.ndarray | None:
+    """One row of `DENSE_FEATURES` per pool document, from the first dense block of the question (None
+    when the search has none)."""
+    dense = next((block for block in blocks if block.method == DENSE and block.turn == 0), None)
+    if dense is None or not dense.documents:
+        return None
+    found: dict[str, tuple[int, float]] = {}
+    for i, doc in enumerate(dense.documents):
+        found.setdefault(doc.id, (i, float(doc.score or 0.0)))
+    absent = min(score for _, score in found.values()) - ABSENT_COSINE_GAP
+    cos = np.array([found[p.doc.id][1] if p.doc.id in found else absent for p in pool], dtype=np.float64)
+    in_dense = np.array([float(p.doc.id in found) for p in pool])
+    dense_rank = np.array([found[p.doc.id][0] if p.doc.id in found else ABSENT_RANK for p in pool], dtype=np.float64)
+    lexical_rank = np.array([p.rank if p.lexical else ABSENT_RANK for p in pool], dtype=np.float64)
+    in_lexical = np.array([float(p.lexical) for p in pool])
+    rows = np.stack([in_lexical, cos, cos - cos.max(), (cos - cos.mean()) / (cos.std() + 1e-6), in_dense,
+                     1.0 / (dense_rank + 1), 1.0 / (lexical_rank + 1)], axis=1)
+    return rows.astype(np.float32).reshape(len(pool), len(DENSE_FEATURES))
 
 
 def _joined(text: str) -> str:
     """Lower-cased words joined by single spaces, padded: `f" {phrase} " in _joined(text)` matches whole words."""
     return f" {' '.join(_words(text))} "
+
+
+def title_core(title: str) -> str:
+    """A title without its trailing "(disambiguation)": "Machine Head (band)" -> "Machine Head"."""
+    return _PAREN.sub("", title).strip()
+
+
+def title_head(title: str) -> str:
+    """A title's core before its first comma: "Davenport, Florida" -> "Davenport"."""
+    return title_core(title).split(",")[0].strip()
 
 
 @dataclass
@@ -139,6 +212,14 @@ def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
     title_in_q = [len(tw & qw) / max(1, len(tw)) for tw in title_words]
     anchors = [j for j in range(len(pool)) if titles[j] and (f" {titles[j]} " in ql or title_in_q[j] >= 0.99)]
     window = range(min(LINK_WINDOW, len(pool)))
+    cores = [_joined(title_core(p.doc.title)).strip() for p in pool]
+    heads = [_joined(title_head(p.doc.title)).strip() for p in pool]
+    core_words = [_content(title_core(p.doc.title)) for p in pool]
+    core_in_q = [len(c) > 3 and f" {c} " in ql for c in cores]
+    core_cov = [len(w & qw) / max(1, len(w)) for w in core_words]
+    core_anchors = [j for j in range(len(pool)) if core_in_q[j] or core_cov[j] >= 0.99]
+    top3 = range(min(3, len(pool)))
+    first_of_core: dict[str, int] = {}
     rows = []
     for i, p in enumerate(pool):
         text = p.doc.text
@@ -154,12 +235,25 @@ def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
         has_number = float(bool(_NUM.search(text)))
         new_name = float(any(c.lower() not in qw for c in caps))
         coverage = len(qw & ((set(words) - _STOP) | title_words[i])) / max(1, len(qw))
+        core_ok, head_ok = len(cores[i]) > 3, len(heads[i]) > 3
+        same_above = first_of_core.setdefault(cores[i], i) != i
+        linked = [
+            float(i in core_anchors),
+            float(any(j != i and core_ok and f" {cores[i]} " in bodies[j] for j in core_anchors)),
+            float(any(j != i and head_ok and f" {heads[i]} " in bodies[j] for j in core_anchors)),
+            float(any(j != i and len(cores[j]) > 3 and f" {cores[j]} " in bodies[i] for j in core_anchors)),
+            float(any(j != i and len(heads[j]) > 3 and f" {heads[j]} " in bodies[i] for j in core_anchors)),
+            float(any(j != i and head_ok and f" {heads[i]} " in bodies[j] for j in top3)),
+            float(same_above),
+            min(sum(1 for j in window if j != i and head_ok and f" {heads[i]} " in bodies[j]), 3) / 3,
+        ]
         rows.append([
             p.score_rel, 1.0 / (p.rank + 1), math.log1p(p.rank) / math.log(51), float(p.block > 0),
             title_in_q[i], float(bool(titles[i]) and f" {titles[i]} " in ql), coverage,
             min(mentioned_by, 3) / 3, min(mentions, 3) / 3, has_year, has_number, cap_density,
             wh[0] * has_year, wh[7] * has_year, wh[2] * cap_density, wh[5] * has_number, wh[6] * has_number,
             linked_from, links_to, new_name, max(-3.0, min(3.0, p.score_z)), float(i in anchors),
+            float(core_in_q[i]), core_cov[i], *linked, float(bool(core_anchors)), min(len(core_anchors), 3) / 3,
         ])
     return np.asarray(rows, dtype=np.float32).reshape(len(pool), len(DOC_FEATURES))
 
@@ -235,11 +329,14 @@ class Decision:
 
     action: Action
     doc_x: np.ndarray
+    """The scoring features of the pool (with the dense evidence when the `dense` scorer chose)."""
     cand_x: np.ndarray | None = None
     """Candidate features of the query choice (row 0 the stop), None when no search was open."""
     choice: int | None = None
     selected: list[int] = field(default_factory=list)
     """Pool indices of the chosen documents, in the order they were drawn (the final selection)."""
+    scorer: str = LEXICAL_SCORER
+    """Which document scorer chose (`lexical` or `dense`)."""
 
 
 @dataclass
@@ -289,14 +386,42 @@ class CompactPolicy:
         missing = [k for k in (*MLP_KEYS, *QUERY_KEYS) if k not in self.weights]
         if missing:
             raise CompactPolicyError(f"compact policy weights lack {missing}")
+        dense = [k for k in MLP_KEYS if DENSE_PREFIX + k in self.weights]
+        if dense and len(dense) != len(MLP_KEYS):
+            raise CompactPolicyError(f"compact policy weights have part of the dense scorer ({dense})")
         w = self.weights
-        n = len(DOC_FEATURES)
-        if w["mean"].shape != (n,) or w["std"].shape != (n,) or w["w1"].shape[0] != n:
-            raise CompactPolicyError(f"compact policy weights are for {w['w1'].shape[0]} document features, "
-                                     f"this code computes {n}")
+        for prefix, n in (("", len(DOC_FEATURES)), (DENSE_PREFIX, len(DOC_FEATURES) + len(DENSE_FEATURES))):
+            if prefix and not dense:
+                continue
+            shapes = w[prefix + "mean"].shape, w[prefix + "std"].shape, w[prefix + "w1"].shape[0]
+            if shapes != ((n,), (n,), n):
+                raise CompactPolicyError(f"compact policy {prefix or 'lexical_'}scorer weights are for "
+                                         f"{w[prefix + 'w1'].shape[0]} document features, this code computes {n}")
         if w["qv"].shape != (len(CANDIDATE_FEATURES),):
             raise CompactPolicyError(f"compact policy query weights are for {w['qv'].shape} candidate features, "
                                      f"this code computes {len(CANDIDATE_FEATURES)}")
+
+    @property
+    def has_dense(self) -> bool:
+        """Whether it ships the `dense` scorer (it then asks for a dense block where `pool_methods` allows)."""
+        return DENSE_PREFIX + "w1" in self.weights
+
+    @property
+    def dense_encoder(self) -> str | None:
+        """The dense encoder its `dense` scorer was trained with (cosines of another encoder do not fit)."""
+        if not self.has_dense:
+            return None
+        return str((self.manifest.get("dense") or {}).get("encoder") or "") or None
+
+    def pool_methods(self, served: Sequence[str] | None, encoder: str | None) -> list[str] | None:
+        """The methods of its first retrieval on a retriever that serves `served` with dense `encoder`: bm25,
+        plus dense when it has the dense scorer and the retriever's encoder is the one it was trained with;
+        None (the retriever's default method) when the retriever does not say or serves no bm25."""
+        if not served or "bm25" not in served:
+            return None
+        if self.has_dense and DENSE in served and encoder is not None and _same_encoder(encoder, self.dense_encoder):
+            return ["bm25", DENSE]
+        return ["bm25"]
 
     def save(self, folder: Path, manifest: dict[str, Any]) -> Path:
         """Write `weights.npz` and `manifest.json` (with the weights' digest) into `folder`."""
@@ -306,18 +431,30 @@ class CompactPolicy:
         np.savez(path, **arrays)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         manifest = {**manifest, "name": self.name, "weights_sha256": digest,
-                    "doc_features": list(DOC_FEATURES), "candidate_features": list(CANDIDATE_FEATURES)}
+                    "doc_features": list(DOC_FEATURES), "candidate_features": list(CANDIDATE_FEATURES),
+                    **({"dense_features": list(DENSE_FEATURES)} if self.has_dense else {})}
         (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         self.digest, self.manifest, self.folder = digest, manifest, folder
         return path
 
     # ------------------------------------------------------------------------------------ scoring
-    def doc_logits(self, x: np.ndarray) -> np.ndarray:
+    def doc_logits(self, x: np.ndarray, scorer: str = LEXICAL_SCORER) -> np.ndarray:
         w = self.weights
-        h = (x - w["mean"]) / w["std"]
-        h = np.maximum(h @ w["w1"] + w["b1"], 0)
-        h = np.maximum(h @ w["w2"] + w["b2"], 0)
-        return (h @ w["w3"] + w["b3"]).reshape(-1)
+        pre = DENSE_PREFIX if scorer == DENSE_SCORER else ""
+        h = (x - w[pre + "mean"]) / w[pre + "std"]
+        h = np.maximum(h @ w[pre + "w1"] + w[pre + "b1"], 0)
+        h = np.maximum(h @ w[pre + "w2"] + w[pre + "b2"], 0)
+        return (h @ w[pre + "w3"] + w[pre + "b3"]).reshape(-1)
+
+    def features(self, question: QuestionInfo, pool: Sequence[PoolDoc], blocks: Sequence[InfoBlock]
+                 ) -> tuple[np.ndarray, np.ndarray, str]:
+        """(lexical features, scoring features, scorer): the scoring features add the dense evidence when
+        the search has a dense block and the policy its scorer."""
+        doc_x = doc_features(question, pool)
+        dense_x = dense_features(pool, blocks) if self.has_dense else None
+        if dense_x is None:
+            return doc_x, doc_x, LEXICAL_SCORER
+        return doc_x, np.concatenate([doc_x, dense_x], axis=1), DENSE_SCORER
 
     def query_logits(self, x: np.ndarray) -> np.ndarray:
         return x @ self.weights["qv"]
@@ -327,9 +464,9 @@ class CompactPolicy:
         """The next action in `env`: a follow-up search or the end with the selection. Greedy without `rng`;
         with one, the query is drawn from the candidates' softmax and the selection by Plackett-Luce."""
         question = QuestionInfo.of(env.question)
-        pool = pool_of([b.documents for b in env.blocks])
-        doc_x = doc_features(question, pool)
-        logits = self.doc_logits(doc_x) if len(pool) else np.zeros(0, dtype=np.float32)
+        pool = pool_of(env.blocks)
+        doc_x, score_x, scorer = self.features(question, pool, env.blocks)
+        logits = self.doc_logits(score_x, scorer) if len(pool) else np.zeros(0, dtype=np.float32)
         cand_x, choice = None, None
         if env.can_search and len(pool):
             cands, cand_x = candidates(question, pool, softmax(logits), env.seen_queries, doc_x)
@@ -339,7 +476,8 @@ class CompactPolicy:
             else:
                 choice = int(rng.choice(len(cands), p=softmax(q_logits, temperature)))
             if cands[choice].kind != "stop":
-                return Decision(Action("search", query=cands[choice].query), doc_x, cand_x, choice)
+                return Decision(Action("search", query=cands[choice].query), score_x, cand_x, choice,
+                                scorer=scorer)
         k = min(env.params.select_k, len(pool))
         if rng is None:
             chosen = [int(i) for i in np.argsort(-logits, kind="stable")[:k]]
@@ -351,7 +489,7 @@ class CompactPolicy:
                 chosen.append(i)
                 left[i] = False
         picks = tuple((pool[i].block, pool[i].position) for i in chosen)
-        return Decision(Action("complete", selected=picks), doc_x, cand_x, choice, selected=chosen)
+        return Decision(Action("complete", selected=picks), score_x, cand_x, choice, selected=chosen, scorer=scorer)
 
     # ------------------------------------------------------------------- the searcher's policy API
     async def act(self, env: SearchEnv) -> Action:

@@ -15,6 +15,7 @@ after the first retrieval ends the search degraded; a failed first retrieval rai
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from services.common import tracing
 from services.common.errors import ServiceError
 from services.common.llm import ChatMessage
 from services.common.schemas.base import Document
@@ -49,6 +51,7 @@ class InfoBlock(BaseModel):
     queries: list[str]
     documents: list[SearchedDocument]
     selected: list[int] | None = Field(None, description="1-based ids marked by <important_info>; None = no tag")
+    method: str | None = Field(None, description="the retrieval method (None: the retriever's default)")
 
 
 class SearchOutcome(BaseModel):
@@ -162,7 +165,7 @@ class SearchEnv:
             self._end("naive")
             return []
         if p.mode == "s3":
-            block = await self._add_block(0, [self.question])
+            block = await self._add_pool()
             self.seen_queries.add(parsing.normalize_query(self.question))  # searching the question is a repeat
             self.messages = [
                 ChatMessage(role="system", content=self.prompts.render("s3", "system", select_k=p.select_k)),
@@ -298,23 +301,45 @@ class SearchEnv:
         self.stop_reason = reason
         self._emit("end", stop_reason=reason, degraded=self.degraded_reason is not None)
 
-    async def _add_block(self, turn: int, queries: list[str]) -> InfoBlock:
+    async def _add_pool(self) -> InfoBlock:
+        """s3's first retrieval of the question: one block per method of `pool_methods` (retrieved together,
+        added in that order), else one block with `method`. Returns the first block."""
+        methods = self.params.pool_methods
+        if not methods or len(methods) == 1:
+            return await self._add_block(0, [self.question], methods[0] if methods else self.params.method)
+        fetched = await asyncio.gather(*(self._retrieve([self.question], m) for m in methods))
+        blocks = [self._block(0, [self.question], m, results) for m, results in zip(methods, fetched, strict=True)]
+        return blocks[0]
+
+    async def _add_block(self, turn: int, queries: list[str], method: str | None = None) -> InfoBlock:
+        method = method if method is not None else self.params.method
+        return self._block(turn, queries, method, await self._retrieve(queries, method, turn))
+
+    async def _retrieve(self, queries: list[str], method: str | None, turn: int = 0) -> list[list[Document]]:
         t0 = time.perf_counter()
-        try:
-            results = await self.retriever.retrieve(queries, self.params.retrieve_k, self.params.method)
-        finally:
-            self.timings.retrieval_ms += (time.perf_counter() - t0) * 1000
-            self.timings.retrieval_calls += 1
+        with tracing.span("searcher.retrieve", {"plugsearch.turn": turn, "plugsearch.queries": len(queries),
+                                                "plugsearch.k": self.params.retrieve_k,
+                                                "plugsearch.method": method or "default"}) as span:
+            try:
+                results = await self.retriever.retrieve(queries, self.params.retrieve_k, method)
+            finally:
+                self.timings.retrieval_ms += (time.perf_counter() - t0) * 1000
+                self.timings.retrieval_calls += 1
+            span.set_attribute("plugsearch.documents", sum(len(hits) for hits in results))
         if len(results) != len(queries):
             raise ServiceError(f"retriever answered {len(results)} result lists for {len(queries)} queries")
+        return results
+
+    def _block(self, turn: int, queries: list[str], method: str | None, results: list[list[Document]]) -> InfoBlock:
         # validated once already (the retriever's response model); copying without validating again
         # was ~1 ms of CPU per search at 32 documents
         docs = [SearchedDocument.model_construct(id=doc.id, title=doc.title, text=doc.text, score=doc.score,
                                                  turn=turn, query=query)
                 for query, hits in zip(queries, results, strict=True) for doc in hits]
-        block = InfoBlock.model_construct(turn=turn, queries=list(queries), documents=docs, selected=None)
+        block = InfoBlock.model_construct(turn=turn, queries=list(queries), documents=docs, selected=None,
+                                          method=method)
         self.blocks.append(block)
-        self._emit("retrieval", block_turn=turn, queries=list(queries), documents=docs)
+        self._emit("retrieval", block_turn=turn, queries=list(queries), documents=docs, method=method)
         return block
 
     async def _search(self, queries: list[str], turn: int) -> InfoBlock | None:

@@ -21,13 +21,15 @@ logger = logging.getLogger(__name__)
 
 
 class IndexIdentity:
-    """`await current()` -> the retriever's `index_id` (refreshed after `ttl_s`), or None when unknown."""
+    """`await current()` -> the retriever's `index_id` (refreshed after `ttl_s`), or None when unknown;
+    `await served()` -> the methods it serves and its dense encoder, read from the same `/version`."""
 
     def __init__(self, client: ServiceClient, *, ttl_s: float = 10.0, timeout_s: float = 2.0) -> None:
         self.client = client
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
         self._value: str | None = None
+        self._details: dict[str, object] = {}
         self._checked = float("-inf")
         self._lock = asyncio.Lock()
 
@@ -38,6 +40,13 @@ class IndexIdentity:
             if time.monotonic() - self._checked >= self.ttl_s:
                 await self._refresh()
         return self._value
+
+    async def served(self) -> tuple[list[str] | None, str | None]:
+        """(methods, dense encoder) of the retriever as its `/version` last said, (None, None) while unknown."""
+        await self.current()
+        methods, encoder = self._details.get("methods"), self._details.get("encoder")
+        return ([str(m) for m in methods] if isinstance(methods, list) else None,
+                encoder if isinstance(encoder, str) else None)
 
     async def _refresh(self) -> None:
         try:
@@ -57,4 +66,5 @@ class IndexIdentity:
         if value != self._value:
             logger.info("retriever index identity: %s (was %s)", value, self._value)
         self._value = value
+        self._details = details
         self._checked = time.monotonic()

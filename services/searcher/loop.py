@@ -5,6 +5,8 @@ with any `services.common.llm.LLMBackend` as the policy (the trainer drives it t
 `SearchOutcome.messages` is the exact transcript: the i-th message, when an assistant one, came from
 `policy.chat(messages[:i], ...)`. A policy failure or timeout, or the time budget (`params.timeout_s`) spent,
 ends the search degraded with the documents gathered so far; only a failed first retrieval raises.
+With tracing on (`services.common.tracing`), the search and each policy step are spans (each retrieval is
+one too: `SearchEnv`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import time
 from typing import Protocol, runtime_checkable
 
+from services.common import tracing
 from services.common.errors import ServiceError
 from services.common.llm import LLMBackend
 from services.common.schemas.searcher import SearchParams, StopReason
@@ -64,27 +67,52 @@ async def run_search(question: str, params: SearchParams, *, policy: LLMBackend 
                      on_event: EventSink | None = None) -> SearchOutcome:
     """Run one search in `params.mode` (naive needs no policy). Raises only when no document at all
     could be retrieved. `on_event` sees every retrieval, action and the end as they happen."""
-    env = SearchEnv(question, params, retriever, prompts=prompts, on_event=on_event)
+    with tracing.span("searcher.search", _search_attributes(params, policy)) as span:
+        outcome = await _drive(SearchEnv(question, params, retriever, prompts=prompts, on_event=on_event),
+                               params, policy)
+        if span.is_recording():
+            span.set_attributes({"plugsearch.stop_reason": outcome.stop_reason, "plugsearch.turns": outcome.turns,
+                                 "plugsearch.queries": len(outcome.queries),
+                                 "plugsearch.documents": len(outcome.documents), "plugsearch.degraded": outcome.degraded})
+    return outcome
+
+
+async def _drive(env: SearchEnv, params: SearchParams, policy: LLMBackend | ActingPolicy | None) -> SearchOutcome:
     deadline = None if params.timeout_s is None else time.perf_counter() + params.timeout_s
     await env.reset()
     while not env.done:
         if policy is None:
             raise ValueError(f"mode {params.mode} needs a policy")
-        if isinstance(policy, ActingPolicy):
-            if params.mode != "s3":
-                raise ValueError(f"the {policy.model} policy searches in s3 mode only")
-            t0 = time.perf_counter()
-            action = await policy.act(env)
-            env.record_policy_call(time.perf_counter() - t0)
-            await env.act(action)
-            continue
-        try:
-            text, stopped = await _ask(env, policy, deadline)
-        except _PolicyFailed as exc:
-            env.fail(exc.reason, exc.message)
-            break
-        await env.step(text, stopped=stopped)
+        with tracing.span("searcher.policy_step", {"plugsearch.step": env.turns + 1}) as span:
+            if isinstance(policy, ActingPolicy):
+                if params.mode != "s3":
+                    raise ValueError(f"the {policy.model} policy searches in s3 mode only")
+                t0 = time.perf_counter()
+                action = await policy.act(env)
+                env.record_policy_call(time.perf_counter() - t0)
+                span.set_attribute("plugsearch.action", action.kind)
+                await env.act(action)
+                continue
+            try:
+                text, stopped = await _ask(env, policy, deadline)
+            except _PolicyFailed as exc:
+                span.set_attribute("plugsearch.policy_failed", exc.reason)
+                env.fail(exc.reason, exc.message)
+                break
+            await env.step(text, stopped=stopped)
+            if span.is_recording():
+                span.set_attributes({"plugsearch.valid_actions": env.valid, "plugsearch.invalid_actions": env.invalid,
+                                     "plugsearch.done": env.done})
     outcome = await env.finish()
     if policy is not None and params.mode != "naive":
         outcome.policy_model = policy.model
     return outcome
+
+
+def _search_attributes(params: SearchParams, policy: object) -> tracing.Attributes | None:
+    """The search's span: its mode, budget and policy (None while not tracing)."""
+    if not tracing.enabled():
+        return None
+    return {"plugsearch.mode": params.mode, "plugsearch.max_turns": params.max_turns,
+            "plugsearch.retrieve_k": params.retrieve_k, "plugsearch.select_k": params.select_k,
+            "plugsearch.policy": str(getattr(policy, "model", "none")) if params.mode != "naive" else "none"}

@@ -9,12 +9,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
-from services.common import sse
+from services.common import sse, tracing
 from services.common.admission import Caller, FairShare, RateLimiter
 from services.common.cache import ResultCache, cache_key
 from services.common.errors import (
@@ -42,6 +43,7 @@ from services.common.schemas.searcher import (
     search_cost,
 )
 from services.searcher import parsing
+from services.searcher.compact import CompactPolicy
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import ActingPolicy, run_search
@@ -97,8 +99,9 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
     if return_trace:
         trace = SearchTrace(
             messages=[TraceMessage(role=m.role, content=m.content) for m in outcome.messages],
-            blocks=[TraceBlock(turn=b.turn, queries=b.queries, document_ids=[d.id for d in b.documents],
-                               selected=b.selected) for b in outcome.blocks])
+            blocks=[TraceBlock(turn=b.turn, queries=b.queries, method=b.method,
+                               document_ids=[d.id for d in b.documents], selected=b.selected)
+                    for b in outcome.blocks])
     return SearchResponse(
         question=outcome.question, mode=outcome.mode, documents=outcome.documents,
         context=parsing.format_documents(outcome.documents), queries=outcome.queries, turns=outcome.turns,
@@ -151,10 +154,30 @@ class SearchService:
         return params
 
     def _cost(self, params: SearchParams) -> float:
-        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval."""
+        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval (its
+        first retrieval may take a dense block beside the BM25 one: counted)."""
         if params.mode == "s3" and isinstance(self.policy, ActingPolicy):
-            return 1.0 + params.max_turns
+            pool = len(params.pool_methods) if params.pool_methods else \
+                (2 if isinstance(self.policy, CompactPolicy) and self.policy.has_dense else 1)
+            return pool + params.max_turns
         return search_cost(params)
+
+    async def _pool(self, params: SearchParams) -> SearchParams:
+        """The compact policy's first retrieval: BM25, plus dense when the retriever serves the encoder its
+        dense scorer was trained with (`SEARCHER_COMPACT_DENSE`: auto reads the retriever's `/version`)."""
+        if params.mode != "s3" or not isinstance(self.policy, CompactPolicy):
+            return params
+        setting = self.settings.compact_dense
+        served: list[str] | None
+        if setting == "off":
+            served, encoder = ["bm25"], None
+        elif setting == "on":
+            served, encoder = ["bm25", "dense"], self.policy.dense_encoder
+        elif self.index_identity is not None:
+            served, encoder = await self.index_identity.served()
+        else:
+            return params
+        return params.model_copy(update={"pool_methods": self.policy.pool_methods(served, encoder)})
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
         """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
@@ -209,7 +232,7 @@ class SearchService:
                        ) -> _Prepared:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
-        params = self._params(request)
+        params = await self._pool(self._params(request))
         cost = self._cost(params)
         self.check_cost(caller, cost + extra_cost)
         cache, index_id = self.cache, None
@@ -254,11 +277,13 @@ class SearchService:
         False: the caller holds the LLM slot itself (the chat proxy, for search and answer)."""
         prepared = await self._prepare(request, caller, extra_cost)
         hit = await self._cached(request, prepared)
+        tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
             await self.charge(caller, extra_cost)
             return hit
-        await self.charge(caller, prepared.cost + extra_cost)
-        release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
+        with _admission_span(caller, prepared.cost + extra_cost):
+            await self.charge(caller, prepared.cost + extra_cost)
+            release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
         try:
             return await self._run(request, prepared)
         finally:
@@ -271,10 +296,12 @@ class SearchService:
         `result` event alone. Closing the returned generator (the client went away) cancels the search."""
         prepared = await self._prepare(request, caller)
         hit = await self._cached(request, prepared)
+        tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
-        await self.charge(caller, prepared.cost)
-        release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
+        with _admission_span(caller, prepared.cost):
+            await self.charge(caller, prepared.cost)
+            release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
         task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
@@ -305,21 +332,30 @@ class SearchService:
         await self.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 
-        async def one(item: SearchRequest) -> SearchResponse:
+        async def one(i: int, item: SearchRequest) -> SearchResponse:
             async with sem:
-                return await self.search(item)  # bound and budget: the whole batch's, above
+                with tracing.span("searcher.batch_item", {"plugsearch.item": i}):  # (its own `cached`)
+                    return await self.search(item)  # bound and budget: the whole batch's, above
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
         llm_items = sum(self.uses_llm(self._params(item)) for item in items)
         release = self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
         try:
-            results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+            results = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)), return_exceptions=True)
         finally:
             release()
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return [r for r in results if isinstance(r, SearchResponse)]
+
+
+def _admission_span(caller: Caller | None, cost: float) -> AbstractContextManager[Any]:
+    """The span of a search's admission: its cost charged to the caller's budget (a Redis round trip where
+    there is one) and the LLM slot it holds; a refusal (429) ends it with the error."""
+    return tracing.span("searcher.admission", {"plugsearch.cost": cost,
+                                                "plugsearch.caller": caller.kind if caller else "none"}
+                        if tracing.enabled() else None)
 
 
 # ------------------------------------------------------------------------------------------ streaming
@@ -352,7 +388,7 @@ class _StreamEvents:
             self.blocks.append(list(data["documents"]))
             payload = RetrievalEvent.model_construct(
                 block=len(self.blocks) - 1, turn=data["block_turn"], queries=data["queries"],
-                documents=data["documents"], step=event.turn, elapsed_ms=elapsed_ms)
+                method=data.get("method"), documents=data["documents"], step=event.turn, elapsed_ms=elapsed_ms)
         elif event.type == "action":
             selected: list[int] | None = data.get("selected")
             block, ids = None, None

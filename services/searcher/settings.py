@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from string import Template
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -103,6 +104,10 @@ class SearcherSettings(ServiceSettings):
         "folder of a compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py), or "
         "`packaged` for the one shipped in the package: s3 searches are driven by it in-process instead of the "
         "chat policy LLM; checked at start-up"))
+    compact_dense: Literal["auto", "on", "off"] = Field("auto", description=(
+        "the compact policy's first retrieval: BM25, plus the dense top-k for its dense scorer. auto: when the "
+        "retriever's /version says it serves dense search with the encoder that scorer was trained with; on: "
+        "always (the retriever must serve it); off: BM25 alone (its lexical scorer)"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))

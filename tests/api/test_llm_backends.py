@@ -3,10 +3,19 @@ through the fake OpenAI-compatible server: URL, model name, API key and request 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
-from services.common.llama_server import DEFAULT_MODEL_ALIAS, llama_server_command
+from services.common.llama_server import (
+    DEFAULT_MODEL_ALIAS,
+    LlamaServerError,
+    apply_weight_repacking,
+    cpu_flags,
+    llama_server_command,
+    weight_repacking,
+)
 from services.common.llm import LLMSettings
 from services.generator.api import create_app as create_generator
 from services.generator.settings import GeneratorSettings
@@ -102,3 +111,29 @@ def test_prompt_cache_size_and_off() -> None:
     assert cmd[cmd.index("--cache_size") + 1] == str(64 * 1024 * 1024)
     with pytest.raises(ValueError, match="prompt_cache_mb"):
         llama_server_command("/m.gguf", prompt_cache_mb=-1)
+
+
+def test_weight_repacking_is_off_on_amx_cpus_unless_asked(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f amx_bf16 amx_tile amx_int8\n\n")
+    flags = cpu_flags(cpuinfo)
+    assert {"avx2", "amx_int8"} <= flags
+    assert weight_repacking("auto", flags) is False
+    assert weight_repacking("auto", {"avx2", "fma"}) is True
+    assert weight_repacking("on", flags) is True
+    assert weight_repacking("off", {"avx2"}) is False
+    assert weight_repacking("", {"avx2"}) is True  # unset means auto
+    assert cpu_flags(tmp_path / "missing") == set()
+    with pytest.raises(LlamaServerError, match="PLUGSEARCH_LLM_REPACK"):
+        weight_repacking("sometimes", flags)
+
+
+def test_no_repack_clears_llama_cpp_extra_buffer_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = pytest.importorskip("llama_cpp.llama_cpp")
+    monkeypatch.setattr(lib, "llama_model_default_params", lib.llama_model_default_params)
+    assert lib.llama_model_default_params().use_extra_bufts is True
+    assert apply_weight_repacking(allowed=True) is True
+    assert lib.llama_model_default_params().use_extra_bufts is True
+    assert apply_weight_repacking(allowed=False) is False
+    assert apply_weight_repacking(allowed=False) is False  # wrapped once
+    assert lib.llama_model_default_params().use_extra_bufts is False

@@ -181,6 +181,7 @@ async def test_method_not_loaded_is_400(tiny: RetrieverSettings) -> None:
             assert error["param"] == "method" and error["type"] == "bad_request"
         version = (await c.get("/version")).json()
         assert version["details"]["methods"] == ["bm25"]
+        assert version["details"]["encoder_backend"] is None  # no dense index, no encoder
 
 
 async def test_ops_endpoints(client: httpx.AsyncClient, tiny: RetrieverSettings) -> None:
@@ -190,6 +191,8 @@ async def test_ops_endpoints(client: httpx.AsyncClient, tiny: RetrieverSettings)
     details = (await client.get("/version")).json()["details"]
     assert details["methods"] == ["bm25", "dense", "hybrid"] and details["dense_index"] == "flat"
     assert details["index_id"].startswith("idx-")  # searchers put it in their cache keys
+    # the default encoder backend (auto) serves MiniLM on ONNX Runtime, and says so
+    assert details["encoder_backend"] == "onnx" and details["encoder_fallback"] is None
     await client.post("/retrieve", json={"queries": ["a", "b"], "method": "dense"})
     metrics = (await client.get("/metrics")).text
     assert 'retriever_search_seconds_count{method="dense"}' in metrics
@@ -251,3 +254,18 @@ async def test_admission_judges_a_retrieval_by_its_number_of_queries(client: htt
     assert (await client.post("/retrieve", json={"queries": queries, "k": 3})).status_code == 200
     assert (await client.post("/searchr1/retrieve", json={"queries": queries[:5]})).status_code == 200
     assert costs == [1.0, 32.0, 5.0]
+
+
+async def test_version_says_when_the_encoder_falls_back_to_torch(tiny: RetrieverSettings, tmp_path: Path) -> None:
+    """The default backend cannot export here (its folder is a file): the service serves torch, and /version
+    says so and why."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    settings = tiny.model_copy(update={"encoder": tiny.encoder.model_copy(update={"onnx_dir": blocker})})
+    async with app_client(create_app(settings)) as c:
+        await wait_ready(c)
+        details = (await c.get("/version")).json()["details"]
+        assert details["encoder_backend"] == "torch"
+        assert "RETRIEVER_ENCODER__ONNX_DIR at a writable folder" in details["encoder_fallback"]
+        response = await c.post("/retrieve", json={"queries": ["capital of France"], "method": "dense", "k": 3})
+        assert response.status_code == 200 and len(response.json()["results"][0]) == 3

@@ -94,3 +94,72 @@ async def test_qagent_is_refused_and_a_compact_search_costs_one_unit_per_retriev
 
     assert service.cost([SearchRequest(question=Q)]) == 2.0  # the first retrieval + max_turns 1
     assert service.cost([SearchRequest(question=Q, mode="naive")]) == 1.0
+
+
+# ------------------------------------------------------------------- the dense block of the first retrieval
+@pytest.fixture()
+def dense_policy_dir(tmp_path: Path) -> Path:
+    policy = CompactPolicy(weights(doc={"score_rel": 1.0}, query={"stop": 5.0}, dense={"cosine": 1.0}),
+                           name="compact-d")
+    policy.save(tmp_path / "dense", {"search": {"retrieve_k": 5, "select_k": 2, "max_turns": 1},
+                                     "dense": {"encoder": "all-MiniLM-L6-v2"}})
+    return tmp_path / "dense"
+
+
+async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_the_cost(
+        dense_policy_dir: Path) -> None:
+    retriever = fake_retriever_app()
+    client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0),
+                             transport=httpx.ASGITransport(app=retriever))
+    settings = SearcherSettings(compact_policy=dense_policy_dir, retrieve_k=5, select_k=2, max_turns=1,
+                                compact_dense="on")
+    app = create_app(settings, retriever=ServiceRetriever(client), cache=ResultCache(MemoryCache(), name="search"))
+    try:
+        async with app_client(app) as http:
+            body = (await http.post("/search", json={"question": Q, "return_trace": True})).json()
+            streamed = await events_of(await http.post("/search", json={"question": Q + " ?", "stream": True}))
+            service = app.state.service
+    finally:
+        await client.aclose()
+    assert [(b["turn"], b["method"]) for b in body["trace"]["blocks"]] == [(0, "bm25"), (0, "dense")]
+    assert body["queries"] == [] and body["timings"]["retrieval_calls"] == 2
+    assert [e["method"] for name, e in streamed if name == "retrieval"] == ["bm25", "dense"]
+    assert sorted(r.method for r in retriever.state.requests) == ["bm25", "bm25", "dense", "dense"]
+    from services.common.schemas.searcher import SearchRequest
+
+    assert service.cost([SearchRequest(question=Q)]) == 3.0  # BM25 + dense + max_turns 1
+
+
+async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy_dir: Path) -> None:
+    from fastapi.responses import JSONResponse
+
+    from services.common.schemas.searcher import SearchRequest
+    from services.searcher.index_identity import IndexIdentity
+    from services.searcher.serving import SearchService
+
+    retriever = fake_retriever_app()
+    retriever.state.details = {"index_id": "i1", "methods": ["bm25", "dense", "hybrid"], "encoder": "all-MiniLM-L6-v2"}
+
+    @retriever.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"service": "retriever", "version": "0", "details": retriever.state.details})
+
+    client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0),
+                             transport=httpx.ASGITransport(app=retriever))
+    settings = SearcherSettings(compact_policy=dense_policy_dir, retrieve_k=5, select_k=2, max_turns=1)
+    service = SearchService(settings, policy=CompactPolicy.load(dense_policy_dir), retriever=ServiceRetriever(client),
+                            index_identity=IndexIdentity(client, ttl_s=0))
+
+    async def methods(question: str) -> list[str | None]:
+        response = await service.search(SearchRequest(question=question, return_trace=True))
+        assert response.trace is not None
+        return [b.method for b in response.trace.blocks]
+
+    try:
+        assert await methods(Q) == ["bm25", "dense"]
+        retriever.state.details = {**retriever.state.details, "encoder": "intfloat/e5-base-v2"}  # other cosines
+        assert await methods(Q + " 2") == ["bm25"]
+        retriever.state.details = {"index_id": "i2", "methods": ["bm25"], "encoder": None}  # no dense index
+        assert await methods(Q + " 3") == ["bm25"]
+    finally:
+        await client.aclose()

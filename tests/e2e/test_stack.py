@@ -85,7 +85,7 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
         started = descendants(proc.pid)
         names = {Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                  for pid in started if Path(f"/proc/{pid}/cmdline").exists()}
-        expected = ["llama_cpp.server", *(f"services.{svc}" for svc in ("retriever", "generator", "judge",
+        expected = ["services.common.llama_server", *(f"services.{svc}" for svc in ("retriever", "generator", "judge",
                                                                         "searcher"))]
         if shutil.which("redis-server"):
             expected.append("redis-server")

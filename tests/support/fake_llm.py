@@ -23,6 +23,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from services.common import tracing
+
 Responder = Callable[[dict[str, Any]], "str | Awaitable[str]"]
 
 
@@ -131,7 +133,10 @@ def bare(handle: Handler) -> Any:
             raw += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        status, media, payload = await handle(scope["method"], scope["path"], raw)
+        request_id = dict(scope.get("headers", ())).get(b"x-request-id", b"-").decode("latin-1")
+        with tracing.server_span(scope, request_id) as span:  # with OTEL_* set: joins the caller's trace
+            status, media, payload = await handle(scope["method"], scope["path"], raw)
+            tracing.finish_server_span(span, scope, status)
         await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", media.encode())]})
         await send({"type": "http.response.body", "body": payload})
 
@@ -197,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     app = bare_app(load_responder(args.responder), latency_s=args.latency_ms / 1000, model=args.model,
                    slots=args.slots)
+    tracing.setup_tracing("fake-llm")  # off unless OTEL_* variables switch it on
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

@@ -228,7 +228,7 @@ def test_compose_service_matches_code(service: str, compose: dict[str, Any], mon
     svc = compose["services"][service]
     env = {k: str(v) for k, v in svc["environment"].items()}
     cls = settings_class(service)
-    unknown = set(env) - env_names(cls, env_prefix(cls))
+    unknown = {k for k in env if not k.startswith("OTEL_")} - env_names(cls, env_prefix(cls))  # OTEL_*: tracing's
     assert not unknown, f"{service}: env vars no settings field reads: {sorted(unknown)}"
     settings = load_settings(service, env, monkeypatch)
     assert settings.host == "0.0.0.0"
@@ -323,13 +323,13 @@ def test_compose_builds_with_the_dockerfile_inputs(compose_raw: dict[str, Any], 
 
 
 def llama_command(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What `python -m services.common.llama_server ARGS` would exec (captured, not run)."""
+    """What `python -m services.common.llama_server ARGS` would run (captured, not run)."""
     from services.common import llama_server
 
     captured: list[list[str]] = []
-    monkeypatch.setattr(llama_server.os, "execv", lambda _exe, cmd: captured.append(list(cmd)))
+    monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(list(cmd)))
     llama_server.main(args)
-    assert captured, "llama_server.main did not exec"
+    assert captured, "llama_server.main did not serve"
     return captured[0]
 
 
@@ -827,8 +827,35 @@ def test_the_cpu_retriever_gets_cpu_torch_and_fails_on_cuda(dockerfile: tuple[di
     (first, *_) = [" ".join(c.value) for c in stages["build-retriever"].commands if c.cmd.upper() == "RUN"]
     torch_at = first.index('pip install --no-deps -r requirements/torch.txt ${TORCH_INDEX_URL:+--index-url')
     assert torch_at < first.index("-r requirements/image-retriever.txt")
-    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx"]  # the onnx extra: RETRIEVER_ENCODER__BACKEND=onnx
+    assert LOCK_IMAGES["retriever"] == ["retriever", "onnx", "otel"]  # onnx: RETRIEVER_ENCODER__BACKEND=onnx
     assert "torch.version.cuda" in first and "grep -i '^nvidia-'" in first
+
+
+def test_the_retriever_image_ships_the_default_encoders_onnx_export(
+        dockerfile: tuple[dict[str, str], dict[str, Stage]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default encoder backend (auto) serves MiniLM on ONNX Runtime: the image makes that export at build
+    time (failing where the default would fall back to torch) into the folder its env names, writable by the
+    service's user; the CPU pods neither override the backend nor mount anything over that folder."""
+    _, stages = dockerfile
+    (export,) = [" ".join(c.value) for c in stages["retriever-onnx"].commands if c.cmd.upper() == "RUN"]
+    assert stages["retriever-onnx"].base == "build-retriever"
+    built_into = re.search(r"RETRIEVER_ENCODER__ONNX_DIR=(\S+)", export)
+    assert built_into and "plugsearch-index encoder --require-onnx" in export
+    (copy,) = [c for c in stages["retriever"].commands if c.cmd.upper() == "COPY"
+               and "--from=retriever-onnx" in c.flags]
+    assert "--chown=10001:10001" in copy.flags and copy.value[0] == built_into.group(1)
+    env = {c.value[i]: c.value[i + 1] for c in stages["retriever"].commands if c.cmd.upper() == "ENV"
+           for i in range(0, len(c.value), 2)}
+    assert env["RETRIEVER_ENCODER__ONNX_DIR"] == copy.value[1]
+    settings = load_settings("retriever", {"RETRIEVER_ENCODER__ONNX_DIR": env["RETRIEVER_ENCODER__ONNX_DIR"]},
+                             monkeypatch)
+    assert settings.encoder.backend == "auto" and str(settings.encoder.onnx_dir) == copy.value[1]
+    for overlay in ("cpu", "scale"):
+        for name, container, _pod in containers(kustomize(overlay)):
+            if container["image"].split(":")[0] == "plugsearch/retriever":
+                assert not {"RETRIEVER_ENCODER__BACKEND", "RETRIEVER_ENCODER__ONNX_DIR"} & set(k8s_env(container))
+                mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+                assert not [m for m in mounts if copy.value[1].startswith(m)], (overlay, name, mounts)
 
 
 def test_llama_cpp_compiles_in_a_stage_of_its_own(dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:

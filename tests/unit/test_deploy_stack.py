@@ -170,7 +170,7 @@ def test_redis_and_the_llm_get_per_run_secrets_never_on_a_command_line(tmp_path:
     assert searcher.policy.api_key is not None and searcher.policy.api_key.get_secret_value() == options.llm_api_key
     # the llama.cpp process hands the key to llama-cpp-python as its API_KEY setting, not as an argument
     captured: list[tuple[list[str], str | None]] = []
-    monkeypatch.setattr(llama_server.os, "execv", lambda _exe, cmd: captured.append(
+    monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(
         (list(cmd), llama_server.os.environ.get("API_KEY"))))
     monkeypatch.setattr(llama_server, "smollm2_gguf_path", lambda: Path("/m.gguf"))
     monkeypatch.setenv("API_KEY", "something-else")
@@ -346,9 +346,9 @@ def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: 
     spec = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_threads=3, llm_prompt_cache_mb=64))}["llm"]
     assert spec.argv[1:3] == ["-m", "services.common.llama_server"]
     captured: list[list[str]] = []
-    monkeypatch.setattr(llama_server.os, "execv", lambda _exe, cmd: captured.append(list(cmd)))
+    monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(list(cmd)))
     monkeypatch.setattr(llama_server, "smollm2_gguf_path", lambda: Path("/m.gguf"))
-    llama_server.main(spec.argv[3:])  # what the process would exec
+    llama_server.main(spec.argv[3:])  # what the process would run
     cmd = captured[0]
     assert cmd[cmd.index("--n_threads") + 1] == "3"
     assert cmd[cmd.index("--cache_size") + 1] == str(64 << 20)
@@ -424,3 +424,22 @@ def test_policy_choice(tmp_path: Path) -> None:
     assert stack._trained_policy(stack._parse_args([]), said.append, worse) is None  # auto: only a winner
     assert "did not beat" in said[-1]
     assert stack._trained_policy(stack._parse_args(["--policy", "trained"]), said.append, worse) is not None
+
+
+def test_a_dense_stack_builds_and_serves_the_dense_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.unit.test_searcher_compact import DENSE_READER, NAME_SEEKER
+
+    options = make_options(tmp_path, compact=DENSE_READER, dense=True)
+    specs = {s.name: s for s in stack.build_specs(options, redis_server=None)}
+    retriever = load_settings("retriever", specs["retriever"].env, monkeypatch)
+    assert retriever.dense and retriever.bm25 and retriever.faiss.index_type == "flat"
+    assert "hybrid" in retriever.methods()
+    _, env = stack.index_command(options)  # the build makes what the service loads
+    assert env["RETRIEVER_DENSE"] == "true" and env["RETRIEVER_FAISS__INDEX_TYPE"] == "flat"
+    bm25_only = {s.name: s for s in stack.build_specs(make_options(tmp_path), redis_server=None)}
+    assert not load_settings("retriever", bm25_only["retriever"].env, monkeypatch).dense
+    # --dense auto: on when the served compact policy scores a dense pool
+    assert stack._parse_args([]).dense == "auto"
+    assert stack.serve_dense("auto", DENSE_READER) and not stack.serve_dense("auto", NAME_SEEKER)
+    assert not stack.serve_dense("auto", None) and stack.serve_dense("on", None)
+    assert not stack.serve_dense("off", DENSE_READER)

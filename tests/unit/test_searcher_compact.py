@@ -1,6 +1,6 @@
-"""The compact policy in the search environment: its steps (pool, follow-up query, selection, stop), the
-structured actions of `SearchEnv`, the reward on the documents in the environment's state, the weights'
-digest check, and the trainer's log-probabilities of sampled actions."""
+"""The compact policy in the search environment: its steps (pool, with a dense block when asked, follow-up
+query, selection, stop), the structured actions of `SearchEnv`, the reward on the documents in the
+environment's state, the weights' digest check, and the trainer's log-probabilities of sampled actions."""
 
 from __future__ import annotations
 
@@ -12,17 +12,22 @@ import numpy as np
 import pytest
 
 from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchParams
+from services.common.schemas.searcher import SearchedDocument, SearchParams
 from services.searcher.compact import (
+    ABSENT_COSINE_GAP,
     CANDIDATE_FEATURES,
+    DENSE_FEATURES,
     DOC_FEATURES,
     CompactPolicy,
     CompactPolicyError,
     QuestionInfo,
+    dense_features,
     doc_features,
     pool_of,
+    title_core,
+    title_head,
 )
-from services.searcher.env import Action, SearchEnv, SearchEvent
+from services.searcher.env import Action, InfoBlock, SearchEnv, SearchEvent
 from services.searcher.loop import run_search
 from trainer.compact import Episode, LabeledItem, run_episode
 from trainer.data import QAItem
@@ -40,35 +45,64 @@ CORPUS = {
 }
 
 
+# the dense retriever's answer to the question: the director's passage (which BM25's pool lacks) first
+DENSE_HITS = [Document(id="d4", title="Adriana Trigiani", score=0.71,
+                       text="Adriana Trigiani is a writer and director based in Greenwich Village."),
+              Document(id="d1", title="Big Stone Gap (film)", score=0.64,
+                       text="Big Stone Gap is a 2014 film directed by Adriana Trigiani.")]
+
+
 class MemoryRetriever:
-    """Answers a query with the documents of the first key it contains (lower-cased)."""
+    """Answers a query with the documents of the first key it contains (lower-cased); the `dense` method
+    answers the question with `DENSE_HITS`."""
 
     def __init__(self) -> None:
         self.queries: list[str] = []
+        self.methods: list[str | None] = []
 
     async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
         self.queries.extend(queries)
+        self.methods.extend(method for _ in queries)
         out = []
         for q in queries:
-            hits = next((docs for key, docs in CORPUS.items() if key in q.lower()), [])
+            if method == "dense":
+                hits = DENSE_HITS if q == QUESTION else []
+            else:
+                hits = next((docs for key, docs in CORPUS.items() if key in q.lower()), [])
             out.append([d.model_copy() for d in hits[:k]])
         return out
 
 
-def weights(*, doc: dict[str, float], query: dict[str, float]) -> dict[str, np.ndarray]:
+def _mlp(names: tuple[str, ...], doc: dict[str, float], prefix: str = "") -> dict[str, np.ndarray]:
     """A linear scorer through the MLP's shapes: the first hidden unit carries the weighted feature sum
-    (shifted to stay positive through the ReLUs), the query head is the given weights."""
-    n = len(DOC_FEATURES)
+    (shifted to stay positive through the ReLUs)."""
+    n = len(names)
     w1 = np.zeros((n, 2), dtype=np.float32)
     for name, value in doc.items():
-        w1[DOC_FEATURES.index(name), 0] = value
+        w1[names.index(name), 0] = value
+    return {prefix + k: v for k, v in {
+        "mean": np.zeros(n, np.float32), "std": np.ones(n, np.float32), "w1": w1,
+        "b1": np.array([100.0, 0.0], np.float32), "w2": np.eye(2, dtype=np.float32),
+        "b2": np.zeros(2, np.float32), "w3": np.array([[1.0], [0.0]], np.float32), "b3": np.zeros(1, np.float32),
+    }.items()}
+
+
+def weights(*, doc: dict[str, float], query: dict[str, float], dense: dict[str, float] | None = None
+            ) -> dict[str, np.ndarray]:
+    """The lexical scorer `doc`, the query head `query` and, given `dense`, the dense scorer (over the
+    lexical and the dense features)."""
     qv = np.zeros(len(CANDIDATE_FEATURES), dtype=np.float32)
     for name, value in query.items():
         qv[CANDIDATE_FEATURES.index(name)] = value
-    return {"mean": np.zeros(n, np.float32), "std": np.ones(n, np.float32), "w1": w1,
-            "b1": np.array([100.0, 0.0], np.float32), "w2": np.eye(2, dtype=np.float32),
-            "b2": np.zeros(2, np.float32), "w3": np.array([[1.0], [0.0]], np.float32), "b3": np.zeros(1, np.float32),
-            "qv": qv}
+    out = {**_mlp(DOC_FEATURES, doc), "qv": qv}
+    if dense is not None:
+        out.update(_mlp(DOC_FEATURES + DENSE_FEATURES, dense, prefix="dense_"))
+    return out
+
+
+def block(docs: list[Document], method: str | None = None, turn: int = 0) -> InfoBlock:
+    return InfoBlock(turn=turn, queries=["q"], method=method, documents=[
+        SearchedDocument(**d.model_dump(), turn=turn, query="q") for d in docs])
 
 
 def params(**kw: int) -> SearchParams:
@@ -165,10 +199,10 @@ async def test_sampled_log_probability_matches_the_trainers() -> None:
         for i in step.selected:
             expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
             left.remove(i)
-    from trainer.compact import _torch_model
+    from trainer.compact import _norms, _torch_model
 
-    model = _torch_model((2, 2), policy.weights)
-    got = _log_prob(model, ep, policy.weights["mean"], policy.weights["std"], 1.0)
+    model = _torch_model((2, 2), ["lexical"], policy.weights)
+    got = _log_prob(model, ep, _norms(policy.weights), 1.0)
     assert got.requires_grad  # the gradient reaches both heads
     assert float(got.detach()) == pytest.approx(expected, abs=1e-4)
     assert torch.is_tensor(got)
@@ -200,8 +234,8 @@ def test_features_ignore_passage_length() -> None:
     short = Document(id="a", title="Adriana Trigiani", score=4.0, text="Adriana Trigiani is a director born 1969.")
     long = short.model_copy(update={"text": " ".join([short.text] * 5)})
     q = QuestionInfo.of("When was Adriana Trigiani born?")
-    x_short = doc_features(q, pool_of([[short]]))
-    x_long = doc_features(q, pool_of([[long]]))
+    x_short = doc_features(q, pool_of([block([short])]))
+    x_long = doc_features(q, pool_of([block([long])]))
     assert np.allclose(x_short, x_long)
 
 
@@ -213,3 +247,102 @@ def test_act_returns_the_greedy_decision() -> None:
         return await NAME_SEEKER.act(env)
 
     assert asyncio.run(go()).kind == "search"
+
+
+# ------------------------------------------------------------------------------------ the dense block
+DENSE_READER = CompactPolicy(weights(doc={"score_rel": 1.0}, query={"stop": 5.0},
+                                     dense={"cosine": 10.0, "score_rel": 1.0}), name="test-dense",
+                             manifest={"dense": {"encoder": "all-MiniLM-L6-v2"}})
+
+
+async def test_a_dense_pool_is_a_block_of_its_own_and_the_dense_scorer_reads_it() -> None:
+    retriever = MemoryRetriever()
+    events: list[SearchEvent] = []
+    outcome = await run_search(QUESTION, params(pool_methods=["bm25", "dense"], select_k=2), policy=DENSE_READER,
+                               retriever=retriever, on_event=events.append)
+    assert retriever.methods == ["bm25", "dense"] and retriever.queries == [QUESTION, QUESTION]
+    assert [(b.turn, b.method) for b in outcome.blocks] == [(0, "bm25"), (0, "dense")]
+    assert [e.data["method"] for e in events if e.type == "retrieval"] == ["bm25", "dense"]
+    assert outcome.queries == []  # the dense block is the first retrieval, not a follow-up search
+    # the cosine decides: the director's passage only the dense block found, and the film's (in block order)
+    assert [d.id for d in outcome.documents] == ["d1", "d4"]
+    assert outcome.blocks[0].selected == [1] and outcome.blocks[1].selected == [1]
+    assert outcome.timings.retrieval_calls == 2
+    # the same policy on a BM25 pool alone scores with its lexical scorer (BM25's order)
+    lexical = await run_search(QUESTION, params(pool_methods=["bm25"], select_k=2), policy=DENSE_READER,
+                               retriever=MemoryRetriever())
+    assert [d.id for d in lexical.documents] == ["d1", "d2"]
+
+
+def test_dense_evidence_of_the_pool() -> None:
+    bm25 = block(CORPUS["big stone gap"], "bm25")
+    dense = block(DENSE_HITS, "dense")
+    pool = pool_of([bm25, dense])
+    assert [p.doc.id for p in pool] == ["d1", "d2", "d3", "d4"]  # the lexical block first, then what only dense found
+    assert [p.lexical for p in pool] == [True, True, True, False]
+    x = dense_features(pool, [bm25, dense])
+    assert x is not None and x.shape == (4, len(DENSE_FEATURES))
+    col = {name: x[:, i] for i, name in enumerate(DENSE_FEATURES)}
+    assert col["in_lexical"].tolist() == [1, 1, 1, 0] and col["in_dense"].tolist() == [1, 0, 0, 1]
+    absent = 0.64 - ABSENT_COSINE_GAP  # the dense block's lowest cosine, minus the gap
+    assert col["cosine"] == pytest.approx([0.64, absent, absent, 0.71])
+    assert col["cosine_gap"] == pytest.approx([0.64 - 0.71, absent - 0.71, absent - 0.71, 0.0])
+    assert col["dense_inv_rank"][0] == pytest.approx(1 / 2) and col["dense_inv_rank"][3] == pytest.approx(1.0)
+    assert dense_features(pool_of([bm25]), [bm25]) is None  # no dense block: the lexical scorer
+
+
+def test_the_dense_block_is_asked_for_only_with_the_trained_encoder() -> None:
+    assert DENSE_READER.has_dense and DENSE_READER.dense_encoder == "all-MiniLM-L6-v2"
+    served = ["bm25", "dense", "hybrid"]
+    assert DENSE_READER.pool_methods(served, "all-MiniLM-L6-v2") == ["bm25", "dense"]
+    assert DENSE_READER.pool_methods(served, "/models/all-MiniLM-L6-v2/") == ["bm25", "dense"]  # a local copy
+    assert DENSE_READER.pool_methods(served, "intfloat/e5-base-v2") == ["bm25"]  # other cosines: lexical
+    assert DENSE_READER.pool_methods(["bm25"], None) == ["bm25"]
+    assert DENSE_READER.pool_methods(["dense"], "all-MiniLM-L6-v2") is None  # no BM25: the retriever's default
+    assert DENSE_READER.pool_methods(None, None) is None  # the retriever did not say
+    assert NAME_SEEKER.pool_methods(served, "all-MiniLM-L6-v2") == ["bm25"]  # no dense scorer
+
+
+def test_a_partial_dense_scorer_is_refused() -> None:
+    bad = dict(DENSE_READER.weights)
+    del bad["dense_w2"]
+    with pytest.raises(CompactPolicyError, match="part of the dense scorer"):
+        CompactPolicy(bad).check()
+    wrong = dict(DENSE_READER.weights)
+    wrong["dense_mean"] = np.zeros(3, np.float32)
+    with pytest.raises(CompactPolicyError, match="dense_scorer"):
+        CompactPolicy(wrong).check()
+
+
+def test_titles_link_without_their_disambiguation() -> None:
+    assert title_core("Machine Head (band)") == "Machine Head" and title_head("Davenport, Florida") == "Davenport"
+    question = QuestionInfo.of("Which year was the band that toured with Livin la Vida Loco formed?")
+    tour = Document(id="t", title="Livin la Vida Loco", score=5.0,
+                    text="Other bands that were featured included Machine Head and Slipknot.")
+    band = Document(id="b", title="Machine Head (band)", score=1.0, text="Formed on October 12, 1991 in Oakland.")
+    other = Document(id="o", title="Psycho Circus", score=2.0, text="A concert tour by Kiss.")
+    x = doc_features(question, pool_of([block([tour, other, band])]))
+    col = {name: x[:, i] for i, name in enumerate(DOC_FEATURES)}
+    assert col["is_core_anchor"].tolist() == [1, 0, 0]
+    assert col["core_linked_from_anchor"].tolist() == [0, 0, 1]  # "(band)" would have hidden the link
+    assert col["linked_from_anchor"].tolist() == [0, 0, 0]  # the whole title is not in the anchor's text
+
+
+async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainers() -> None:
+    pytest.importorskip("torch")
+    from trainer.compact import _log_prob, _norms, _torch_model
+
+    item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
+    ep = await run_episode(DENSE_READER, item, MemoryRetriever(), params(pool_methods=["bm25", "dense"], select_k=2),
+                           rng=np.random.default_rng(5))
+    assert [s.scorer for s in ep.steps] == ["dense"]
+    step = ep.steps[0]
+    assert step.cand_x is not None and step.choice == 0  # the stop, sampled among the follow-ups
+    q = step.cand_x @ DENSE_READER.weights["qv"]
+    logits = DENSE_READER.doc_logits(step.doc_x, "dense").astype(np.float64)
+    left, expected = list(range(len(logits))), float(q[0] - math.log(np.exp(q).sum()))
+    for i in step.selected:
+        expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
+        left.remove(i)
+    model = _torch_model((2, 2), ["lexical", "dense"], DENSE_READER.weights)
+    assert float(_log_prob(model, ep, _norms(DENSE_READER.weights), 1.0).detach()) == pytest.approx(expected, abs=1e-4)

@@ -1,5 +1,6 @@
-"""`plugsearch-train compact` end to end on the shared corpus (the retriever's own bm25s backend, in-process):
-a tiny warm start and RL run, its resumption, the rows it may train on, and `compact-export`'s verdict."""
+"""`plugsearch-train compact` end to end on the shared corpus (the retriever's own bm25s and MiniLM FAISS
+backends, in-process, over the stack's index folder): a tiny warm start and RL run with the dense pool, its
+resumption, the rows it may train on, and `compact-export`'s verdict."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.searcher.compact import CompactPolicy
+from services.stack import index_dir_for
 from trainer import compact
 from trainer.cli import compact_beats_naive, main
 
@@ -29,14 +31,19 @@ def test_compact_training_run_resumes_and_exports(data_dir: Path, var_dir: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PLUGSEARCH_DATA", str(data_dir))
     out = tmp_path / "run"
+    # the stack's index folder for this corpus: its dense index is built once for this test and the stack's
+    index_dir = index_dir_for(data_dir / "corpus" / "combined.jsonl", var_dir)
     argv = ["compact", "--per-dataset", "3", "--dev-per-dataset", "1", "--warm-epochs", "1", "--steps", "2",
-            "--questions-per-step", "2", "--group", "2", "--index-dir", str(var_dir / "indexes"), "--out", str(out),
-            "--quiet"]
+            "--questions-per-step", "2", "--group", "2", "--index-dir", str(index_dir), "--out", str(out), "--quiet"]
     main(argv)
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     final = CompactPolicy.load(out / "final")
     assert final.manifest["config"]["offset"] == 200 and final.manifest["search"]["retrieve_k"] == 30
     assert final.manifest["rl"]["steps"] == 2 and (out / "rl" / "reward_curve.png").is_file()
+    # both scorers, the dense one for the encoder it was trained with, and the pool it asks for
+    assert final.has_dense and final.dense_encoder == "all-MiniLM-L6-v2"
+    assert final.manifest["search"]["pool_methods"] == ["bm25", "dense"]
+    assert final.pool_methods(["bm25", "dense", "hybrid"], "all-MiniLM-L6-v2") == ["bm25", "dense"]
     assert set(first["rl_dev"]) >= {"nq", "hotpotqa", "2wikimultihopqa", "popqa"}
     rewards = [json.loads(line) for line in (out / "rl" / "rewards.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rewards] == [0, 1]

@@ -27,8 +27,10 @@ def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_pat
     from llama_cpp import Llama
     from peft import LoraConfig, get_peft_model
 
-    from services.common.llama_server import smollm2_gguf_path
+    from services.common.llama_server import apply_weight_repacking, smollm2_gguf_path
     from trainer.model import default_policy_path, load_policy
+
+    apply_weight_repacking()  # as the served llama.cpp does (off on CPUs with AMX)
 
     torch.manual_seed(0)
     model, tokenizer = load_policy(default_policy_path(var_dir))

@@ -40,6 +40,11 @@ class SearchParams(BaseModel):
     retrieve_k: int = Field(8, ge=1, le=MAX_RETRIEVE_K, description="documents retrieved per query")
     select_k: int = Field(3, ge=1, le=MAX_RETRIEVE_K, description="s3: at most this many documents marked per block")
     method: Method | None = None
+    pool_methods: list[Method] | None = Field(
+        None, min_length=1, max_length=3,
+        description="s3: the methods of the first retrieval of the question, one block each in this order (a "
+                    "pool from several retrievers); None = `method` alone. The searcher sets it for a policy that "
+                    "asks for it (the compact policy: bm25, plus dense when the retriever serves its encoder)")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     max_new_tokens: int = Field(160, ge=8, le=4096)
     constrained: bool = Field(False, description="force valid actions with a grammar (structured output)")
@@ -110,6 +115,8 @@ class TraceMessage(BaseModel):
 class TraceBlock(BaseModel):
     turn: int
     queries: list[str]
+    method: Method | None = Field(None, description="the retrieval method of this block; null = the retriever's "
+                                                    "default")
     document_ids: list[str]
     selected: list[int] | None = Field(None, description="1-based ids the policy marked; null = no tag")
 
@@ -163,6 +170,8 @@ class RetrievalEvent(BaseModel):
     block: int = Field(..., description="0-based position of this block in the search (= in `trace.blocks`)")
     turn: int = Field(..., description="0 = the initial naive retrieval, t = the t-th search (as in documents)")
     queries: list[str]
+    method: Method | None = Field(None, description="the retrieval method of this block; null = the retriever's "
+                                                    "default")
     documents: list[SearchedDocument]
     step: int = Field(..., description="policy outputs taken so far")
     elapsed_ms: float = Field(..., description="since the search started")
