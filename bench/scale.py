@@ -780,7 +780,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="measured window per point (default 10)")
     parser.add_argument("--recall-questions", type=int, default=500)
     parser.add_argument("--encoder-backend", default=None, help="query encoder of the served dense methods "
-                        "(RETRIEVER_ENCODER__BACKEND: torch, onnx, onnx-int8; default: the setting's default)")
+                        "(RETRIEVER_ENCODER__BACKEND: auto, torch, onnx, onnx-int8; default: the setting's default, auto)")
     parser.add_argument("--dims", type=int, choices=(384, 768), default=DIMS, help="768: E5-base's width (the "
                         "vectors MiniLM's carried into 768-d, queries encoded by a BERT-base-shaped model with random "
                         "weights: E5-base's cost; served recall is not measured, the nprobe sweep gives it)")
