@@ -49,9 +49,9 @@ class ServedRetriever(ProcessGroup):
                 "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "INFO", **env}
         workers = int({**os.environ, **full}.get("RETRIEVER_WORKERS", "1"))
 
-        def ready() -> bool:
+        def ready() -> bool:  # every worker has loaded (a started worker answers 503 while it loads)
             return (http_ok(f"{self.url}/health/ready", timeout_s=1.0)
-                    and self.log_text("retriever").count("Application startup complete") >= workers)
+                    and self.log_text("retriever").count("retriever ready in") >= workers)
 
         self.up(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=full, ready=ready),
                 timeout_s=timeout)

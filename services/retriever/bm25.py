@@ -4,6 +4,7 @@ at first use, never at import).
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import subprocess
@@ -11,7 +12,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 import orjson
 
 from services.retriever.base import Hits, Retriever
-from services.retriever.corpus import Corpus
+from services.retriever.docstore import DocumentStore
 from services.retriever.manifest import Manifest, atomic_folder
 
 logger = logging.getLogger(__name__)
@@ -36,16 +38,18 @@ def _stemmer() -> Any:
     return Stemmer.Stemmer("english")
 
 
-def build_bm25s(corpus: Corpus, out: Path, *, k1: float | None = None, b: float | None = None,
+def build_bm25s(corpus: DocumentStore, out: Path, *, k1: float | None = None, b: float | None = None,
                 show_progress: bool = True) -> Manifest:
-    """Tokenise (English stopwords, Snowball stemmer) and index with bm25s; atomic write."""
+    """Tokenise (English stopwords, Snowball stemmer) and index with bm25s; atomic write. bm25s holds every
+    passage and its whole token matrix while it builds (~4.3 KB per 100-word passage: 5M passages fill
+    24 GB); the Lucene build streams."""
     import bm25s
 
     params = {"k1": k1 if k1 is not None else BM25S_DEFAULTS["k1"],
               "b": b if b is not None else BM25S_DEFAULTS["b"]}
     t0 = time.perf_counter()
     with atomic_folder(out) as tmp:
-        texts = [corpus.passage(i) for i in range(len(corpus))]
+        texts = [f"{title}\n{text}" if title else text for _, title, text in corpus.iter_documents()]
         tokens = bm25s.tokenize(texts, stopwords=_STOPWORDS, stemmer=_stemmer(), show_progress=show_progress)
         model = bm25s.BM25(k1=params["k1"], b=params["b"], backend="numba")
         model.index(tokens, show_progress=show_progress)
@@ -156,17 +160,40 @@ def setup_java() -> None:
         jnius_config.set_options(*[o for o in jnius_config.get_options() if "jdk.incubator.vector" not in o])
 
 
-def build_pyserini(corpus: Corpus, out: Path, *, threads: int = 2, show_progress: bool = True) -> Manifest:
-    """Lucene index via Anserini's IndexCollection, run in a child process (its own JVM)."""
+LUCENE_PART_DOCS = 1_000_000
+
+
+def write_lucene_input(corpus: DocumentStore, folder: Path, *, part_docs: int = LUCENE_PART_DOCS) -> int:
+    """The corpus as Anserini JsonCollection input (`id` + `contents`), streamed into gzip parts of
+    `part_docs` documents (level 1: a third of the bytes of plain JSONL for little CPU; Anserini reads .gz
+    and spreads the parts over its threads). Returns the number of parts."""
+    parts = 0
+    out: Any = None
+    try:
+        for i, (doc_id, title, text) in enumerate(corpus.iter_documents()):
+            if i % part_docs == 0:
+                if out is not None:
+                    out.close()
+                out = gzip.open(folder / f"part-{parts:05d}.jsonl.gz", "wb", compresslevel=1)
+                parts += 1
+            out.write(orjson.dumps({"id": doc_id, "contents": f"{title}\n{text}" if title else text}) + b"\n")
+    finally:
+        if out is not None:
+            out.close()
+    return parts
+
+
+def build_pyserini(corpus: DocumentStore, out: Path, *, threads: int = 2, show_progress: bool = True) -> Manifest:
+    """Lucene index via Anserini's IndexCollection, run in a child process (its own JVM). The corpus is
+    streamed to its input files (compressed, next to `out`, removed after), never held in memory."""
     t0 = time.perf_counter()
-    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix="plugsearch-lucene-") as src:
-        with open(Path(src) / "docs.jsonl", "wb") as fh:
-            for i, doc_id in enumerate(corpus.ids):
-                fh.write(orjson.dumps({"id": doc_id, "contents": corpus.passage(i)}) + b"\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix=".lucene-input-", dir=out.parent) as src:
+        parts = write_lucene_input(corpus, Path(src))
         lucene_dir = tmp / "lucene"
         cmd = [sys.executable, "-m", "services.retriever.bm25", "-collection", "JsonCollection",
                "-input", src, "-index", str(lucene_dir), "-generator", "DefaultLuceneDocumentGenerator",
-               "-threads", str(threads)]
+               "-threads", str(min(threads, parts))]
         logger.info("building Lucene index: %s", " ".join(cmd))
         result = subprocess.run(cmd, stdout=None if show_progress else subprocess.DEVNULL,  # noqa: S603
                                 stderr=subprocess.PIPE, text=True, check=False)
@@ -181,23 +208,55 @@ def build_pyserini(corpus: Corpus, out: Path, *, threads: int = 2, show_progress
     return manifest
 
 
+PositionsOf = Callable[[Sequence[str]], "np.ndarray[Any, np.dtype[np.int64]]"]
+
+
 class PyseriniRetriever(Retriever):
-    """pyserini `LuceneSearcher.batch_search` with `threads` Java threads; k1/b set at load."""
+    """Anserini's Lucene searcher (`SimpleSearcher`, what pyserini's `LuceneSearcher` wraps) called through
+    pyjnius: `batch_search` with `threads` Java threads, k1/b set at load. pyserini's Python search package is
+    not imported: it imports torch, transformers and faiss (~440 MB per worker, and seconds at start).
+
+    Lucene answers with the documents' ids: `docid_to_index` turns them into document numbers, a dict or a
+    batch lookup (`DocumentStore.positions`, on disk: no per-worker dict of every id).
+
+    `search`: "anserini" ranks equal scores by document id, as Anserini and pyserini do, so every document
+    matching a query term is scored; "topk" asks Lucene for its own top k (the same analyzer, query and BM25
+    scores), which skips the documents that cannot enter it (block-max WAND): faster on large indexes, equal
+    scores in index order, the queries of a batch one after another."""
 
     name = "pyserini"
 
-    def __init__(self, folder: Path, docid_to_index: dict[str, int], *, threads: int = 2,
-                 k1: float | None = None, b: float | None = None) -> None:
+    def __init__(self, folder: Path, docid_to_index: Mapping[str, int] | PositionsOf, *, threads: int = 2,
+                 k1: float | None = None, b: float | None = None, search: str = "anserini") -> None:
         setup_java()
-        from pyserini.search.lucene import LuceneSearcher
+        from pyserini.pyclass import JArrayList, autoclass
 
         self.manifest = Manifest.read(folder)
         self.threads = threads
-        self._searcher = LuceneSearcher(str(folder / "lucene"))
-        self._searcher.set_bm25(k1 if k1 is not None else LUCENE_DEFAULTS["k1"],
-                                b if b is not None else LUCENE_DEFAULTS["b"])
-        self._index = docid_to_index
-        self._n = int(self._searcher.num_docs)
+        self._list = JArrayList
+        k1 = float(k1 if k1 is not None else LUCENE_DEFAULTS["k1"])
+        b = float(b if b is not None else LUCENE_DEFAULTS["b"])
+        self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(folder / "lucene"))
+        self._searcher.set_bm25(k1, b)
+        self._topk: Any = None
+        if search == "topk":
+            from jnius import cast
+
+            paths, directory = autoclass("java.nio.file.Paths"), autoclass("org.apache.lucene.store.FSDirectory")
+            reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
+                directory.open(paths.get(str(folder / "lucene"))))
+            searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
+                cast("org.apache.lucene.index.IndexReader", reader))
+            searcher.setSimilarity(autoclass("org.apache.lucene.search.similarities.BM25Similarity")(k1, b))
+            self._topk = (reader, searcher, autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance(),
+                          autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")())
+        if isinstance(docid_to_index, Mapping):
+            table = docid_to_index
+            self._positions: PositionsOf = lambda ids: np.array([table.get(i, -1) for i in ids], dtype=np.int64)
+        else:
+            self._positions = docid_to_index
+        self._n = int(self._searcher.get_total_num_docs())
+        self._unknown_logged = False
 
     @property
     def doc_count(self) -> int:
@@ -206,20 +265,50 @@ class PyseriniRetriever(Retriever):
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         hits = Hits.empty(len(queries), k)
         qids = [str(i) for i in range(len(queries))]
-        if len(queries) == 1:
-            results = {"0": self._searcher.search(queries[0], k=k)}
+        if self._topk is not None:
+            _, searcher, analyzer, generator = self._topk
+            stored = searcher.storedFields()
+            results = {}
+            for qid, query in zip(qids, queries, strict=True):
+                top = searcher.search(generator.buildQuery("contents", analyzer, query), int(k))
+                # scores rounded to 4 decimals, as Anserini's ScoredDoc gives them
+                results[qid] = [_Hit(stored.document(d.doc).get("id"), round(d.score, 4)) for d in top.scoreDocs]
+        elif len(queries) == 1:
+            results = {"0": list(self._searcher.search(queries[0], int(k)))}
         else:
-            results = self._searcher.batch_search(list(queries), qids, k=k, threads=self.threads)
-        for i, qid in enumerate(qids):
-            for r, hit in enumerate(results.get(qid, [])[:k]):
-                hits.ids[i, r] = self._index[hit.docid]
-                hits.scores[i, r] = hit.score
+            jqueries, jqids = self._list(), self._list()
+            for query, qid in zip(queries, qids, strict=True):
+                jqueries.add(query)
+                jqids.add(qid)
+            found = self._searcher.batch_search(jqueries, jqids, int(k), int(self.threads))
+            results = {entry.getKey(): list(entry.getValue()) for entry in found.entrySet().toArray()}
+        ranked = [[(hit.docid, hit.score) for hit in results.get(qid, [])[:k]] for qid in qids]
+        positions = self._positions([docid for row in ranked for docid, _ in row]).tolist()
+        at = 0
+        for i, row in enumerate(ranked):
+            for r, (_, score) in enumerate(row):
+                if positions[at] >= 0:
+                    hits.ids[i, r] = positions[at]
+                    hits.scores[i, r] = score
+                elif not self._unknown_logged:  # the index was checked against the corpus: a damaged store
+                    logger.warning("Lucene returned the id %r, which the corpus does not hold", row[r][0])
+                    self._unknown_logged = True
+                at += 1
         return hits
 
     def close(self) -> None:
+        if self._topk is not None:
+            self._topk[0].close()
+            self._topk = None
         if self._searcher is not None:
             self._searcher.close()
             self._searcher = None
+
+
+@dataclass(frozen=True)
+class _Hit:
+    docid: str
+    score: float
 
 
 if __name__ == "__main__":  # child process of build_pyserini

@@ -1,9 +1,9 @@
 """`plugsearch-index`: build and check the retriever's indexes (progress bars with an ETA).
 
 It reads the RETRIEVER_* env vars the service reads, so both agree on paths and options. Sub-commands:
-`build` (what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`, `--index-type`;
-no-op when every index matches the corpus, `--force` rebuilds; an interrupted dense build resumes from
-its last embedding chunk or Milvus batch), `import lucene|faiss` (adopt an index built elsewhere without
+`build` (the document store, then what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`,
+`--index-type`; no-op when every index matches the corpus, `--force` rebuilds; the corpus is streamed, never
+held; an interrupted dense build resumes from its last embedding chunk or Milvus batch), `import lucene|faiss` (adopt an index built elsewhere without
 re-encoding, see `services.retriever.importer`; prints the RETRIEVER_* settings that serve it), `check`
 (exit 0 when the service would start, 2 otherwise), `info` (print the manifests), `encoder` (load the dense
 encoder as the service would: the default backend exports it to ONNX once into RETRIEVER_ENCODER__ONNX_DIR;
@@ -27,7 +27,8 @@ from pydantic import ValidationError
 
 from services.common.errors import NotReady
 from services.common.logging import configure_logging
-from services.retriever.corpus import Corpus, CorpusError, file_checksum
+from services.retriever.corpus import CorpusError
+from services.retriever.docstore import DiskStore, corpus_checksum, ensure_docstore, store_folder
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.settings import EncoderSettings, RetrieverSettings
 
@@ -46,51 +47,58 @@ def _up_to_date(folder: Path, checksum: str, **expect: object) -> bool:
 
 def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: bool,
           chunk_size: int = 2048, show_progress: bool = True) -> list[str]:
-    """Build the requested indexes that are missing or stale; return the folders (re)built."""
+    """Build the document store and the requested indexes that are missing or stale; return the folders
+    (re)built."""
     from services.retriever.bm25 import build_bm25s, build_pyserini
     from services.retriever.dense import build_faiss, embed_corpus, encoder_identity
     from services.retriever.serving import dense_index_folder
 
-    checksum = file_checksum(settings.corpus)
+    checksum = corpus_checksum(settings.corpus, settings.index_dir)
     built: list[str] = []
+    if ensure_docstore(settings.corpus, settings.index_dir, checksum, show_progress=show_progress):
+        built.append(str(store_folder(settings.index_dir)))
 
     @functools.cache
-    def load_corpus() -> Corpus:
-        return Corpus.load(settings.corpus, checksum=checksum)
+    def load_corpus() -> DiskStore:  # documents read from the store: the corpus is never held
+        return DiskStore(store_folder(settings.index_dir), settings.corpus, checksum)
 
-    for backend in bm25:
-        folder = settings.index_dir / backend
-        params_ok = True
-        if backend == "bm25s" and not force and (folder / "manifest.json").is_file():
-            params = Manifest.read(folder).params
-            params_ok = all(getattr(settings, f"bm25_{n}") in (None, params.get(n)) for n in ("k1", "b"))
-        if force or not params_ok or not _up_to_date(folder, checksum):
-            if backend == "bm25s":
-                build_bm25s(load_corpus(), folder, k1=settings.bm25_k1, b=settings.bm25_b,
-                            show_progress=show_progress)
+    try:
+        for backend in bm25:
+            folder = settings.index_dir / backend
+            params_ok = True
+            if backend == "bm25s" and not force and (folder / "manifest.json").is_file():
+                params = Manifest.read(folder).params
+                params_ok = all(getattr(settings, f"bm25_{n}") in (None, params.get(n)) for n in ("k1", "b"))
+            if force or not params_ok or not _up_to_date(folder, checksum):
+                if backend == "bm25s":
+                    build_bm25s(load_corpus(), folder, k1=settings.bm25_k1, b=settings.bm25_b,
+                                show_progress=show_progress)
+                else:
+                    build_pyserini(load_corpus(), folder, threads=settings.bm25_threads, show_progress=show_progress)
+                built.append(str(folder))
             else:
-                build_pyserini(load_corpus(), folder, threads=settings.bm25_threads, show_progress=show_progress)
-            built.append(str(folder))
-        else:
-            logger.info("%s is up to date", folder)
-    if dense:
-        folder = dense_index_folder(settings)
-        if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
-                                    encoder_config=encoder_identity(settings.encoder),
-                                    index_type=settings.dense_index_type()) \
-                or not _collection_matches(settings, folder):
-            embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder, chunk_size=chunk_size,
-                                      show_progress=show_progress)
-            if settings.dense_backend == "milvus":
-                from services.retriever.milvus import build_milvus
+                logger.info("%s is up to date", folder)
+        if dense:
+            folder = dense_index_folder(settings)
+            if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
+                                        encoder_config=encoder_identity(settings.encoder),
+                                        index_type=settings.dense_index_type()) \
+                    or not _collection_matches(settings, folder):
+                embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder, chunk_size=chunk_size,
+                                          show_progress=show_progress)
+                if settings.dense_backend == "milvus":
+                    from services.retriever.milvus import build_milvus
 
-                build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
-                             show_progress=show_progress)
+                    build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
+                                 show_progress=show_progress)
+                else:
+                    build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
+                built.append(str(folder))
             else:
-                build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
-            built.append(str(folder))
-        else:
-            logger.info("%s is up to date", folder)
+                logger.info("%s is up to date", folder)
+    finally:
+        if load_corpus.cache_info().currsize:
+            load_corpus().close()
     return built
 
 
@@ -193,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="default: RETRIEVER_BM25_BACKEND when RETRIEVER_BM25 is on")
     b.add_argument("--dense", action=argparse.BooleanOptionalAction, default=None,
                    help="default: RETRIEVER_DENSE")
-    b.add_argument("--index-type", choices=["flat", "hnsw", "sq8", "ivfpq"], help="overrides RETRIEVER_FAISS__INDEX_TYPE")
+    b.add_argument("--index-type", choices=["flat", "hnsw", "sq8", "ivfpq", "ivfsq8"],
+                   help="overrides RETRIEVER_FAISS__INDEX_TYPE")
     b.add_argument("--chunk-size", type=int, default=2048, help="passages per on-disk embedding chunk")
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
     b.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 logger = logging.getLogger(__name__)
@@ -85,13 +87,18 @@ def iter_corpus(path: Path) -> Iterator[tuple[str, str, str]]:
 
 @dataclass
 class Corpus:
-    """Parallel lists; index i is document number i in every index built from this corpus."""
+    """Parallel lists; index i is document number i in every index built from this corpus.
+
+    Every document as Python strings in this process (~0.9 KB per 100-word passage): for small corpora and
+    in-process users. The service reads documents from `services.retriever.docstore.DiskStore` instead,
+    which has the same methods."""
 
     path: Path
     ids: list[str] = field(default_factory=list)
     titles: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     checksum: str = ""
+    _lookup: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -100,6 +107,22 @@ class Corpus:
         """Text used for indexing: title and body together."""
         title = self.titles[i]
         return f"{title}\n{self.texts[i]}" if title else self.texts[i]
+
+    def documents(self, positions: Sequence[int]) -> list[tuple[str, str, str]]:
+        """(id, title, text) of each document number."""
+        return [(self.ids[i], self.titles[i], self.texts[i]) for i in positions]
+
+    def positions(self, ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        """The document number of each id; -1 for an id the corpus does not hold."""
+        if self._lookup is None:
+            self._lookup = {doc_id: i for i, doc_id in enumerate(self.ids)}
+        return np.array([self._lookup.get(doc_id, -1) for doc_id in ids], dtype=np.int64)
+
+    def iter_documents(self) -> Iterator[tuple[str, str, str]]:
+        return zip(self.ids, self.titles, self.texts, strict=True)
+
+    def close(self) -> None:
+        """Nothing to release (the lists go with the object)."""
 
     @classmethod
     def load(cls, path: Path, *, checksum: str | None = None, limit: int | None = None) -> Corpus:

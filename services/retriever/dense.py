@@ -1,9 +1,12 @@
-"""Dense retrieval: a sentence-transformers encoder and FAISS (flat, HNSW, SQ8, IVF-PQ).
+"""Dense retrieval: a sentence-transformers encoder and FAISS (flat, HNSW, SQ8, IVF-PQ, IVF-SQ8).
 
 Builds stream: each chunk of passage vectors goes to disk once encoded (`embeddings-<key>.partial/`), so
 the full matrix is never in RAM and an interrupted build resumes from the last chunk; the FAISS index is
 built from the chunks read back one at a time. Flat indexes are stored in shards; with faiss-gpu they load
-shard by shard onto the GPUs as fp16 (the fp32 index is never staged in host RAM).
+shard by shard onto the GPUs as fp16 (the fp32 index is never staged in host RAM). IVF indexes are trained
+on a sample, filled part by part (one part's codes in memory at a time) and merged into one on-disk file of
+inverted lists (`lists.ivfdata`). Served on CPUs, index files are memory-mapped (`RETRIEVER_FAISS__MMAP`):
+the workers of a retriever share the codes and lists through the page cache.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,9 +26,9 @@ import numpy as np
 import numpy.typing as npt
 
 from services.retriever.base import Hits, Retriever
-from services.retriever.corpus import Corpus
+from services.retriever.docstore import DocumentStore
 from services.retriever.manifest import IndexMissing, Manifest, atomic_file, atomic_folder
-from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, FaissSettings
+from services.retriever.settings import DEFAULT_ENCODER, IVF_TYPES, EncoderSettings, FaissSettings
 
 if TYPE_CHECKING:
     from services.retriever.onnx_encoder import OnnxModel
@@ -143,7 +146,7 @@ def embeddings_key(corpus_checksum: str, settings: EncoderSettings) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def embed_corpus(corpus: Corpus, index_dir: Path, settings: EncoderSettings, *, encoder: Encoder | None = None,
+def embed_corpus(corpus: DocumentStore, index_dir: Path, settings: EncoderSettings, *, encoder: Encoder | None = None,
                  chunk_size: int = 2048, show_progress: bool = True) -> Path:
     """Encode every passage into on-disk chunks; resume a partial run; return the finished folder."""
     key = embeddings_key(corpus.checksum, settings)
@@ -195,6 +198,12 @@ def iter_chunks(folder: Path) -> Iterator[npt.NDArray[np.float32]]:
         yield np.load(path, mmap_mode="r")
 
 
+def ivf_nlist(n: int, settings: FaissSettings) -> int:
+    """The configured number of IVF lists, or about 4*sqrt(n) (at most n/39: faiss wants 39 training
+    vectors per list)."""
+    return settings.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+
+
 def new_faiss_index(dims: int, n: int, settings: FaissSettings) -> Any:
     """An empty index of the configured type for n vectors (inner product on normalised vectors)."""
     import faiss
@@ -208,7 +217,9 @@ def new_faiss_index(dims: int, n: int, settings: FaissSettings) -> Any:
         return index
     if kind == "sq8":
         return faiss.IndexScalarQuantizer(dims, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
-    nlist = settings.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+    nlist = ivf_nlist(n, settings)
+    if kind == "ivfsq8":
+        return faiss.index_factory(dims, f"IVF{nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
     pq_m = next(m for m in range(settings.pq_m or max(1, dims // 4), 0, -1) if dims % m == 0)  # divides dims
     return faiss.index_factory(dims, f"IVF{nlist},PQ{pq_m}", faiss.METRIC_INNER_PRODUCT)
 
@@ -224,58 +235,131 @@ def configure_search(index: Any, settings: FaissSettings) -> None:
         inner.nprobe = settings.nprobe
 
 
-def _training_sample(folder: Path, n: int, size: int) -> npt.NDArray[np.float32]:
+Chunks = Callable[[], Iterable[npt.NDArray[np.float32]]]
+
+
+def _training_sample(chunks: Chunks, n: int, size: int) -> npt.NDArray[np.float32]:
+    """About `size` vectors spread evenly over the n (one chunk in memory at a time)."""
     step = max(1, int(round(1 / min(1.0, size / max(1, n)))))
-    parts = [np.asarray(chunk[::step], dtype=np.float32) for chunk in iter_chunks(folder)]
+    parts: list[npt.NDArray[np.float32]] = []
+    seen = 0
+    for chunk in chunks():
+        first = (-seen) % step  # every step-th vector of the whole sequence, across chunk boundaries
+        parts.append(np.array(chunk[first::step], dtype=np.float32))
+        seen += len(chunk)
     return np.ascontiguousarray(np.concatenate(parts)[:size])
 
 
-def build_faiss(embeddings: Path, out: Path, settings: FaissSettings, *, show_progress: bool = True) -> Manifest:
-    """Build the FAISS index from on-disk chunks (one chunk in RAM at a time) into an atomic folder."""
+def build_faiss(embeddings: Path, out: Path, settings: FaissSettings, *, chunks: Chunks | None = None,
+                show_progress: bool = True) -> Manifest:
+    """Build the FAISS index from on-disk chunks (one chunk in RAM at a time) into an atomic folder.
+
+    `chunks`: where the vectors come from when not from the chunk files of `embeddings` (whose manifest
+    still describes them): a function returning a fresh iterator of arrays, in document order, at each call
+    (an IVF build reads them twice: the training sample, then the fill)."""
     import faiss
     from tqdm import tqdm
 
     source = Manifest.read(embeddings)
     n, dims = source.doc_count, int(source.dims or 0)
+    read = chunks if chunks is not None else lambda: iter_chunks(embeddings)
     if settings.threads:
         faiss.omp_set_num_threads(settings.threads)
     t0 = time.perf_counter()
-    params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "nprobe", "hnsw_ef_search", "blas_threshold"})
+    params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "nprobe", "hnsw_ef_search", "blas_threshold",
+                                                          "mmap"})
     with atomic_folder(out) as tmp:
-        index = new_faiss_index(dims, n, settings)
-        if not index.is_trained:
-            index.train(_training_sample(embeddings, n, settings.train_size))
-        shard_limit = settings.shard_size if settings.index_type == "flat" else n + 1
-        shards: list[str] = []
-        added = 0
         bar = tqdm(total=n, unit="vector", desc=f"faiss {settings.index_type}", disable=not show_progress)
-        for chunk in iter_chunks(embeddings):
-            start = 0
-            while start < len(chunk):
-                room = shard_limit - index.ntotal
-                part = np.ascontiguousarray(chunk[start:start + room], dtype=np.float32)
-                index.add(part)
-                start += len(part)
-                added += len(part)
-                bar.update(len(part))
-                if index.ntotal >= shard_limit:
-                    shards.append(_write_shard(index, tmp, len(shards)))
-                    index = new_faiss_index(dims, n, settings)
+        if settings.index_type in IVF_TYPES:
+            files, added, nlist = _build_ivf(read, tmp, dims, n, settings, bar)
+            params["ivf_nlist"] = nlist
+        else:
+            files, added = _build_shards(read, tmp, dims, n, settings, bar)
         bar.close()
-        if index.ntotal or not shards:
-            shards.append(_write_shard(index, tmp, len(shards)))
         if added != n:
             raise RuntimeError(f"embedding chunks hold {added} vectors, manifest says {n}")
-        if hasattr(index, "nlist"):
-            params["ivf_nlist"] = int(index.nlist)
         manifest = Manifest(kind="dense", backend="faiss", corpus_path=source.corpus_path,
                             corpus_checksum=source.corpus_checksum, doc_count=n, encoder=source.encoder,
                             encoder_config=source.encoder_config, dims=dims, index_type=settings.index_type,
-                            params=params, files=shards, build_seconds=round(time.perf_counter() - t0, 3))
+                            params=params, files=files, build_seconds=round(time.perf_counter() - t0, 3))
         manifest.write(tmp)
-    logger.info("built FAISS %s index %s (%s vectors, %s shards) in %.1f s", settings.index_type, out, n,
-                len(shards), manifest.build_seconds)
+    logger.info("built FAISS %s index %s (%s vectors, files %s) in %.1f s", settings.index_type, out, n,
+                ", ".join(files), manifest.build_seconds)
     return manifest
+
+
+def _build_shards(read: Chunks, tmp: Path, dims: int, n: int, settings: FaissSettings, bar: Any) -> tuple[list[str], int]:
+    """Flat (in shards of `shard_size`), HNSW and SQ8 (one file): added chunk by chunk."""
+    index = new_faiss_index(dims, n, settings)
+    if not index.is_trained:
+        index.train(_training_sample(read, n, settings.train_size))
+    shard_limit = settings.shard_size if settings.index_type == "flat" else n + 1
+    shards: list[str] = []
+    added = 0
+    for chunk in read():
+        start = 0
+        while start < len(chunk):
+            room = shard_limit - index.ntotal
+            part = np.ascontiguousarray(chunk[start:start + room], dtype=np.float32)
+            index.add(part)
+            start += len(part)
+            added += len(part)
+            bar.update(len(part))
+            if index.ntotal >= shard_limit:
+                shards.append(_write_shard(index, tmp, len(shards)))
+                index = new_faiss_index(dims, n, settings)
+    if index.ntotal or not shards:
+        shards.append(_write_shard(index, tmp, len(shards)))
+    return shards, added
+
+
+IVF_INDEX = "index.faiss"
+IVF_LISTS = "lists.ivfdata"
+
+
+def _build_ivf(read: Chunks, tmp: Path, dims: int, n: int, settings: FaissSettings,
+               bar: Any) -> tuple[list[str], int, int]:
+    """Train on a sample; fill parts of `shard_size` vectors (each written once full: one part's codes in
+    memory at a time); merge the parts' lists into one on-disk file; remove the parts."""
+    import faiss
+    from faiss.contrib.ondisk import merge_ondisk
+
+    trained = new_faiss_index(dims, n, settings)
+    sample = _training_sample(read, n, settings.train_size)
+    logger.info("training %s lists on %s vectors", faiss.extract_index_ivf(trained).nlist, len(sample))
+    trained.train(sample)
+    del sample
+    parts: list[Path] = []
+    part = faiss.clone_index(trained)
+    added = 0
+
+    def flush() -> None:
+        nonlocal part
+        path = tmp / f".part-{len(parts):05d}.faiss"
+        faiss.write_index(part, str(path))
+        parts.append(path)
+        part = faiss.clone_index(trained)
+
+    for chunk in read():
+        start = 0
+        while start < len(chunk):
+            room = settings.shard_size - part.ntotal
+            vectors = np.ascontiguousarray(chunk[start:start + room], dtype=np.float32)
+            part.add_with_ids(vectors, np.arange(added, added + len(vectors), dtype=np.int64))
+            start += len(vectors)
+            added += len(vectors)
+            bar.update(len(vectors))
+            if part.ntotal >= settings.shard_size:
+                flush()
+    if part.ntotal or not parts:
+        flush()
+    del part
+    merged = faiss.clone_index(trained)
+    merge_ondisk(merged, [str(p) for p in parts], str(tmp / IVF_LISTS))
+    faiss.write_index(merged, str(tmp / IVF_INDEX))
+    for path in parts:
+        path.unlink()
+    return [IVF_INDEX, IVF_LISTS], added, int(faiss.extract_index_ivf(merged).nlist)
 
 
 def _write_shard(index: Any, folder: Path, number: int) -> str:
@@ -327,6 +411,21 @@ def combine_shards(dims: int, groups: list[range], load: Callable[[int, int], An
     return combined
 
 
+def read_index(path: Path, *, mmap: bool) -> Any:
+    """A stored FAISS index; `mmap`: its codes, vectors and inverted lists mapped from the file (shared
+    page cache) rather than copied into this process. IVF lists stored on their own (`lists.ivfdata`) are
+    always mapped, from the index file's folder (wherever it was built)."""
+    import faiss
+
+    flags = faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY
+    if mmap:
+        try:
+            return faiss.read_index(str(path), flags | faiss.IO_FLAG_MMAP_IFC)
+        except RuntimeError as exc:  # an index type faiss cannot map: read it
+            logger.info("cannot memory-map %s (%s): reading it into memory", path, str(exc).splitlines()[0])
+    return faiss.read_index(str(path), flags)
+
+
 class FaissIndex:
     """A loaded FAISS index: one shard, or shards combined (CPU IndexShards or fp16 GPU shards)."""
 
@@ -343,15 +442,17 @@ class FaissIndex:
         self.dims = int(self.manifest.dims or 0)
         self._keep: list[Any] = []
 
+        files = [name for name in self.manifest.files if not name.endswith(".ivfdata")]  # lists: opened by their index
+
         def read(number: int, device: int) -> Any:
-            shard = faiss.read_index(str(folder / self.manifest.files[number]))
+            shard = read_index(folder / files[number], mmap=settings.mmap)
             configure_search(shard, settings)
             return shard
 
         if settings.gpu:
             self.index = self._load_gpu(settings)
         else:
-            self.index = combine_shards(self.dims, [range(len(self.manifest.files))], read, self._keep)
+            self.index = combine_shards(self.dims, [range(len(files))], read, self._keep)
         configure_search(self.index, settings)
         if int(self.index.ntotal) != self.manifest.doc_count:
             raise IndexMissing(f"dense index {folder} holds {self.index.ntotal} vectors, manifest says "

@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -173,10 +173,12 @@ def _write_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *, force: bool = False,
-                 show_progress: bool = True) -> Manifest:
+                 show_progress: bool = True,
+                 chunks: Callable[[], Iterable[npt.NDArray[np.float32]]] | None = None) -> Manifest:
     """Load the embedding chunks into the collection, index it, and write the manifest folder.
 
     Resumes a killed build of the same embeddings (same collection, same batch size); `force` starts over.
+    `chunks`: where the vectors come from when not from the chunk files (see `dense.build_faiss`).
     """
     from tqdm import tqdm
 
@@ -209,7 +211,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                    initial=loaded)
         position = 0
         first_after_resume = loaded > 0
-        for chunk in iter_chunks(embeddings):
+        for chunk in (chunks() if chunks is not None else iter_chunks(embeddings)):
             for start in range(0, len(chunk), batch):
                 vectors = np.ascontiguousarray(chunk[start:start + batch], dtype=np.float32)
                 ids = np.arange(position, position + len(vectors), dtype=np.int64)

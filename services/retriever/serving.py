@@ -1,6 +1,7 @@
 """The retriever's logic, independent of FastAPI: `check_indexes` (the cheap startup gate: the corpus
 checksum against every manifest), `RetrieverService.load` (the heavy part), searches through one
-`MicroBatcher` per backend (hybrid fuses the BM25 and dense results), response bodies.
+`MicroBatcher` per backend (hybrid fuses the BM25 and dense results), response bodies (documents read from
+the document store, `services.retriever.docstore`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from services.common.schemas.retriever import check_results
 from services.retriever.base import Hits, Retriever
 from services.retriever.batching import MicroBatcher
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-from services.retriever.corpus import Corpus, file_checksum
 from services.retriever.dense import (
     DenseRetriever,
     Encoder,
@@ -31,9 +31,10 @@ from services.retriever.dense import (
     dense_folder,
     encoder_identity,
 )
+from services.retriever.docstore import DocumentStore, corpus_checksum, open_store
 from services.retriever.fusion import rrf_fuse
 from services.retriever.manifest import IndexMismatch, Manifest
-from services.retriever.settings import RetrieverSettings
+from services.retriever.settings import IVF_TYPES, RetrieverSettings
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def _checked(folder: Path, setting: str, backend: str, checksum: str, **expect: 
 
 def check_indexes(settings: RetrieverSettings) -> IndexCheck:
     """Read every configured manifest and compare it with the corpus and settings (raises on mismatch)."""
-    checksum = file_checksum(settings.corpus)
+    checksum = corpus_checksum(settings.corpus, settings.index_dir)
     manifests: dict[str, Manifest] = {}
     if settings.bm25:
         folder = bm25_folder(settings)
@@ -101,7 +102,7 @@ def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests:
     """What the served results depend on: the corpus, every loaded index (its manifest, build time included)
     and the settings that change rankings. Callers put it in their cache keys (`/version` -> `index_id`),
     so a re-index never serves results cached from the old one."""
-    payload = {
+    payload: dict[str, Any] = {
         "corpus": corpus_checksum,
         "indexes": {name: m.model_dump(mode="json", exclude={"corpus_path", "build_seconds"})
                     for name, m in sorted(manifests.items())},
@@ -109,6 +110,13 @@ def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests:
         "query_prefix": settings.encoder.query_prefix if "dense" in manifests else None,
         "fusion": [settings.rrf_k, settings.fusion_depth],
     }
+    dense_type = manifests["dense"].index_type if "dense" in manifests else None  # query-time knobs of ANN search
+    if settings.dense_backend == "faiss" and dense_type in IVF_TYPES:
+        payload["nprobe"] = settings.faiss.nprobe
+    elif settings.dense_backend == "faiss" and dense_type == "hnsw":
+        payload["hnsw_ef_search"] = settings.faiss.hnsw_ef_search
+    if "bm25" in manifests and manifests["bm25"].backend == "pyserini" and settings.lucene_search != "anserini":
+        payload["lucene_search"] = settings.lucene_search  # equal scores in another order
     digest = hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return f"idx-{digest[:20]}"
 
@@ -131,7 +139,7 @@ class SearchMetrics:
 
 
 class RetrieverService:
-    def __init__(self, corpus: Corpus, retrievers: dict[str, Retriever], settings: RetrieverSettings,
+    def __init__(self, corpus: DocumentStore, retrievers: dict[str, Retriever], settings: RetrieverSettings,
                  *, index_id: str, metrics: SearchMetrics | None = None) -> None:
         for name, retriever in retrievers.items():
             if retriever.doc_count != len(corpus):
@@ -163,18 +171,20 @@ class RetrieverService:
     @classmethod
     def load(cls, settings: RetrieverSettings, check: IndexCheck, *,
              metrics: SearchMetrics | None = None) -> RetrieverService:
-        """Heavy start-up: corpus into RAM, indexes opened, encoder loaded (blocking; run it in a thread)."""
+        """Heavy start-up: the document store opened (built when missing), indexes opened, encoder loaded
+        (blocking; run it in a thread)."""
         t0 = time.perf_counter()
-        corpus = Corpus.load(settings.corpus, checksum=check.corpus_checksum)
+        corpus = open_store(settings.corpus, settings.index_dir, check.corpus_checksum, mode=settings.docstore)
         retrievers: dict[str, Retriever] = {}
         if settings.bm25:
             folder = bm25_folder(settings)
             if settings.bm25_backend == "bm25s":
-                retrievers["bm25"] = Bm25sRetriever(folder, threads=1)  # parallel across calls: _workers
+                retrievers["bm25"] = Bm25sRetriever(folder, threads=1,  # parallel across calls: _workers
+                                                    mmap=settings.bm25_mmap)
             else:
-                lookup = {doc_id: i for i, doc_id in enumerate(corpus.ids)}
-                retrievers["bm25"] = PyseriniRetriever(folder, lookup, threads=settings.bm25_threads,
-                                                       k1=settings.bm25_k1, b=settings.bm25_b)
+                retrievers["bm25"] = PyseriniRetriever(folder, corpus.positions, threads=settings.bm25_threads,
+                                                       k1=settings.bm25_k1, b=settings.bm25_b,
+                                                       search=settings.lucene_search)
         if settings.dense:
             index: VectorIndex
             if settings.dense_backend == "milvus":
@@ -230,23 +240,24 @@ class RetrieverService:
             hits.scores[live, :width] = found.scores[:, :width]
         return hits
 
+    def _rows(self, hits: Hits) -> list[list[tuple[tuple[str, str, str], float]]]:
+        """Per query, ((id, title, text), score) of its hits: one read of the store for the whole batch."""
+        ids, scores = hits.ids.tolist(), hits.scores.tolist()
+        docs = iter(self.corpus.documents([d for row in ids for d in row if d >= 0]))
+        return [[(next(docs), s) for d, s in zip(row_ids, row_scores, strict=True) if d >= 0]
+                for row_ids, row_scores in zip(ids, scores, strict=True)]
+
     def documents(self, hits: Hits) -> list[list[dict[str, Any]]]:
-        ids, titles, texts = self.corpus.ids, self.corpus.titles, self.corpus.texts
-        out = []
-        for row_ids, row_scores in zip(hits.ids.tolist(), hits.scores.tolist(), strict=True):
-            out.append([{"id": ids[d], "title": titles[d], "text": texts[d], "score": s}
-                        for d, s in zip(row_ids, row_scores, strict=True) if d >= 0])
-        return out
+        return [[{"id": doc_id, "title": title, "text": text, "score": s} for (doc_id, title, text), s in row]
+                for row in self._rows(hits)]
 
     def render(self, method: str, hits: Hits, took_ms: float) -> bytes:
         return orjson.dumps({"method": method, "results": self.documents(hits), "took_ms": round(took_ms, 3)})
 
     def render_searchr1(self, hits: Hits, return_scores: bool) -> bytes:
-        ids, titles, texts = self.corpus.ids, self.corpus.titles, self.corpus.texts
         result = []
-        for row_ids, row_scores in zip(hits.ids.tolist(), hits.scores.tolist(), strict=True):
-            docs = [({"id": ids[d], "contents": f'"{titles[d]}"\n{texts[d]}'}, s)
-                    for d, s in zip(row_ids, row_scores, strict=True) if d >= 0]
+        for row in self._rows(hits):
+            docs = [({"id": doc_id, "contents": f'"{title}"\n{text}'}, s) for (doc_id, title, text), s in row]
             result.append([{"document": doc, "score": s} for doc, s in docs] if return_scores
                           else [doc for doc, _ in docs])
         return orjson.dumps({"result": result})
@@ -279,3 +290,4 @@ class RetrieverService:
             await batcher.aclose()
         for retriever in self.retrievers.values():
             retriever.close()
+        self.corpus.close()

@@ -16,7 +16,9 @@ from services.common.settings import ServiceSettings
 Bm25Backend = Literal["bm25s", "pyserini"]
 DenseBackend = Literal["faiss", "milvus"]
 MilvusIndexType = Literal["flat", "hnsw"]
-IndexType = Literal["flat", "hnsw", "sq8", "ivfpq"]
+IndexType = Literal["flat", "hnsw", "sq8", "ivfpq", "ivfsq8"]
+IVF_TYPES = ("ivfpq", "ivfsq8")
+DocStoreMode = Literal["disk", "memory"]
 Pooling = Literal["model", "mean", "cls"]
 EncoderBackend = Literal["auto", "torch", "onnx", "onnx-int8"]
 
@@ -68,12 +70,16 @@ class FaissSettings(BaseModel):
     hnsw_m: int = Field(32, ge=4, le=256)
     hnsw_ef_construction: int = Field(80, ge=8)
     hnsw_ef_search: int = Field(128, ge=1)
-    ivf_nlist: int = Field(0, ge=0, description="IVF lists; 0 = about 4*sqrt(n)")
+    ivf_nlist: int = Field(0, ge=0, description="IVF lists (ivfpq, ivfsq8); 0 = about 4*sqrt(n)")
     pq_m: int = Field(0, ge=0, description="PQ sub-quantizers; 0 = dims/4 (must divide dims)")
-    nprobe: int = Field(32, ge=1)
-    train_size: int = Field(200_000, ge=1_000, description="vectors sampled to train sq8 / ivfpq")
-    shard_size: int = Field(2_000_000, ge=1_000, description="vectors per stored shard (flat); shards load "
-                            "one at a time")
+    nprobe: int = Field(32, ge=1, description="IVF lists searched per query (ivfpq, ivfsq8): recall against "
+                        "speed; raise it with the corpus (bench/scale.py measures recall@10 for several)")
+    train_size: int = Field(200_000, ge=1_000, description="vectors sampled to train sq8 / ivfpq / ivfsq8")
+    shard_size: int = Field(2_000_000, ge=1_000, description="vectors per stored shard (flat); vectors per "
+                            "part of an IVF build (one part in memory at a time, merged into on-disk lists)")
+    mmap: bool = Field(True, description="memory-map the index files (flat and SQ8 codes, IVF lists) instead of "
+                       "reading them into each worker: the workers share them through the page cache. Off: "
+                       "each worker holds its own copy (the index no longer has to stay on disk after load)")
     threads: int = Field(0, ge=0, description="OpenMP threads for FAISS; 0 = library default")
     blas_threshold: int = Field(20, ge=1, description="queries per flat search from which FAISS computes the inner "
                                 "products as one BLAS matrix product (faiss's own default, 128,000, keeps every "
@@ -142,6 +148,18 @@ class RetrieverSettings(ServiceSettings):
     bm25_b: float | None = Field(None, ge=0, le=1, description="None = the backend's default (0.75 / 0.4)")
     bm25_threads: int = Field(2, ge=1, le=256, description="BM25 search threads: bm25s runs this many "
                               "single-threaded batch calls at once, pyserini one call with this many threads")
+    lucene_search: Literal["anserini", "topk"] = Field("anserini", description="pyserini backend: anserini = "
+                                                       "equal scores ranked by document id, as Anserini and pyserini "
+                                                       "do (every matching document is scored); topk = Lucene's own "
+                                                       "top k (block-max WAND: the same scores, faster on large "
+                                                       "indexes, equal scores in index order)")
+    bm25_mmap: bool = Field(True, description="bm25s: memory-map its score matrix (shared by the workers through "
+                            "the page cache) instead of reading it into each worker")
+
+    docstore: DocStoreMode = Field("disk", description="where the returned documents are read: disk = the corpus "
+                                   "file through an offsets table (memory-mapped, shared by the workers, built "
+                                   "into RETRIEVER_INDEX_DIR/docstore when missing); memory = every document held "
+                                   "as Python strings in each worker (~0.9 KB per 100-word passage)")
 
     dense: bool = Field(False, description="load a dense index")
     dense_backend: DenseBackend = Field("faiss", description="faiss: in-process index files under "

@@ -136,3 +136,13 @@ def test_retriever_index_id_follows_corpus_manifests_and_ranking_settings(tmp_pa
     assert index_identity(settings, "sha256:2", {"bm25": manifest}) != base
     other_k1 = settings.model_copy(update={"bm25_k1": 0.9})
     assert index_identity(other_k1, "sha256:1", {"bm25": manifest}) != base
+    ivf = Manifest(kind="dense", backend="faiss", corpus_path="a.jsonl", corpus_checksum="sha256:1", doc_count=3,
+                   index_type="ivfsq8", created_at="2026-01-01T00:00:00Z")
+    more_lists = settings.model_copy(update={"faiss": settings.faiss.model_copy(update={"nprobe": 64})})
+    assert index_identity(more_lists, "sha256:1", {"dense": ivf}) != index_identity(settings, "sha256:1", {"dense": ivf})
+    flat = ivf.model_copy(update={"index_type": "flat"})  # exact search: nprobe changes nothing
+    assert index_identity(more_lists, "sha256:1", {"dense": flat}) == index_identity(settings, "sha256:1", {"dense": flat})
+    lucene = manifest.model_copy(update={"backend": "pyserini"})
+    topk = settings.model_copy(update={"lucene_search": "topk"})
+    assert index_identity(topk, "sha256:1", {"bm25": lucene}) != index_identity(settings, "sha256:1", {"bm25": lucene})
+    assert index_identity(topk, "sha256:1", {"bm25": manifest}) == base  # bm25s: no such setting

@@ -138,6 +138,25 @@ def test_pyserini_backend_built_and_served(tiny: RetrieverSettings, questions: l
     hits = lucene.batch_search(questions[:20], 5)
     assert got == [[corpus.ids[d] for d, _ in hits.per_query(i)] for i in range(20)]
     assert corpus.ids.index(got[0][0]) >= 0 and all(got)
+    # Anserini's searcher called directly answers as pyserini's own LuceneSearcher (which it skips importing)
+    from pyserini.search.lucene import LuceneSearcher
+
+    reference = LuceneSearcher(str(tiny.index_dir / "pyserini" / "lucene"))
+    reference.set_bm25(0.9, 0.4)
+    found = reference.batch_search(questions[:20], [str(i) for i in range(20)], k=5, threads=2)
+    assert got == [[hit.docid for hit in found[str(i)]] for i in range(20)]
+    assert [[round(hit.score, 4) for hit in found[str(i)]] for i in range(20)] == \
+        [[round(s, 4) for _, s in hits.per_query(i)] for i in range(20)]
+    single = lucene.batch_search(questions[:1], 5)
+    assert [corpus.ids[d] for d, _ in single.per_query(0)] == [hit.docid for hit in reference.search(questions[0], 5)]
+    reference.close()
+    # Lucene's own top k: the same scores at every rank (equal scores may come in another order)
+    topk = PyseriniRetriever(tiny.index_dir / "pyserini", {d: i for i, d in enumerate(corpus.ids)}, search="topk")
+    fast = topk.batch_search(questions[:20] + ["the of and"], 5)  # stopwords only: no hits
+    assert [[round(s, 4) for _, s in fast.per_query(i)] for i in range(20)] == \
+        [[round(s, 4) for _, s in hits.per_query(i)] for i in range(20)]
+    assert sum(fast.per_query(i) == hits.per_query(i) for i in range(20)) >= 15 and fast.per_query(20) == []
+    topk.close()
     lucene.close()
 
 
@@ -151,3 +170,58 @@ def test_refuses_to_start_on_corpus_index_mismatch(tiny: RetrieverSettings, tmp_
     finally:
         served.stop()
     assert "refusing to start" in stderr and "corpus checksum" in stderr and "plugsearch-index build" in stderr
+
+
+def _answers(url: str, questions: list[str]) -> dict[str, object]:
+    """Every method's /retrieve answer and /searchr1/retrieve's, asked again where a worker still loads (503)."""
+    import time
+
+    def post(client: httpx.Client, path: str, body: dict[str, object]) -> object:
+        for _ in range(1200):
+            response = client.post(path, json=body)
+            if response.status_code != 503:
+                assert response.status_code == 200, response.text
+                return response.json()
+            time.sleep(0.5)
+        raise AssertionError(f"{path} kept answering 503")
+
+    out: dict[str, object] = {}
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for method in ("bm25", "dense", "hybrid"):
+            found = [post(client, "/retrieve", {"queries": questions[i:i + 8], "k": 5, "method": method})
+                     for i in range(0, len(questions), 8)]
+            out[method] = [[{k: v for k, v in doc.items() if k != "took_ms"} for doc in hits]  # type: ignore[union-attr]
+                           for body in found for hits in body["results"]]  # type: ignore[index]
+        out["searchr1"] = post(client, "/searchr1/retrieve", {"queries": questions[:6] + [" "], "topk": 3,
+                                                                "return_scores": True})
+    return out
+
+
+def test_two_workers_build_a_missing_store_once_and_answer_as_the_held_corpus(
+        tiny: RetrieverSettings, questions: list[str], tmp_path: Path) -> None:
+    """An index folder from before the document store: the service builds the store once (its two workers
+    start together) and returns exactly what the corpus held in memory returns, Search-R1's shape included."""
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    for name in ("pyserini", "dense-flat"):
+        (index_dir / name).symlink_to((tiny.index_dir / name).resolve(), target_is_directory=True)
+    settings = tiny.model_copy(update={"index_dir": index_dir, "bm25_backend": "pyserini"})
+    env = {"RETRIEVER_DEFAULT_METHOD": "hybrid", "RETRIEVER_LOG_LEVEL": "INFO"}
+    served = Served(settings, RETRIEVER_WORKERS="2", **env)
+    try:
+        served.wait_ready()
+        from_store = _answers(served.url, questions[:24])
+        log = served.output()
+    finally:
+        served.stop()
+    assert log.count("building the document store") == 1, log[-3000:]
+    assert (index_dir / "docstore" / "manifest.json").is_file()
+    held = Served(settings, RETRIEVER_DOCSTORE="memory", **env)
+    try:
+        held.wait_ready()
+        from_memory = _answers(held.url, questions[:24])
+    finally:
+        held.stop()
+    assert from_store == from_memory
+    assert all(from_store[m] for m in ("bm25", "dense", "hybrid"))
+    assert from_store["searchr1"]["result"][-1] == []  # type: ignore[index]

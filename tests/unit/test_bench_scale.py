@@ -27,6 +27,7 @@ def test_synthetic_passages_follow_the_real_corpus(tmp_path: Path, real_model: t
     assert set(r["title"] for r in rows) <= set(titles)
     mean_len = np.mean([len(r["text"].split()) for r in rows])
     assert abs(mean_len - lengths.mean()) / lengths.mean() < 0.1
+    assert lengths.mean() == pytest.approx(100, rel=0.05)  # wiki-18's 100-word passages (FlashRAG's sample)
     # the most frequent real word is also the most frequent synthetic one
     assert Counter(words).most_common(1)[0][0] == vocab[0]
 
@@ -41,29 +42,37 @@ def test_the_corpus_is_cached_and_deterministic(tmp_path: Path, data_dir: Path) 
     assert a.read_bytes() != c.read_bytes()
 
 
-def test_synthetic_vectors_are_that_corpus_embeddings_and_truth_is_exact(
+def test_synthetic_vectors_are_that_corpus_embeddings_regenerated_and_truth_is_exact(
         tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import faiss
 
     from services.retriever.corpus import file_checksum
-    from services.retriever.dense import iter_chunks
     from services.retriever.manifest import Manifest
 
     rng = np.random.default_rng(3)
-    monkeypatch.setattr(scale, "real_vectors", lambda: rng.standard_normal((50, scale.DIMS)).astype(np.float32))
+    centres = rng.standard_normal((50, scale.DIMS)).astype(np.float32)
+    np.save(tmp_path / "centres.npy", centres)
     monkeypatch.setattr(scale, "CHUNK", 700)  # several chunks, so the merge across chunks is exercised
     corpus = scale.write_corpus(2000, tmp_path / "corpus.jsonl")
-    folder = scale.write_embeddings(corpus, tmp_path / "index", 2000)
+    folder = scale.write_embeddings(corpus, tmp_path / "index", 2000, tmp_path / "centres.npy")
     manifest = Manifest.read(folder)
     assert manifest.corpus_checksum == file_checksum(corpus) and manifest.doc_count == 2000
-    vectors = np.concatenate([np.asarray(c) for c in iter_chunks(folder)])
-    assert vectors.shape == (2000, scale.DIMS)
+    assert not list(folder.glob("chunk-*"))  # never stored: regenerated from the seed by every step
+    chunks = scale.synthetic_chunks(folder)
+    vectors = np.concatenate(list(chunks()))
+    assert vectors.shape == (2000, scale.DIMS) and [len(c) for c in chunks()] == [700, 700, 600]
+    assert np.array_equal(vectors, np.concatenate(list(chunks())))  # the same vectors at every pass
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    other = scale.write_embeddings(corpus, tmp_path / "other", 2000, tmp_path / "centres.npy", seed=2)
+    assert not np.array_equal(vectors, np.concatenate(list(scale.synthetic_chunks(other)())))
     queries = rng.standard_normal((20, scale.DIMS)).astype(np.float32)
     flat = faiss.IndexFlatIP(scale.DIMS)
     flat.add(vectors)
     _, want = flat.search(queries, scale.K)
-    assert (scale.exact_top10(folder, queries) == want).all()
+    assert (scale.exact_top10(chunks, queries) == want).all()
+    np.save(tmp_path / "centres.npy", centres + 1)  # the recipe's centres changed under it: refused
+    with pytest.raises(RuntimeError, match="changed"):
+        scale.synthetic_chunks(folder)
 
 
 def test_growth_fits_recover_known_curves_and_extrapolate() -> None:
@@ -73,18 +82,27 @@ def test_growth_fits_recover_known_curves_and_extrapolate() -> None:
     line = scale.fit(sizes, [200 + 0.001 * n for n in sizes], "linear")
     assert line is not None and line["base"] == pytest.approx(200) and line["per_item"] == pytest.approx(0.001)
     assert scale.fit([100_000], [5.0], "power") is None  # one point is no curve
-    points = {str(n): {"build_s": 0.0001 * n, "rss_mb": 100 + 0.0005 * n, "disk_mb": 0.0002 * n} for n in sizes}
+    points = {str(n): {"build_s": 0.0001 * n, "rss_anon_total_mb": 100 + 0.0005 * n, "disk_mb": 0.0002 * n}
+              for n in sizes}
+    points[str(scale.WIKI18)] = {"build_s": 1.0}  # a measured wiki-18 point is no input to its own extrapolation
     out = scale.extrapolate({"faiss-flat": points})["faiss-flat"]
     assert out["build_s"] == pytest.approx(0.0001 * scale.WIKI18, rel=1e-3)
-    assert out["rss_mb"] == pytest.approx(100 + 0.0005 * scale.WIKI18, rel=1e-3)
+    assert out["rss_anon_total_mb"] == pytest.approx(100 + 0.0005 * scale.WIKI18, rel=1e-3)
     assert out["from_sizes"] == sizes
+    flat = {str(n): {"rss_anon_total_mb": v} for n, v in zip(sizes, [900.0, 760.0, 780.0], strict=True)}
+    assert scale.extrapolate({"hybrid": flat})["hybrid"]["rss_anon_total_mb"] == 900.0  # no growth: no decline
 
 
 def test_each_backend_is_served_from_where_it_was_built(tmp_path: Path) -> None:
     for backend in scale.BACKENDS:
-        env = scale.backend_env(backend, tmp_path)
+        env = scale.backend_env(backend, tmp_path, nprobe=48)
         paths = scale.index_paths(backend, tmp_path)
-        if backend.startswith("milvus"):
+        if backend == "hybrid":  # Lucene and IVF-SQ8 in one retriever, every method measured
+            assert env["RETRIEVER_BM25_BACKEND"] == "pyserini" and env["RETRIEVER_FAISS__INDEX_TYPE"] == "ivfsq8"
+            assert env["RETRIEVER_DEFAULT_METHOD"] == "hybrid" and env["RETRIEVER_FAISS__NPROBE"] == "48"
+            assert paths == [tmp_path / "index" / "pyserini", tmp_path / "index" / "dense-ivfsq8"]
+            assert scale.methods(backend) == ["bm25", "dense", "hybrid"] and scale.is_dense(backend)
+        elif backend.startswith("milvus"):
             assert Path(env["RETRIEVER_MILVUS__URI"]) in paths
             assert tmp_path / "index" / f"milvus-{env['RETRIEVER_MILVUS__COLLECTION']}" in paths
         elif backend.startswith("faiss"):
@@ -94,3 +112,15 @@ def test_each_backend_is_served_from_where_it_was_built(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         scale.parse_max(["faiss-flat=lots"])
     assert scale.parse_max(["bm25s=5000000"])["bm25s"] == 5_000_000
+
+
+def test_returned_documents_are_checked_against_the_corpus_lines(tmp_path: Path, data_dir: Path) -> None:
+    corpus = scale.write_corpus(300, tmp_path / "corpus.jsonl")
+    rows = [orjson.loads(line) for line in corpus.read_bytes().splitlines()]
+    served = [[{**rows[i], "score": 1.0} for i in (5, 17, 299)], [{**rows[0], "score": 0.5}]]
+    assert scale.check_documents(corpus, served) == {"docs_checked": 4, "docs_identical": True, "docs_different": []}
+    served[0][1] = {**served[0][1], "text": served[0][1]["text"] + " "}
+    out = scale.check_documents(corpus, served)
+    assert not out["docs_identical"] and out["docs_different"] == ["s17"]
+    truth = np.array([[5, 17, 299, 1, 2, 3, 4, 6, 7, 8]])
+    assert scale.recall([[{"id": f"s{i}"} for i in (5, 299, 11)]], truth) == pytest.approx(0.2)

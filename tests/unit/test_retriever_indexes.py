@@ -72,7 +72,7 @@ def embeddings(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> Path
                         chunk_size=128, show_progress=False)
 
 
-@pytest.mark.parametrize("index_type", ["flat", "hnsw", "sq8", "ivfpq"])
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "sq8", "ivfpq", "ivfsq8"])
 def test_every_faiss_type_builds_loads_and_finds_itself(embeddings: Path, tmp_path: Path, index_type: str) -> None:
     settings = FaissSettings(index_type=index_type, train_size=1000, ivf_nlist=4, pq_m=8, nprobe=4)  # type: ignore[arg-type]
     manifest = build_faiss(embeddings, tmp_path / index_type, settings, show_progress=False)
@@ -227,3 +227,77 @@ def test_bm25s_build_manifest_and_search(corpus: Corpus, tmp_path: Path) -> None
     assert hits.ids[0, 0] == target
     assert hits.ids[1].tolist() == [-1, -1, -1, -1]  # no known term: no hits (and no crash)
     assert retriever.batch_search(["film"], 10_000).ids.shape == (1, 10_000)
+
+
+def _rss_anon_kb() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssAnon:"))
+
+
+@pytest.mark.parametrize("index_type", ["ivfsq8", "ivfpq"])
+def test_ivf_parts_merge_into_on_disk_lists_that_follow_their_folder(embeddings: Path, tmp_path: Path,
+                                                                     index_type: str) -> None:
+    import faiss
+
+    queries = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])[:40]
+    one = FaissSettings(index_type=index_type, train_size=1000, ivf_nlist=4, pq_m=8, nprobe=4)  # type: ignore[arg-type]
+    parts = one.model_copy(update={"shard_size": 70})  # five parts of at most 70 vectors
+    a = build_faiss(embeddings, tmp_path / "one", one, show_progress=False)
+    b = build_faiss(embeddings, tmp_path / "built" / "parts", parts, show_progress=False)
+    assert a.files == b.files == ["index.faiss", "lists.ivfdata"] and a.params["ivf_nlist"] == 4
+    assert sorted(p.name for p in (tmp_path / "built" / "parts").iterdir()) == [*b.files, "manifest.json"]
+    (tmp_path / "built").rename(tmp_path / "moved")  # the lists file is found beside its index, wherever
+    loaded = FaissIndex(tmp_path / "moved" / "parts", parts)
+    lists = faiss.extract_index_ivf(loaded.index).invlists
+    assert type(faiss.downcast_InvertedLists(lists)).__name__ == "OnDiskInvertedLists"
+    assert loaded.ntotal == 300 and faiss.extract_index_ivf(loaded.index).nprobe == 4
+    same = FaissIndex(tmp_path / "one", one).search(queries, 5)
+    got = loaded.search(queries, 5)
+    assert (got.ids == same.ids).all()  # the same trained quantizer on the same sample: the same lists
+    held = FaissIndex(tmp_path / "one", one.model_copy(update={"mmap": False})).search(queries, 5)
+    assert (held.ids == same.ids).all()
+
+
+def test_mapped_flat_index_is_shared_page_cache_not_private_memory(tmp_path: Path) -> None:
+    """RETRIEVER_FAISS__MMAP: the codes are file pages of the index (shared by the workers), not a private
+    copy; the results are the same."""
+    import faiss
+
+    from services.retriever.dense import read_index
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((60_000, 256), dtype=np.float32)  # 61 MB of codes
+    flat = faiss.IndexFlatIP(256)
+    flat.add(vectors)
+    faiss.write_index(flat, str(tmp_path / "flat.faiss"))
+    del flat
+    before = _rss_anon_kb()
+    mapped = read_index(tmp_path / "flat.faiss", mmap=True)
+    mapped_anon = _rss_anon_kb() - before
+    held = read_index(tmp_path / "flat.faiss", mmap=False)
+    held_anon = _rss_anon_kb() - before - mapped_anon
+    assert held_anon > 50_000 and mapped_anon < 10_000, (held_anon, mapped_anon)
+    q = vectors[:8]
+    assert (mapped.search(q, 5)[1] == held.search(q, 5)[1]).all()
+
+
+def test_an_ivf_index_of_the_former_layout_still_loads(embeddings: Path, tmp_path: Path) -> None:
+    """IVF-PQ was stored as one shard file with its lists inside: served as it is (its lists mapped)."""
+    import faiss
+
+    from services.retriever.manifest import Manifest
+
+    settings = FaissSettings(index_type="ivfpq", train_size=1000, ivf_nlist=4, pq_m=8, nprobe=4)
+    vectors = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])
+    index = faiss.index_factory(32, "IVF4,PQ8", faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    folder = tmp_path / "dense-ivfpq"
+    folder.mkdir()
+    faiss.write_index(index, str(folder / "shard-00000.faiss"))
+    source = Manifest.read(embeddings)
+    Manifest(kind="dense", backend="faiss", corpus_path=source.corpus_path, corpus_checksum=source.corpus_checksum,
+             doc_count=len(vectors), dims=32, index_type="ivfpq", files=["shard-00000.faiss"]).write(folder)
+    index.nprobe = 4
+    want = index.search(vectors[:20], 5)[1]
+    assert (FaissIndex(folder, settings).search(vectors[:20], 5).ids == want).all()
