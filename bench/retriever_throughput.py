@@ -22,7 +22,7 @@ against torch's top-10. ANN: HNSW and SQ8 / IVF-PQ against exact search on synth
 MiniLM passage vectors when the dense index exists): recall@10 and speed-up.
 
 Dense figures use the full corpus's MiniLM flat index, built once into var/indexes/combined when missing
-(~10-20 min on 2 cores); `--quick` never builds it and uses a ~300-passage subset instead (a note says so).
+(~4 min on 2 cores with the ONNX encoder, 10-20 with torch); `--quick` never builds it and uses a ~300-passage subset instead (a note says so).
 
     python bench/retriever_throughput.py           # 8 s per point, 1,000,000 vectors
     python bench/retriever_throughput.py --quick   # 0.5 s per point, 20,000 128-d vectors (says so)
@@ -462,8 +462,8 @@ def main() -> None:
     # the full corpus's dense index: built once (cached in var/) by a full run; --quick only reuses it
     build_dense = wants_dense and not args.quick and not dense_available()
     if build_dense:
-        log(f"building the MiniLM flat index over the full corpus once ({args.build_backend} encoder; ~10-20 min "
-            f"on 2 cores), cached in {INDEX_DIR}")
+        log(f"building the MiniLM flat index over the full corpus once ({args.build_backend} encoder; ~4 min on "
+            f"2 cores with ONNX, 10-20 with torch), cached in {INDEX_DIR}")
         os.environ["RETRIEVER_ENCODER__BACKEND"] = args.build_backend  # read by the build's settings only
         os.environ["RETRIEVER_ENCODER__ONNX_DIR"] = str(ONNX_DIR)
     ensure_indexes(bm25=["bm25s"], dense=build_dense)
