@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,23 @@ class Clients:
             client = self._by_loop[loop] = AsyncSearchClient(self.base_url, api_key=self.api_key,
                                                              timeout=self.timeout)
         return client
+
+    def search(self, query: str, options: dict[str, Any], error: Callable[[ServiceError], Exception]
+               ) -> SearchResponse:
+        """One search on the blocking client; a failed one raises `error(exc)` (the framework's error class),
+        the client's `ServiceError` as its cause."""
+        try:
+            return self.blocking().search(query, **options)
+        except ServiceError as exc:
+            raise error(exc) from exc
+
+    async def asearch(self, query: str, options: dict[str, Any], error: Callable[[ServiceError], Exception]
+                      ) -> SearchResponse:
+        """`search` on the running loop's asyncio client."""
+        try:
+            return await self.for_loop().search(query, **options)
+        except ServiceError as exc:
+            raise error(exc) from exc
 
     def close(self) -> None:
         """Close the blocking client this made (asyncio ones: `aclose`, from their loop)."""

@@ -63,17 +63,11 @@ class PlugsearchRM(dspy.Retrieve):
         self._clients = make_clients(base_url, api_key, timeout, client, async_client)
 
     def forward(self, query: str, k: int | None = None, **overrides: Any) -> dspy.Prediction:  # type: ignore[override]
-        try:
-            response = self._clients.blocking().search(query, **self.options.merged(**overrides))
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        response = self._clients.search(query, self.options.merged(**overrides), PlugsearchRetrieverError)
         return _prediction(response, self.k if k is None else k)
 
     async def aforward(self, query: str, k: int | None = None, **overrides: Any) -> dspy.Prediction:
-        try:
-            response = await self._clients.for_loop().search(query, **self.options.merged(**overrides))
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        response = await self._clients.asearch(query, self.options.merged(**overrides), PlugsearchRetrieverError)
         return _prediction(response, self.k if k is None else k)
 
     async def acall(self, query: str, k: int | None = None, **overrides: Any) -> dspy.Prediction:

@@ -81,20 +81,14 @@ class PlugsearchRetriever:
             retrieve_k: int | None = None, select_k: int | None = None) -> dict[str, list[Document]]:
         """Search for `query` (the options override the component's for this run)."""
         options = self.options.merged(mode=mode, max_turns=max_turns, retrieve_k=retrieve_k, select_k=select_k)
-        try:
-            return {"documents": _documents(self._warm().blocking().search(query, **options))}
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        return {"documents": _documents(self._warm().search(query, options, PlugsearchRetrieverError))}
 
     @component.output_types(documents=list[Document])
     async def run_async(self, query: str, mode: SearchMode | None = None, max_turns: int | None = None,
                         retrieve_k: int | None = None, select_k: int | None = None) -> dict[str, list[Document]]:
         """`run`, on asyncio (`AsyncPipeline`)."""
         options = self.options.merged(mode=mode, max_turns=max_turns, retrieve_k=retrieve_k, select_k=select_k)
-        try:
-            return {"documents": _documents(await self._warm().for_loop().search(query, **options))}
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        return {"documents": _documents(await self._warm().asearch(query, options, PlugsearchRetrieverError))}
 
     def close(self) -> None:
         """Close the blocking client it made (`aclose` for the asyncio one of the running loop)."""

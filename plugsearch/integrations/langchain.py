@@ -70,17 +70,11 @@ class PlugsearchRetriever(BaseRetriever):
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 **overrides: Any) -> list[Document]:
-        try:
-            return _documents(self._clients.blocking().search(query, **self._options(overrides)))
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        return _documents(self._clients.search(query, self._options(overrides), PlugsearchRetrieverError))
 
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
                                        **overrides: Any) -> list[Document]:
-        try:
-            return _documents(await self._clients.for_loop().search(query, **self._options(overrides)))
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        return _documents(await self._clients.asearch(query, self._options(overrides), PlugsearchRetrieverError))
 
     def close(self) -> None:
         """Close the blocking client it made (`aclose` for the asyncio one of the running loop)."""

@@ -60,16 +60,11 @@ class PlugsearchRetriever(BaseRetriever):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        try:
-            return _nodes(self._clients.blocking().search(query_bundle.query_str, **self.options.merged()))
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        return _nodes(self._clients.search(query_bundle.query_str, self.options.merged(), PlugsearchRetrieverError))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        try:
-            return _nodes(await self._clients.for_loop().search(query_bundle.query_str, **self.options.merged()))
-        except ServiceError as exc:
-            raise PlugsearchRetrieverError(exc) from exc
+        return _nodes(await self._clients.asearch(query_bundle.query_str, self.options.merged(),
+                                                  PlugsearchRetrieverError))
 
     def close(self) -> None:
         """Close the blocking client it made (`aclose` for the asyncio one of the running loop)."""
