@@ -193,19 +193,6 @@ def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
 COMPACT_SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
 
 
-def _supporting(name: str, n: int) -> dict[str, frozenset[str]]:
-    from bench.common import DATA
-
-    out: dict[str, frozenset[str]] = {}
-    with (DATA / "qa" / f"{name}.jsonl").open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            if i >= n:
-                break
-            row = json.loads(line)
-            out[str(row["id"])] = frozenset(row.get("supporting_titles") or ())
-    return out
-
-
 def _metric_block(rows: Sequence[dict[str, Any]], systems: Sequence[str], key: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in systems:
@@ -291,12 +278,11 @@ def compact_main(args: argparse.Namespace) -> None:
     all_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
     result: dict[str, Any] = {"datasets": {}}
     for name in args.datasets:
-        gold = _supporting(name, args.n)
         items = [q for q in load_questions(name, args.n) if not is_yes_no(q.golden_answers)]
         rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
         by_kind: dict[str, dict[int, list[dict[str, Any]]]] = {}
         for q in tqdm(items, desc=name, disable=args.quiet):
-            titles = gold.get(q.id, frozenset())
+            titles = frozenset(q.supporting_titles)
             per = asyncio.run(one(q.question, q.golden_answers, titles))
             kind = "full_paragraph" if titles and all(lengths.get(t, 0) >= FULL_PARAGRAPH_CHARS for t in titles) \
                 else "short_extract"

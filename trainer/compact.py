@@ -111,15 +111,9 @@ def load_items(data_dir: Path, config: CompactConfig) -> tuple[list[LabeledItem]
     train: list[LabeledItem] = []
     dev: list[LabeledItem] = []
     for name in config.datasets:
-        path = qa_path(data_dir, name)
-        support = {}
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    row = json.loads(line)
-                    support[str(row["id"])] = frozenset(row.get("supporting_titles") or ())
-        items = [LabeledItem(q, support.get(q.id, frozenset()))
-                 for q in load_qa(path, limit=config.per_dataset + config.dev_per_dataset, offset=config.offset)
+        items = [LabeledItem(q, frozenset(q.supporting_titles))
+                 for q in load_qa(qa_path(data_dir, name), limit=config.per_dataset + config.dev_per_dataset,
+                                  offset=config.offset)
                  if not is_yes_no(q.golden_answers)]
         cut = max(0, len(items) - config.dev_per_dataset)
         train.extend(items[:cut])

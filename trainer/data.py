@@ -30,6 +30,8 @@ class QAItem(BaseModel):
     question: str
     golden_answers: list[str] = Field(min_length=1)
     dataset: str = ""
+    supporting_titles: list[str] = Field(default_factory=list, description="titles of the passages that support "
+                                         "the answer (multi-hop sets; empty where the file has none)")
 
 
 def default_data_dir() -> Path:
@@ -52,7 +54,8 @@ def load_qa(path: Path, limit: int | None = None, offset: int = 0) -> list[QAIte
             row = json.loads(line)
             items.append(QAItem(id=str(row["id"]), question=row["question"],
                                 golden_answers=[str(a) for a in row["golden_answers"]],
-                                dataset=str(row.get("dataset") or path.stem)))
+                                dataset=str(row.get("dataset") or path.stem),
+                                supporting_titles=[str(t) for t in row.get("supporting_titles") or ()]))
     return items
 
 
