@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services
@@ -660,7 +660,13 @@ def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]
         return build()[0]
 
     def main() -> None:
-        app, settings = build()
+        try:
+            app, settings = build()
+        except ValidationError as exc:  # a bad setting (or a policy folder refused): one clear message, exit 2
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
+                                 for e in exc.errors())
+            sys.stderr.write(f"{service}: invalid configuration: {problems}\n")
+            sys.exit(2)
         serve(app, settings, worker_factory=f"services.{service}.__main__:worker_app")
 
     return worker_app, main

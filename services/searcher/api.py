@@ -29,7 +29,7 @@ from services.searcher.chat_api import router as chat_router
 from services.searcher.compact import CompactPolicy
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
-from services.searcher.loop import ActingPolicy
+from services.searcher.policy import ChatPolicy, SearcherPolicy, as_searcher_policy
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
@@ -70,6 +70,10 @@ def accounted(request: Request, service: SearchService, items: list[SearchReques
     return caller if isinstance(caller, Caller) else None
 
 
+SHOWN_DEFAULTS = ("max_turns", "retrieve_k", "select_k", "method", "constrained")
+"""The defaults `/version` shows per mode."""
+
+
 def _service(request: Request) -> SearchService:
     return from_state(request, "service", SearchService, starting="searcher is still starting")
 
@@ -103,15 +107,16 @@ async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
     return Response(results.model_dump_json(), media_type=JSON)
 
 
-def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend | ActingPolicy | None = None,
+def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPolicy | LLMBackend | None = None,
                retriever: RetrieverBackend | None = None, cache: ResultCache | None = None,
                answer: AnswerBackend | None = None) -> FastAPI:
-    """The searcher app. Backends are built in the lifespan unless injected (tests, benches); `answer`:
+    """The searcher app. Backends are built in the lifespan unless injected (tests, benches): `policy` (a
+    `SearcherPolicy`, or a chat LLM served as a `ChatPolicy`) replaces the one `policy_kind` names; `answer`:
     the answer LLM of the chat proxy (used only when `settings.chat` turns the proxy on)."""
     settings = settings or SearcherSettings()
     # the compact policy is a few kB of weights: loaded here, so /version names it before the lifespan ran
-    compact = CompactPolicy.load(settings.compact_policy) if policy is None and settings.compact_policy else None
-    served = policy if policy is not None else compact
+    served: SearcherPolicy | None = as_searcher_policy(policy) if policy is not None else \
+        CompactPolicy.load(settings.compact_policy) if settings.policy_kind == "compact" else None
     policy_model = served.model if served is not None else settings.policy.model
 
     @asynccontextmanager
@@ -123,13 +128,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
                 stack.push_async_callback(resource.aclose)
                 return resource
 
-            the_policy: LLMBackend | ActingPolicy
-            if policy is not None:
-                the_policy = policy
-            elif compact is not None:
-                the_policy = compact
-            else:
-                the_policy = owned(OpenAIChatClient(settings.policy, name="policy", metrics=metrics))
+            the_policy: SearcherPolicy = served if served is not None else ChatPolicy(
+                owned(OpenAIChatClient(settings.policy, name="policy", metrics=metrics)))
             client: RetrieverClient | None = None
             the_retriever = retriever
             if the_retriever is None:
@@ -157,9 +157,17 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             yield
 
     def details(app: FastAPI) -> dict[str, Any]:
-        return {"prompt_version": PromptSet.load(settings.prompts_dir).version, "policy_model": policy_model,
-                "defaults": {"max_turns": settings.max_turns, "retrieve_k": settings.retrieve_k,
-                             "select_k": settings.select_k, "constrained": settings.constrained}}
+        service: SearchService | None = getattr(app.state, "service", None)
+        info: dict[str, Any] = {"prompt_version": PromptSet.load(settings.prompts_dir).version,
+                                "policy_model": policy_model}
+        setting = served.setting if served is not None else None
+        if setting is not None:
+            info["policy_setting"] = setting.model_dump()
+        if service is not None:  # per mode: what a request that sets nothing gets (s3: the policy's setting)
+            modes = [m for m in ("s3", "qagent") if m in service.policy.modes] + ["naive"]
+            info["defaults"] = {mode: {k: v for k, v in service.defaults(mode).items() if k in SHOWN_DEFAULTS}
+                                for mode in modes}
+        return info
 
     app = build_app(settings, service="searcher", lifespan=lifespan, version_details=details,
                     description="Plug-in search agent: s3 / QAgent / naive search loops over the retriever.",

@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
-from services.common.schemas.searcher import SearchedDocument
+from services.common.schemas.searcher import Method, SearchedDocument, SearchMode, SearchParams
 from services.searcher import parsing
 from services.searcher.env import Action, InfoBlock, SearchEnv
+from services.searcher.policy import PolicyRefusal, PolicySetting
 
 WEIGHTS_FILE = "weights.npz"
 MANIFEST_FILE = "manifest.json"
@@ -92,8 +94,55 @@ CANDIDATE_FEATURES = (
 )
 
 
+LEXICAL = "bm25"
+"""The method of the lexical blocks its features read (BM25 scores, ranks and z-scores): its follow-up
+searches, and the first block of its pool."""
+
+
 class CompactPolicyError(ValueError):
-    """A compact policy folder that cannot be served (missing files, digest mismatch, wrong shapes)."""
+    """A compact policy folder that cannot be served (missing files, digest mismatch, wrong shapes, a
+    manifest without the setting it was trained in or with a method its features cannot read)."""
+
+
+def read_setting(manifest: dict[str, Any], *, has_dense: bool, encoder: str | None) -> PolicySetting | None:
+    """The setting a manifest records (`search`: retrieve_k, select_k, max_turns, method, pool_methods; the
+    dense encoder from `dense.encoder`), checked against what the policy's features can read; None when the
+    manifest records none (a policy built in-process). Raises `CompactPolicyError` saying what is wrong."""
+    recorded = manifest.get("search")
+    if recorded is None:
+        return None
+    if not isinstance(recorded, dict):
+        raise CompactPolicyError(f"the manifest's `search` must be an object, not {type(recorded).__name__}")
+    if recorded.get("mode", "s3") != "s3":
+        raise CompactPolicyError(f"the manifest's search mode is {recorded.get('mode')!r}: a compact policy "
+                                 "searches in mode s3")
+    missing = [k for k in ("retrieve_k", "select_k", "max_turns") if k not in recorded]
+    if missing:
+        raise CompactPolicyError(f"the manifest's `search` lacks {', '.join(missing)}: the setting the policy "
+                                 "was trained in (pool size retrieve_k, documents select_k, follow-up searches "
+                                 "max_turns) must travel with it")
+    fields = {k: recorded[k] for k in ("retrieve_k", "select_k", "max_turns", "method", "pool_methods")
+              if k in recorded}
+    fields.setdefault("method", LEXICAL)
+    fields.setdefault("pool_methods", [LEXICAL, DENSE] if has_dense else [LEXICAL])
+    try:
+        setting = PolicySetting(**fields, encoder=encoder)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise CompactPolicyError(f"the manifest's `search` setting is invalid ({problems})") from exc
+    if setting.method != LEXICAL:
+        raise CompactPolicyError(f"the manifest's follow-up method is {setting.method!r}: the compact policy's "
+                                 f"features read BM25 evidence, so its follow-up searches must be {LEXICAL!r}")
+    pool = setting.pool_methods or []
+    if pool[0] != LEXICAL or len(set(pool)) != len(pool) or not set(pool) <= {LEXICAL, DENSE}:
+        raise CompactPolicyError(f"the manifest's pool_methods {pool} cannot be served: a compact policy's pool "
+                                 f"is {LEXICAL!r} first, optionally followed by {DENSE!r}")
+    if DENSE in pool and not has_dense:
+        raise CompactPolicyError("the manifest's pool has a dense block but the weights have no dense scorer")
+    if DENSE in pool and not encoder:
+        raise CompactPolicyError("the manifest's pool has a dense block but names no encoder (dense.encoder): "
+                                 "cosines of another encoder would not fit the dense scorer")
+    return setting
 
 
 def _same_encoder(served: str, trained: str | None) -> bool:
@@ -354,10 +403,10 @@ class CompactPolicy:
         """The `policy_model` of its responses (part of the cache key)."""
         return f"{self.name}@{self.digest[:12]}" if self.digest else self.name
 
-    def search_setting(self) -> dict[str, int]:
-        """The setting it was trained in (`retrieve_k`, `select_k`, `max_turns`), from its manifest."""
-        recorded = self.manifest.get("search") or self.manifest.get("config") or {}
-        return {k: int(recorded[k]) for k in ("retrieve_k", "select_k", "max_turns") if k in recorded}
+    @property
+    def setting(self) -> PolicySetting | None:
+        """The setting it was trained in, from its manifest (`read_setting`); None when it records none."""
+        return read_setting(self.manifest, has_dense=self.has_dense, encoder=self.dense_encoder)
 
     # ------------------------------------------------------------------------------------ weights
     @classmethod
@@ -380,6 +429,13 @@ class CompactPolicy:
         policy = cls(weights, name=str(manifest.get("name", folder.name)), digest=digest, manifest=manifest,
                      folder=folder)
         policy.check()
+        try:
+            if policy.setting is None:
+                raise CompactPolicyError("the manifest has no `search` setting (retrieve_k, select_k, max_turns, "
+                                         "method, pool_methods): the setting the policy was trained in must "
+                                         "travel with it")
+        except CompactPolicyError as exc:
+            raise CompactPolicyError(f"{manifest_path}: {exc}") from exc
         return policy
 
     def check(self) -> None:
@@ -413,15 +469,23 @@ class CompactPolicy:
             return None
         return str((self.manifest.get("dense") or {}).get("encoder") or "") or None
 
-    def pool_methods(self, served: Sequence[str] | None, encoder: str | None) -> list[str] | None:
-        """The methods of its first retrieval on a retriever that serves `served` with dense `encoder`: bm25,
-        plus dense when it has the dense scorer and the retriever's encoder is the one it was trained with;
-        None (the retriever's default method) when the retriever does not say or serves no bm25."""
-        if not served or "bm25" not in served:
+    def pool_methods(self, served: Sequence[str] | None, encoder: str | None) -> list[Method] | None:
+        """The methods of its first retrieval on a retriever that serves `served` with dense `encoder`: its
+        trained pool (bm25, plus dense when it has the dense scorer), the dense block only where the
+        retriever's encoder is the one it was trained with; None (`method` alone: bm25) when the retriever
+        does not say what it serves or serves no bm25."""
+        if not served or LEXICAL not in served:
             return None
-        if self.has_dense and DENSE in served and encoder is not None and _same_encoder(encoder, self.dense_encoder):
-            return ["bm25", DENSE]
-        return ["bm25"]
+        dense_ok = (self.has_dense and DENSE in served and encoder is not None
+                    and _same_encoder(encoder, self.dense_encoder))
+        return [m for m in self.trained_pool() if m != DENSE or dense_ok]
+
+    def trained_pool(self) -> list[Method]:
+        """The methods of the pool it was trained on: its setting's, else bm25 (+ dense with the dense scorer)."""
+        setting = self.setting
+        if setting is not None and setting.pool_methods:
+            return list(setting.pool_methods)
+        return ["bm25", "dense"] if self.has_dense else ["bm25"]
 
     def save(self, folder: Path, manifest: dict[str, Any]) -> Path:
         """Write `weights.npz` and `manifest.json` (with the weights' digest) into `folder`."""
@@ -492,6 +556,40 @@ class CompactPolicy:
         return Decision(Action("complete", selected=picks), score_x, cand_x, choice, selected=chosen, scorer=scorer)
 
     # ------------------------------------------------------------------- the searcher's policy API
+    # (`services.searcher.policy.SearcherPolicy`: what the service asks of the policy it serves)
+    @property
+    def modes(self) -> tuple[SearchMode, ...]:
+        return ("s3",)
+
+    @property
+    def acting(self) -> CompactPolicy:
+        return self
+
+    def uses_llm(self, mode: SearchMode) -> bool:
+        return False
+
+    def first_retrieval(self, served: Sequence[str] | None, encoder: str | None) -> list[Method] | None:
+        return self.pool_methods(served, encoder)
+
+    def cost(self, params: SearchParams) -> float:
+        """One unit per retrieval it may make: its trained pool (one block per method, whatever the retriever
+        serves at the moment: the guess before the search is what it is charged) and `max_turns` follow-ups."""
+        return float(len(self.trained_pool()) + params.max_turns)
+
+    def check_request(self, params: SearchParams, *, method_asked: Method | None) -> None:
+        """s3 only; the request's `method` only where it is the trained one (bm25): a dense or hybrid block
+        read as BM25 evidence would run the policy outside what it was trained on."""
+        if params.mode not in ("s3", "naive"):
+            raise PolicyRefusal(f"this searcher's policy ({self.model}) runs s3 and naive searches; "
+                                f"{params.mode} needs an LLM policy (SEARCHER_POLICY_KIND=llm)", param="mode")
+        setting = self.setting
+        trained = setting.method if setting is not None and setting.method else LEXICAL
+        if params.mode == "s3" and method_asked is not None and method_asked != trained:
+            raise PolicyRefusal(f"method {method_asked!r}: this searcher's policy ({self.model}) was trained on "
+                                f"{trained!r} follow-up searches and a pool it retrieves itself; leave method "
+                                f"unset (or {trained!r}) for s3, or use mode naive for a {method_asked} top-k",
+                                param="method")
+
     async def act(self, env: SearchEnv) -> Action:
         return self.decide(env).action
 

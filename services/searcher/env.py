@@ -255,6 +255,13 @@ class SearchEnv:
         self._emit("action", kind="complete")
         self._end("complete")
 
+    def keep_naive(self) -> None:
+        """What a structured policy's search returns when it cannot finish (its own error, the deadline, the
+        retriever failing mid-search): naive top-k of the first retrieval at the search's document budget,
+        the first block's first `select_k` documents, and nothing else."""
+        for b, block in enumerate(self.blocks):
+            block.selected = list(range(1, min(self.params.select_k, len(block.documents)) + 1)) if b == 0 else []
+
     def fail(self, reason: StopReason, message: str) -> None:
         """The driver could not get a policy output (error, timeout, deadline): end, degraded."""
         self.degraded_reason = message

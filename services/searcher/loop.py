@@ -4,7 +4,10 @@ with any `services.common.llm.LLMBackend` as the policy (the trainer drives it t
 
 `SearchOutcome.messages` is the exact transcript: the i-th message, when an assistant one, came from
 `policy.chat(messages[:i], ...)`. A policy failure or timeout, or the time budget (`params.timeout_s`) spent,
-ends the search degraded with the documents gathered so far; only a failed first retrieval raises.
+ends the search degraded with the documents gathered so far; only a failed first retrieval raises. An acting
+policy (the compact one) is held to the same budget, and any error of its own, its deadline or a retriever
+failure after its first retrieval ends the search degraded with naive top-k of the first retrieval at the
+search's document budget (`SearchEnv.keep_naive`).
 With tracing on (`services.common.tracing`), the search and each policy step are spans (each retrieval is
 one too: `SearchEnv`).
 """
@@ -12,6 +15,7 @@ one too: `SearchEnv`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Protocol, runtime_checkable
 
@@ -22,6 +26,7 @@ from services.common.schemas.searcher import SearchParams, StopReason
 from services.searcher.env import Action, EventSink, RetrieverBackend, SearchEnv, SearchOutcome
 from services.searcher.prompts import PromptSet
 
+logger = logging.getLogger(__name__)
 
 class _PolicyFailed(Exception):
     def __init__(self, reason: StopReason, message: str) -> None:
@@ -49,6 +54,24 @@ async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tu
     finally:
         env.record_policy_call(time.perf_counter() - t0)
     return result.text, result.finish_reason == "stop"
+
+
+async def _act(env: SearchEnv, policy: ActingPolicy, deadline: float | None) -> Action:
+    """One action of an acting policy; raises `_PolicyFailed` on any error of the policy's or past the deadline."""
+    remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
+    if remaining is not None and remaining <= 0:
+        raise _PolicyFailed("deadline", "search time budget spent")
+    t0 = time.perf_counter()
+    try:
+        async with asyncio.timeout(remaining):
+            return await policy.act(env)
+    except TimeoutError as exc:
+        raise _PolicyFailed("deadline", "policy did not act within the search time budget") from exc
+    except Exception as exc:  # a fault of the policy itself: the search degrades, the log keeps the trace
+        logger.exception("policy %s failed", policy.model)
+        raise _PolicyFailed("policy_error", f"policy failed ({type(exc).__name__})") from exc
+    finally:
+        env.record_policy_call(time.perf_counter() - t0)
 
 
 @runtime_checkable
@@ -87,11 +110,17 @@ async def _drive(env: SearchEnv, params: SearchParams, policy: LLMBackend | Acti
             if isinstance(policy, ActingPolicy):
                 if params.mode != "s3":
                     raise ValueError(f"the {policy.model} policy searches in s3 mode only")
-                t0 = time.perf_counter()
-                action = await policy.act(env)
-                env.record_policy_call(time.perf_counter() - t0)
+                try:
+                    action = await _act(env, policy, deadline)
+                except _PolicyFailed as exc:
+                    span.set_attribute("plugsearch.policy_failed", exc.reason)
+                    env.keep_naive()
+                    env.fail(exc.reason, exc.message)
+                    break
                 span.set_attribute("plugsearch.action", action.kind)
                 await env.act(action)
+                if env.done and env.degraded_reason is not None:  # the retriever failed mid-search
+                    env.keep_naive()
                 continue
             try:
                 text, stopped = await _ask(env, policy, deadline)

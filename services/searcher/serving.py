@@ -43,10 +43,10 @@ from services.common.schemas.searcher import (
     search_cost,
 )
 from services.searcher import parsing
-from services.searcher.compact import CompactPolicy
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
-from services.searcher.loop import ActingPolicy, run_search
+from services.searcher.loop import run_search
+from services.searcher.policy import PolicyRefusal, SearcherPolicy, as_searcher_policy
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
 
@@ -54,9 +54,13 @@ logger = logging.getLogger(__name__)
 
 CACHE_NAMESPACE = "search"
 REQUEST_PARAMS = {"max_turns", "retrieve_k", "select_k", "constrained"}
-"""Search parameters a request may set; where it does not, the service's setting of the same name."""
+"""Search parameters a request may set; where it does not, the service's setting of the same name (for s3, the
+served policy's trained setting first: `SearchService.defaults`)."""
 SETTINGS_PARAMS = REQUEST_PARAMS | {"temperature", "max_new_tokens", "constraint_style", "max_invalid",
                                     "max_queries_per_round", "doc_chars"}
+SETTING_FIELDS = ("retrieve_k", "select_k", "max_turns")
+"""The service settings a policy's trained setting replaces as the defaults of its s3 searches, unless the
+operator set them explicitly (SEARCHER_RETRIEVE_K, ...)."""
 
 
 class SearcherMetrics:
@@ -112,24 +116,60 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
 
 
 class SearchService:
-    def __init__(self, settings: SearcherSettings, *, policy: LLMBackend | ActingPolicy, retriever: RetrieverBackend,
-                 cache: ResultCache | None = None, metrics: SearcherMetrics | None = None,
-                 index_identity: IndexIdentity | None = None, rate_limiter: RateLimiter | None = None) -> None:
+    """`policy`: the served policy (`services.searcher.policy.SearcherPolicy`; a bare chat LLM is served as a
+    `ChatPolicy`). Its trained setting gives the defaults of s3 searches (`defaults`); naive and QAgent
+    searches keep the service's own."""
+
+    def __init__(self, settings: SearcherSettings, *, policy: SearcherPolicy | LLMBackend,
+                 retriever: RetrieverBackend, cache: ResultCache | None = None,
+                 metrics: SearcherMetrics | None = None, index_identity: IndexIdentity | None = None,
+                 rate_limiter: RateLimiter | None = None) -> None:
         self.settings = settings
         self.rate_limiter = rate_limiter
         self.llm_share = FairShare(settings.llm_slots)
         self.index_identity = index_identity
-        self.policy = policy
+        self.policy = as_searcher_policy(policy)
         self.retriever = retriever
         self.cache = cache if settings.cache_enabled else None
         self.metrics = metrics
         self.prompts = PromptSet.load(settings.prompts_dir)
+        self._defaults = {mode: self._mode_defaults(mode) for mode in ("s3", "qagent", "naive")}
+        overridden = self.overridden()
+        if overridden:
+            logger.warning("%s set explicitly: s3 searches of %s run outside the setting it was trained in (%s)",
+                           ", ".join(f"SEARCHER_{k.upper()}={getattr(settings, k)}" for k in overridden),
+                           self.policy.model, ", ".join(f"{k} {v}" for k, v in self.trained_setting().items()))
+
+    def trained_setting(self) -> dict[str, Any]:
+        setting = self.policy.setting
+        return setting.defaults() if setting is not None else {}
+
+    def overridden(self) -> list[str]:
+        """The service settings set explicitly (environment, arguments) that differ from the policy's trained
+        setting: they win over it, for every mode."""
+        trained = self.trained_setting()
+        return [k for k in SETTING_FIELDS if k in trained and k in self.settings.model_fields_set
+                and getattr(self.settings, k) != trained[k]]
+
+    def _mode_defaults(self, mode: str) -> dict[str, Any]:
+        """A search's parameters where its request sets none: the service's settings, and for s3 the policy's
+        trained setting (pool size, documents, follow-up searches, the follow-up method) in place of the
+        settings the operator left at their defaults."""
+        defaults: dict[str, Any] = {**self.settings.model_dump(include=SETTINGS_PARAMS), "method": None}
+        if mode == "s3":
+            explicit = self.settings.model_fields_set
+            defaults.update({k: v for k, v in self.trained_setting().items()
+                             if k not in SETTING_FIELDS or k not in explicit})
+        return defaults
+
+    def defaults(self, mode: str) -> dict[str, Any]:
+        """The parameters of a search in `mode` whose request sets none (also shown by `/version`)."""
+        return dict(self._defaults[mode])
 
     def params_for(self, request: SearchRequest) -> SearchParams:
-        s = self.settings
-        return SearchParams(**{**s.model_dump(include=SETTINGS_PARAMS),
-                               **request.model_dump(include=REQUEST_PARAMS, exclude_none=True)},
-                            mode=request.mode, method=request.method, timeout_s=s.search_timeout_s)
+        asked = request.model_dump(include=REQUEST_PARAMS | {"method"}, exclude_none=True)
+        return SearchParams(**{**self._defaults[request.mode], **asked}, mode=request.mode,
+                            timeout_s=self.settings.search_timeout_s)
 
     def key(self, question: str, params: SearchParams, index_id: str | None = None) -> str:
         payload: dict[str, Any] = {
@@ -148,36 +188,38 @@ class SearchService:
             errors = exc.errors()
             raise BadRequest(str(errors[0].get("msg", "invalid parameters")) if errors else "invalid parameters",
                              param="select_k") from exc
-        if params.mode == "qagent" and isinstance(self.policy, ActingPolicy):
-            raise BadRequest(f"this searcher's policy ({self.policy.model}) runs s3 and naive searches; qagent "
-                             "needs an LLM policy", param="mode")
+        try:
+            self.policy.check_request(params, method_asked=request.method)
+        except PolicyRefusal as exc:
+            raise BadRequest(exc.message, param=exc.param) from exc
         return params
 
     def _cost(self, params: SearchParams) -> float:
-        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval (its
-        first retrieval may take a dense block beside the BM25 one: counted)."""
-        if params.mode == "s3" and isinstance(self.policy, ActingPolicy):
-            pool = len(params.pool_methods) if params.pool_methods else \
-                (2 if isinstance(self.policy, CompactPolicy) and self.policy.has_dense else 1)
-            return pool + params.max_turns
-        return search_cost(params)
+        """`search_cost` for naive top-k; in a loop mode, what the policy says a search costs (the same before
+        and after its first retrieval's methods are known)."""
+        return search_cost(params) if params.mode == "naive" else self.policy.cost(params)
 
     async def _pool(self, params: SearchParams) -> SearchParams:
-        """The compact policy's first retrieval: BM25, plus dense when the retriever serves the encoder its
-        dense scorer was trained with (`SEARCHER_COMPACT_DENSE`: auto reads the retriever's `/version`)."""
-        if params.mode != "s3" or not isinstance(self.policy, CompactPolicy):
+        """The methods of an s3 search's first retrieval, as the policy asks for them given what the retriever
+        serves (`SEARCHER_COMPACT_DENSE`: auto reads the retriever's `/version`; on: the policy's whole trained
+        pool; off: its pool without the dense block)."""
+        if params.mode != "s3":
             return params
         setting = self.settings.compact_dense
+        trained = self.policy.setting
         served: list[str] | None
+        encoder: str | None
         if setting == "off":
             served, encoder = ["bm25"], None
         elif setting == "on":
-            served, encoder = ["bm25", "dense"], self.policy.dense_encoder
+            served = list(trained.pool_methods or ["bm25"]) if trained is not None else ["bm25", "dense"]
+            encoder = trained.encoder if trained is not None else None
         elif self.index_identity is not None:
             served, encoder = await self.index_identity.served()
         else:
             return params
-        return params.model_copy(update={"pool_methods": self.policy.pool_methods(served, encoder)})
+        pool = self.policy.first_retrieval(served, encoder)
+        return params if pool is None else params.model_copy(update={"pool_methods": pool})
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
         """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
@@ -196,7 +238,7 @@ class SearchService:
 
     def uses_llm(self, params: SearchParams) -> bool:
         """Whether a search with these parameters calls an LLM (so holds one of its slots)."""
-        return params.mode != "naive" and not (params.mode == "s3" and isinstance(self.policy, ActingPolicy))
+        return params.mode != "naive" and self.policy.uses_llm(params.mode)
 
     def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
         """Hold `slots` of the LLM's slots for a limited caller (`FairShare`), or raise `RateLimited` with
@@ -232,9 +274,10 @@ class SearchService:
                        ) -> _Prepared:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
-        params = await self._pool(self._params(request))
-        cost = self._cost(params)
+        params = self._params(request)
+        cost = self._cost(params)  # before the pool's methods are known, as `cost` guessed it
         self.check_cost(caller, cost + extra_cost)
+        params = await self._pool(params)
         cache, index_id = self.cache, None
         if cache is not None and self.index_identity is not None:
             index_id = await self.index_identity.current()
@@ -251,7 +294,8 @@ class SearchService:
 
     async def _run(self, request: SearchRequest, prepared: _Prepared, on_event: EventSink | None = None
                    ) -> SearchResponse:
-        outcome = await run_search(request.question, prepared.params, policy=self.policy, retriever=self.retriever,
+        outcome = await run_search(request.question, prepared.params, policy=self.policy.acting,
+                                   retriever=self.retriever,
                                    prompts=self.prompts, on_event=on_event)
         if self.metrics is not None:
             self.metrics.observe(outcome)

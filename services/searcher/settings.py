@@ -59,7 +59,9 @@ class SearcherSettings(ServiceSettings):
     retriever: ClientSettings = Field(default_factory=ClientSettings)  # the retriever's default port, 8001
     policy: LLMSettings = Field(default_factory=LLMSettings)
 
-    # Defaults of every search (per-request overridable): the s3 paper's best setting.
+    # Defaults of every search (per-request overridable): the s3 paper's best setting. For s3 searches with
+    # the compact policy, its trained setting replaces retrieve_k, select_k and max_turns unless they are set
+    # explicitly here (SEARCHER_RETRIEVE_K, ...: logged at start-up, as they run the policy outside it).
     max_turns: int = Field(3, ge=0, le=10)
     retrieve_k: int = Field(8, ge=1, le=50)
     select_k: int = Field(3, ge=1, le=50)
@@ -100,10 +102,16 @@ class SearcherSettings(ServiceSettings):
         "the OpenAI-compatible answering proxy (POST /v1/chat/completions); off unless configured"))
     ui: bool = Field(False, description=(
         "serve the search playground (a static page) at GET /ui; the local stack turns it on"))
-    compact_policy: Path | None = Field(None, description=(
-        "folder of a compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py), or "
-        "`packaged` for the one shipped in the package: s3 searches are driven by it in-process instead of the "
-        "chat policy LLM; checked at start-up"))
+    policy_kind: Literal["auto", "compact", "llm"] = Field("auto", description=(
+        "which policy drives s3 searches. compact = the compact learned policy of compact_policy, in-process, "
+        "no LLM, the setting its manifest records as the defaults of s3 searches; llm = the chat LLM at "
+        "SEARCHER_POLICY__BASE_URL (s3 and QAgent, the service's own defaults); auto (default) = llm when a "
+        "policy LLM is configured (any SEARCHER_POLICY__* setting), else compact"))
+    compact_policy: Path = Field(Path("packaged"), description=(
+        "folder of the compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py); "
+        "`packaged` (default) = the one shipped in the package. Checked at start-up: the weights against the "
+        "manifest's digest, their shapes, and the setting it was trained in (retrieve_k, select_k, max_turns, "
+        "the follow-up method, the pool's methods, the dense encoder)"))
     compact_dense: Literal["auto", "on", "off"] = Field("auto", description=(
         "the compact policy's first retrieval: BM25, plus the dense top-k for its dense scorer. auto: when the "
         "retriever's /version says it serves dense search with the encoder that scorer was trained with; on: "
@@ -115,14 +123,16 @@ class SearcherSettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_searcher(self) -> SearcherSettings:
         check_select_k(None, self.select_k, self.retrieve_k)
-        if self.compact_policy is not None:
-            from services.searcher.compact import CompactPolicy
+        if str(self.compact_policy) == "packaged":
             from services.searcher.trained import COMPACT_DIR
 
-            if str(self.compact_policy) == "packaged":
-                self.compact_policy = COMPACT_DIR
+            self.compact_policy = COMPACT_DIR
+        if self.policy_kind == "auto":
+            self.policy_kind = "llm" if "policy" in self.model_fields_set else "compact"
+        if self.policy_kind == "compact":
+            from services.searcher.compact import CompactPolicy
 
-            CompactPolicy.load(self.compact_policy)  # refuse a bad folder at start-up, with the reason
+            CompactPolicy.load(self.compact_policy)  # refuse a bad folder or manifest at start-up, with the reason
         if self.prompts_dir is not None:
             PromptSet.load(self.prompts_dir)  # refuse a bad folder at start-up, with the file and variable
         if self.rate_limit_per_s and self.rate_limit_burst < self.max_request_cost:

@@ -1,13 +1,22 @@
 """The searcher app served by the compact policy (`SEARCHER_COMPACT_POLICY`): the same `POST /search` response,
-server-sent events, trace and `/version`, with `policy_model` naming the compact policy; a bad folder is
-refused at start-up."""
+server-sent events, trace and `/version`, with `policy_model` naming the compact policy; the setting its
+manifest records applied by the service (s3 only: naive keeps the service's defaults), the trained follow-up
+method kept, a failing or hanging policy degrading to naive documents, a bad folder or manifest refused at
+start-up."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+from fastapi import FastAPI
 from pydantic import ValidationError
 
 from services.common.cache import MemoryCache, ResultCache
@@ -15,6 +24,7 @@ from services.common.clients import RetrieverClient
 from services.common.http import ClientSettings
 from services.searcher.api import create_app
 from services.searcher.compact import CompactPolicy
+from services.searcher.env import Action, SearchEnv
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.settings import SearcherSettings
 from tests.api.test_searcher_api import Q, fake_retriever_app
@@ -155,11 +165,250 @@ async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy
         assert response.trace is not None
         return [b.method for b in response.trace.blocks]
 
+    async def charged(question: str) -> float:
+        return (await service._prepare(SearchRequest(question=question))).cost
+
     try:
         assert await methods(Q) == ["bm25", "dense"]
+        # the cost guessed before the search (the guard's, before /version is read) is what it is charged
+        assert service.cost([SearchRequest(question=Q)]) == await charged(Q) == 3.0
         retriever.state.details = {**retriever.state.details, "encoder": "intfloat/e5-base-v2"}  # other cosines
         assert await methods(Q + " 2") == ["bm25"]
         retriever.state.details = {"index_id": "i2", "methods": ["bm25"], "encoder": None}  # no dense index
         assert await methods(Q + " 3") == ["bm25"]
+        assert service.cost([SearchRequest(question=Q)]) == await charged(Q + " 4") == 3.0
     finally:
         await client.aclose()
+
+
+# ------------------------------------------------------------------ the policy carries its setting (issue 38)
+def searcher(settings: SearcherSettings, policy: CompactPolicy | None = None) -> tuple[object, FastAPI,
+                                                                                       RetrieverClient]:
+    """The searcher app on a fake retriever (no `/version`: the pool is `method` alone, bm25), its policy the
+    one `settings` names unless `policy` is given."""
+    retriever = fake_retriever_app()
+    client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0),
+                             transport=httpx.ASGITransport(app=retriever))
+    app = create_app(settings, policy=policy, retriever=ServiceRetriever(client),
+                     cache=ResultCache(MemoryCache(), name="search"))
+    return app, retriever, client
+
+
+@pytest.fixture()
+def searching_dir(tmp_path: Path) -> Path:
+    """A policy that always searches again (a question + title candidate) while it may, trained in a setting
+    unlike the service's defaults: pool 5, 2 documents, 2 follow-up searches, bm25 follow-ups."""
+    policy = CompactPolicy(weights(doc={"score_rel": 1.0}, query={"title_query": 5.0}), name="compact-s")
+    policy.save(tmp_path / "searching", {"search": {"mode": "s3", "retrieve_k": 5, "select_k": 2, "max_turns": 2,
+                                                    "method": "bm25", "pool_methods": ["bm25"]}})
+    return tmp_path / "searching"
+
+
+async def test_the_service_applies_the_setting_of_the_policys_manifest(searching_dir: Path) -> None:
+    # nothing but the policy folder: the service's own defaults are the LLM loop's (8 retrieved, 3 turns)
+    settings = SearcherSettings(compact_policy=searching_dir)
+    assert (settings.retrieve_k, settings.max_turns, settings.policy_kind) == (8, 3, "compact")
+    app, retriever, client = searcher(settings)
+    try:
+        async with app_client(app) as http:  # type: ignore[arg-type]
+            body = (await http.post("/search", json={"question": Q, "return_trace": True})).json()
+            version = (await http.get("/version")).json()["details"]
+    finally:
+        await client.aclose()
+    # the pool of 5, two follow-up searches, 2 documents: the manifest's setting, not the service's defaults
+    assert [len(b["document_ids"]) for b in body["trace"]["blocks"]] == [5, 5, 5], body["trace"]
+    assert len(body["queries"]) == 2 and len(body["documents"]) == 2 and body["stop_reason"] == "complete"
+    assert [(r.k, r.method) for r in retriever.state.requests] == [(5, "bm25")] * 3
+    assert version["defaults"]["s3"] == {"retrieve_k": 5, "select_k": 2, "max_turns": 2, "method": "bm25",
+                                         "constrained": False}
+    assert version["policy_setting"]["pool_methods"] == ["bm25"]
+
+
+async def test_a_bare_searcher_serves_the_packaged_policy_in_its_setting_and_naive_keeps_its_defaults() -> None:
+    from services.searcher.trained import COMPACT_DIR
+
+    shipped = CompactPolicy.load(COMPACT_DIR)
+    app, retriever, client = searcher(SearcherSettings())  # as `python -m services.searcher` with its URLs only
+    try:
+        async with app_client(app) as http:  # type: ignore[arg-type]
+            version = (await http.get("/version")).json()["details"]
+            compact = (await http.post("/search", json={"question": Q, "return_trace": True})).json()
+            naive = (await http.post("/search", json={"question": Q, "mode": "naive"})).json()
+    finally:
+        await client.aclose()
+    assert version["policy_model"] == shipped.model == compact["policy_model"]
+    assert version["defaults"]["s3"] == {"retrieve_k": 30, "select_k": 3, "max_turns": 2, "method": "bm25",
+                                         "constrained": False}
+    assert version["defaults"]["naive"]["retrieve_k"] == 8 and version["defaults"]["naive"]["method"] is None
+    assert "qagent" not in version["defaults"]  # the compact policy does not search in QAgent's mode
+    assert len(compact["trace"]["blocks"][0]["document_ids"]) == 30 and len(compact["documents"]) == 3
+    # a default naive search is the service's: 8 documents at the retriever's default method, not the pool of 30
+    assert len(naive["documents"]) == 8 and naive["mode"] == "naive"
+    assert (retriever.state.requests[-1].k, retriever.state.requests[-1].method) == (8, None)
+    assert all(r.method == "bm25" for r in retriever.state.requests[:-1])  # the compact search's retrievals
+
+
+async def test_settings_set_explicitly_win_over_the_trained_setting(searching_dir: Path) -> None:
+    app, retriever, client = searcher(SearcherSettings(compact_policy=searching_dir, max_turns=1))
+    try:
+        async with app_client(app) as http:  # type: ignore[arg-type]
+            body = (await http.post("/search", json={"question": Q})).json()
+            version = (await http.get("/version")).json()["details"]
+    finally:
+        await client.aclose()
+    assert len(body["queries"]) == 1 and version["defaults"]["s3"]["max_turns"] == 1
+    assert version["defaults"]["s3"]["retrieve_k"] == 5  # the ones not set explicitly stay the policy's
+
+
+async def test_follow_up_searches_use_the_trained_method_and_other_methods_are_refused(searching_dir: Path) -> None:
+    app, retriever, client = searcher(SearcherSettings(compact_policy=searching_dir))
+    try:
+        async with app_client(app) as http:  # type: ignore[arg-type]
+            refused = {m: await http.post("/search", json={"question": Q, "method": m}) for m in ("dense", "hybrid")}
+            batch = await http.post("/search/batch", json={"items": [{"question": Q, "method": "hybrid"}]})
+            assert not retriever.state.requests  # refused before any work
+            same = await http.post("/search", json={"question": Q, "method": "bm25"})
+            naive_dense = await http.post("/search", json={"question": Q, "mode": "naive", "method": "dense"})
+    finally:
+        await client.aclose()
+    for method, response in refused.items():
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "method" and f"'{method}'" in error["message"] and "bm25" in error["message"]
+    assert batch.status_code == 400 and batch.json()["error"]["param"] == "method"
+    assert same.status_code == 200 and len(same.json()["queries"]) == 2
+    assert [r.method for r in retriever.state.requests[:3]] == ["bm25", "bm25", "bm25"]  # pool + 2 follow-ups
+    # naive top-k is not the policy's: any method the retriever serves
+    assert naive_dense.status_code == 200 and retriever.state.requests[-1].method == "dense"
+
+
+async def test_the_follow_up_method_does_not_follow_the_retrievers_default(searching_dir: Path) -> None:
+    """With RETRIEVER_DEFAULT_METHOD=hybrid, a search that left `method` to the retriever would read RRF scores
+    as BM25 evidence: the compact policy's retrievals name bm25 (the dense block, dense) every time."""
+    from fastapi.responses import JSONResponse
+
+    retriever = fake_retriever_app()
+
+    @retriever.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"service": "retriever", "version": "0", "details": {
+            "index_id": "i1", "methods": ["bm25", "dense", "hybrid"], "default_method": "hybrid",
+            "encoder": "all-MiniLM-L6-v2"}})
+
+    client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0),
+                             transport=httpx.ASGITransport(app=retriever))
+    settings = SearcherSettings(compact_policy=searching_dir)
+    from services.common.schemas.searcher import SearchRequest
+    from services.searcher.index_identity import IndexIdentity
+    from services.searcher.serving import SearchService
+
+    service = SearchService(settings, policy=CompactPolicy.load(searching_dir), retriever=ServiceRetriever(client),
+                            index_identity=IndexIdentity(client, ttl_s=0))
+    try:
+        response = await service.search(SearchRequest(question=Q))
+    finally:
+        await client.aclose()
+    assert len(response.queries) == 2
+    assert [r.method for r in retriever.state.requests] == ["bm25", "bm25", "bm25"]
+
+
+# ------------------------------------------------------------------------------------ degrade, never fail
+class FailingPolicy(CompactPolicy):
+    async def act(self, env: SearchEnv) -> Action:
+        raise RuntimeError("a bug in the policy")
+
+
+class HangingPolicy(CompactPolicy):
+    async def act(self, env: SearchEnv) -> Action:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class FailingLaterPolicy(CompactPolicy):
+    """Searches once, then fails: the follow-up block is there, the answer is still the first retrieval's."""
+
+    async def act(self, env: SearchEnv) -> Action:
+        if len(env.blocks) > 1:
+            raise ValueError("features of a block it cannot read")
+        return await super().act(env)
+
+
+@pytest.mark.parametrize(("kind", "stop_reason"), [(FailingPolicy, "policy_error"), (HangingPolicy, "deadline"),
+                                                   (FailingLaterPolicy, "policy_error")])
+async def test_a_failing_or_hanging_policy_answers_200_degraded_with_naive_documents(
+        searching_dir: Path, kind: type[CompactPolicy], stop_reason: str) -> None:
+    settings = SearcherSettings(compact_policy=searching_dir, search_timeout_s=0.5)
+    app, retriever, client = searcher(settings, policy=kind.load(searching_dir))
+    try:
+        async with app_client(app) as http:  # type: ignore[arg-type]
+            response = await http.post("/search", json={"question": Q, "return_trace": True})
+            streamed = await events_of(await http.post("/search", json={"question": Q + " ?", "stream": True}))
+            again = await http.post("/search", json={"question": Q})
+            metrics = (await http.get("/metrics")).text
+    finally:
+        await client.aclose()
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["degraded"] is True and body["stop_reason"] == stop_reason and body["degraded_reason"]
+    assert "a bug" not in body["degraded_reason"]  # the exception's text stays in the log
+    # naive top-k of the first retrieval at the policy's document budget (2), nothing of a later block
+    assert [d["id"] for d in body["documents"]] == [f"{Q}#1", f"{Q}#2"]
+    assert body["policy_model"].startswith("compact-s@")
+    assert streamed[-1][0] == "result" and streamed[-1][1]["degraded"] is True
+    assert [d["id"] for d in streamed[-1][1]["documents"]] == [f"{Q} ?#1", f"{Q} ?#2"]
+    # a degraded answer is not cached: the next one runs (and degrades) again
+    assert again.status_code == 200 and again.json()["cached"] is False and again.json()["degraded"] is True
+    assert f'searcher_degraded_total{{mode="s3",reason="{stop_reason}"}} 3.0' in metrics
+
+
+# ------------------------------------------------------------------------------------- a bad manifest
+def bad_policy(tmp_path: Path, problem: str) -> Path:
+    folder = tmp_path / problem
+    search: dict[str, object] = {"mode": "s3", "retrieve_k": 5, "select_k": 2, "max_turns": 1, "method": "bm25",
+                                 "pool_methods": ["bm25"]}
+    w = weights(doc={"score_rel": 1.0}, query={"stop": 5.0})
+    manifest: dict[str, object] = {"search": search}
+    if problem == "no_setting":
+        manifest = {}
+    elif problem == "no_select_k":
+        del search["select_k"]
+    elif problem == "unknown_method":
+        search["method"] = "rrf"
+    elif problem == "dense_follow_ups":
+        search["method"] = "dense"
+    elif problem == "dense_pool_without_scorer":
+        search["pool_methods"] = ["bm25", "dense"]
+    elif problem == "shapes":
+        w["qv"] = np.zeros(3, np.float32)
+    CompactPolicy(w, name="bad").save(folder, manifest)
+    if problem == "digest":
+        data = json.loads((folder / "manifest.json").read_text())
+        (folder / "manifest.json").write_text(json.dumps({**data, "weights_sha256": "0" * 64}))
+    return folder
+
+
+BAD_MANIFESTS = {
+    "no_setting": "no `search` setting", "no_select_k": "lacks select_k", "unknown_method": "method",
+    "dense_follow_ups": "follow-up method is 'dense'", "dense_pool_without_scorer": "no dense scorer",
+    "shapes": "candidate features", "digest": "does not match the manifest",
+}
+
+
+@pytest.mark.parametrize("problem", list(BAD_MANIFESTS))
+def test_a_bad_manifest_is_refused_at_start_with_a_clear_message(tmp_path: Path, problem: str) -> None:
+    folder = bad_policy(tmp_path, problem)
+    with pytest.raises(ValidationError, match=BAD_MANIFESTS[problem]):
+        SearcherSettings(compact_policy=folder)
+    SearcherSettings(compact_policy=folder, policy_kind="llm")  # not the served policy: not read
+
+
+def test_the_service_started_with_a_bad_manifest_exits_2_with_one_line(tmp_path: Path) -> None:
+    folder = bad_policy(tmp_path, "no_select_k")
+    from services.common.workers import free_port
+
+    env = {**os.environ, "SEARCHER_COMPACT_POLICY": str(folder), "SEARCHER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, "-m", "services.searcher"], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("searcher: invalid configuration: ") and "lacks select_k" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -17,6 +17,7 @@ from services.common.http import ClientSettings
 from services.common.schemas.retriever import MAX_QUERY_CHARS
 from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchParams
 from services.searcher.loop import run_search
+from services.searcher.policy import ChatPolicy
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import CACHE_NAMESPACE
 from tests.api.test_searcher_api import Q, Stack, fake_retriever_app
@@ -81,7 +82,7 @@ async def test_a_policy_query_with_a_nul_is_searched_not_a_500() -> None:
     try:
         async with stack.app.router.lifespan_context(stack.app):
             service = stack.app.state.service
-            service.policy = policy_saying('<query>{"query": "a\\u0000b"}</query>')
+            service.policy = ChatPolicy(policy_saying('<query>{"query": "a\\u0000b"}</query>'))
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=stack.app), base_url="http://t") as client:
                 response = await client.post("/search", json={"question": Q, "constrained": False})
     finally:

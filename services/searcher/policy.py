@@ -1,0 +1,159 @@
+"""The policy a searcher serves, as the service sees it: one interface, two implementations.
+
+`SearcherPolicy` is everything the serving code needs to know about a policy besides driving it: its name
+(`model`, part of the cache key), the modes it searches in, the setting it was trained in (`setting`: the
+defaults of its mode-s3 searches, read from its manifest), whether its searches call an LLM (LLM slots),
+the methods of its first retrieval given what the retriever serves (`first_retrieval`), what a search costs
+(`cost`), and which requests it refuses (`check_request`). `acting` is what `loop.run_search` drives.
+
+- `ChatPolicy`: a chat LLM behind any OpenAI-compatible endpoint (`SEARCHER_POLICY_KIND=llm`): s3 and QAgent,
+  no trained setting (the service's own defaults), `search_cost` per search.
+- `services.searcher.compact.CompactPolicy`: the compact learned policy, in the searcher's process (the
+  default): s3 only, the setting of its manifest, one cost unit per retrieval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field, model_validator
+
+from services.common.llm import LLMBackend
+from services.common.schemas.searcher import (
+    MAX_RETRIEVE_K,
+    MAX_TURNS,
+    Method,
+    SearchMode,
+    SearchParams,
+    check_select_k,
+    search_cost,
+)
+from services.searcher.loop import ActingPolicy
+
+
+class PolicyRefusal(ValueError):
+    """A request this policy cannot serve as asked (a 400 for the caller): `param` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class PolicySetting(BaseModel):
+    """The search setting a policy was trained in (its manifest's `search`, plus the dense encoder its pool's
+    dense block needs): the defaults of its mode-s3 searches wherever the service runs."""
+
+    retrieve_k: int = Field(..., ge=1, le=MAX_RETRIEVE_K, description="documents per retrieval (the pool size)")
+    select_k: int = Field(..., ge=1, le=MAX_RETRIEVE_K, description="documents returned")
+    max_turns: int = Field(..., ge=0, le=MAX_TURNS, description="follow-up searches at most")
+    method: Method | None = Field(None, description="the method of its follow-up searches; None: the retriever's")
+    pool_methods: list[Method] | None = Field(None, min_length=1, max_length=3, description=(
+        "the methods of its first retrieval, one block each (the pool it was trained on)"))
+    encoder: str | None = Field(None, description="the dense encoder the pool's dense block must come from")
+
+    @model_validator(mode="after")
+    def _check(self) -> PolicySetting:
+        check_select_k(None, self.select_k, self.retrieve_k)
+        return self
+
+    def defaults(self) -> dict[str, Any]:
+        """The `SearchParams` fields it sets (`pool_methods` is decided per search: `first_retrieval`)."""
+        return {"retrieve_k": self.retrieve_k, "select_k": self.select_k, "max_turns": self.max_turns,
+                "method": self.method}
+
+
+@runtime_checkable
+class SearcherPolicy(Protocol):
+    """What `services.searcher.serving.SearchService` asks of the policy it serves."""
+
+    @property
+    def model(self) -> str:
+        """`policy_model` of its responses (part of the cache key)."""
+        ...
+
+    @property
+    def modes(self) -> tuple[SearchMode, ...]:
+        """The loop modes it can drive (naive needs no policy and is always served)."""
+        ...
+
+    @property
+    def setting(self) -> PolicySetting | None:
+        """The setting it was trained in (the defaults of its s3 searches); None: the service's defaults."""
+        ...
+
+    @property
+    def acting(self) -> LLMBackend | ActingPolicy:
+        """What `services.searcher.loop.run_search` drives."""
+        ...
+
+    def uses_llm(self, mode: SearchMode) -> bool:
+        """Whether a search in `mode` calls an LLM (and so holds one of the LLM's slots)."""
+        ...
+
+    def first_retrieval(self, served: Sequence[str] | None, encoder: str | None) -> list[Method] | None:
+        """The methods of an s3 search's first retrieval on a retriever that serves `served` with dense
+        `encoder` (None: `SearchParams.method` alone)."""
+        ...
+
+    def cost(self, params: SearchParams) -> float:
+        """Cost units of one search in a loop mode (admission, per-request bound, budgets); the same whatever
+        the retriever serves at the moment, so the guess before a search is what it is charged."""
+        ...
+
+    def check_request(self, params: SearchParams, *, method_asked: Method | None) -> None:
+        """Raise `PolicyRefusal` for a search it cannot run as asked (`method_asked`: the request's own
+        `method`, None when it set none)."""
+        ...
+
+    async def check_health(self) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ChatPolicy:
+    """A chat LLM as the searcher's policy (s3 and QAgent through `SearchEnv.step`), with the service's own
+    defaults and `search_cost` per search."""
+
+    modes: tuple[SearchMode, ...] = ("s3", "qagent")
+    setting: PolicySetting | None = None
+
+    def __init__(self, llm: LLMBackend) -> None:
+        self.llm = llm
+
+    @property
+    def model(self) -> str:
+        return self.llm.model
+
+    @property
+    def acting(self) -> LLMBackend:
+        return self.llm
+
+    def uses_llm(self, mode: SearchMode) -> bool:
+        return mode != "naive"
+
+    def first_retrieval(self, served: Sequence[str] | None, encoder: str | None) -> list[Method] | None:
+        return None
+
+    def cost(self, params: SearchParams) -> float:
+        return search_cost(params)
+
+    def check_request(self, params: SearchParams, *, method_asked: Method | None) -> None:
+        if params.mode != "naive" and params.mode not in self.modes:
+            raise PolicyRefusal(f"this searcher's policy ({self.model}) does not search in mode {params.mode}",
+                                param="mode")
+
+    async def check_health(self) -> Any:
+        return await self.llm.check_health()
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
+
+
+def as_searcher_policy(policy: SearcherPolicy | LLMBackend) -> SearcherPolicy:
+    """A policy as the service serves it: a `SearcherPolicy` as is, a bare chat LLM (`LLMBackend`: the
+    client, or a scripted fake in tests) as a `ChatPolicy`."""
+    if isinstance(policy, SearcherPolicy):
+        return policy
+    return ChatPolicy(policy)
