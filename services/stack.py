@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.llama_server import DEFAULT_MODEL_ALIAS, DEFAULT_PROMPT_CACHE_MB, llama_spec
+from services.common.paths import default_data_dir
 from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
@@ -83,10 +84,6 @@ def allocate_ports(*, base_port: int | None = None, free_ports: bool = False,
         raise StackError(f"port(s) already in use: {', '.join(busy)}; stop what uses them, or pass "
                          "--free-ports (any free ports) or --base-port N")
     return ports
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("PLUGSEARCH_DATA") or Path.cwd() / ".." / "shared" / "data")
 
 
 def check_corpus_file(path: Path) -> None:
@@ -236,11 +233,11 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     specs.append(service("generator", answering))
     specs.append(service("judge", answering))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
-                                "UI": "true", **{f"POLICY__{k}": v for k, v in llm.items()}}
+                                "UI": "true", "POLICY_KIND": "llm", **{f"POLICY__{k}": v for k, v in llm.items()}}
     if options.compact is not None:
-        # The compact policy runs inside the searcher: no policy LLM; served with the setting it was trained in.
-        searcher.update({"COMPACT_POLICY": str(options.compact.folder),
-                         **{k.upper(): str(v) for k, v in options.compact.search_setting().items()}})
+        # The compact policy runs inside the searcher (no policy LLM); the searcher applies the setting its
+        # manifest records: the stack only says which policy.
+        searcher.update({"POLICY_KIND": "compact", "COMPACT_POLICY": str(options.compact.folder)})
     elif options.trained is not None and options.llm_url is None:
         # The trained searcher: the same GGUF with the adapter, in its own process (an adapter applies to
         # every request of a llama.cpp server; the generator and judge keep the plain model).

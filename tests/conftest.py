@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from services.common.paths import default_data_dir
 from services.common.procgroup import ProcessGroup, ProcessSpec
 from services.common.workers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("PLUGSEARCH_DATA", REPO.parent / "shared" / "data"))
+DATA = default_data_dir()
 VAR = REPO / "var"
 
 

@@ -35,11 +35,10 @@ class QAItem(BaseModel):
 
 
 def default_data_dir() -> Path:
-    """`$PLUGSEARCH_DATA`, else `<repo>/../shared/data` (the data is never copied into the repository)."""
-    env = os.environ.get("PLUGSEARCH_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+    """`$PLUGSEARCH_DATA`, else `<repo>/../shared/data` (the one rule: `services.common.paths`)."""
+    from services.common.paths import default_data_dir as shared_rule
+
+    return shared_rule()
 
 
 def load_qa(path: Path, limit: int | None = None, offset: int = 0) -> list[QAItem]:

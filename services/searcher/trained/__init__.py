@@ -1,7 +1,13 @@
-"""The searcher trained here and shipped with the package: a LoRA adapter over SmolLM2-135M-Instruct
-(llama.cpp's GGUF adapter format), its prompt templates, and `manifest.json` (how it was trained and the
-search setting it must be served with). `plugsearch-stack` serves it by default, on a second llama.cpp
-process so the generator and judge keep the plain model (`--policy base`: the untrained model).
+"""The searcher policies trained here and shipped with the package.
+
+- `compact/` (`COMPACT_DIR`): the compact learned policy (`services.searcher.compact`: weights.npz +
+  manifest.json with its digest, its evaluation and the search setting it was trained in). The default
+  everywhere: the searcher service serves it unless told otherwise (`SEARCHER_POLICY_KIND`), and
+  `plugsearch-stack --policy auto` picks it while its recorded evaluation beats naive top-k.
+- `smollm2-s3/` (`DEFAULT_DIR`, `TrainedSearcher`): a LoRA adapter over SmolLM2-135M-Instruct (llama.cpp's GGUF
+  adapter format), its prompt templates, and `manifest.json` (how it was trained and the search setting it must
+  be served with). Served by `plugsearch-stack --policy trained`, on a second llama.cpp process so the generator
+  and judge keep the plain model (`--policy base`: the untrained model).
 """
 
 from __future__ import annotations
