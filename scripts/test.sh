@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install everything from the lock into the project's virtualenv (scripts/install.sh), then run lint, type
+# Install everything from the lock into the project's virtualenv (scripts/install.sh --all), then run lint, type
 # checks and the whole test suite (unit, api, e2e) with it. PLUGSEARCH_VENV picks the virtualenv (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+bash scripts/install.sh --all
 VENV=${PLUGSEARCH_VENV:-.venv}
 PY=$VENV/bin/python
 # the suite starts the stack's console scripts (plugsearch-*) by name: the virtualenv's come first

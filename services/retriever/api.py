@@ -1,12 +1,18 @@
 """The retriever's HTTP API: a thin router over `RetrieverService` (`POST /retrieve`, and `POST
 /searchr1/retrieve` in the Search-R1 / veRL search-tool shape). The manifests are checked before the app
-serves; the heavy loading runs in the background and `/health/ready` turns green once it is done.
+serves; the heavy loading runs in the background and `/health/ready` turns green once it is done. A dense
+index still pending (RETRIEVER_DENSE_MISSING wait / build) is loaded when it appears, BM25 serving meanwhile;
+with `build` this service builds it itself in a child process (`plugsearch-index build`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,7 +30,15 @@ from services.common.schemas.retriever import (
     SearchR1Request,
     SearchR1Response,
 )
-from services.retriever.serving import IndexCheck, RetrieverService, SearchMetrics, check_indexes
+from services.retriever.manifest import IndexMismatch, IndexMissing
+from services.retriever.serving import (
+    IndexCheck,
+    RetrieverService,
+    SearchMetrics,
+    check_dense,
+    check_indexes,
+    load_dense,
+)
 from services.retriever.settings import RetrieverSettings
 
 logger = logging.getLogger(__name__)
@@ -71,6 +85,82 @@ async def retrieve_searchr1(body: SearchR1Request, request: Request) -> Response
     return Response(svc.render_searchr1(hits, body.return_scores), media_type=JSON)
 
 
+BUILDER_STOP_S = 10.0
+"""How long the dense build child gets to stop (SIGTERM) when the service stops; its finished chunks stay on
+disk and the next build resumes from them."""
+
+
+BUILD_SETTINGS = {"corpus", "index_dir", "dense_backend", "encoder", "faiss", "milvus", "log_level"}
+"""The settings a dense build reads (`plugsearch-index build`), handed to the build child as RETRIEVER_* variables."""
+
+
+def build_env(settings: RetrieverSettings) -> dict[str, str]:
+    """`settings`' index settings as the environment `RetrieverSettings` reads (RETRIEVER_ENCODER__NAME, ...), so
+    the build child builds exactly the index this service waits for, however the service got its settings."""
+    env: dict[str, str] = {}
+
+    def put(name: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                put(f"{name}__{key.upper()}", item)
+        elif value is not None:
+            env[name] = value if isinstance(value, str) else json.dumps(value)
+
+    for key, value in settings.model_dump(mode="json", include=BUILD_SETTINGS).items():
+        put(f"RETRIEVER_{key.upper()}", value)
+    token = settings.milvus.token
+    env.pop("RETRIEVER_MILVUS__TOKEN", None)  # dumped masked
+    if token is not None:
+        env["RETRIEVER_MILVUS__TOKEN"] = token.get_secret_value()
+    return env
+
+
+async def pending_dense(service: RetrieverService, settings: RetrieverSettings, checked: IndexCheck) -> None:
+    """Serve the dense index once it is there: with RETRIEVER_DENSE_MISSING=build, build it first in a child
+    process (its output, progress lines included, in this service's log); then look for it every
+    `dense_poll_s` and load it into `service`. A failed build leaves BM25 serving, said in /version."""
+    builder: asyncio.subprocess.Process | None = None
+    if settings.dense_missing == "build":
+        argv = [sys.executable, "-m", "services.retriever.cli", "build", "--bm25", "none", "--dense", "--quiet"]
+        builder = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **build_env(settings)},
+                                                       stdin=asyncio.subprocess.DEVNULL)
+        logger.info("building the dense index in the background (pid %s): BM25 serves until it is loaded",
+                    builder.pid)
+    else:
+        logger.info("waiting for the dense index (built elsewhere): BM25 serves until it is loaded")
+    try:
+        while True:
+            done = builder is not None and builder.returncode is not None
+            try:
+                manifest = await asyncio.to_thread(check_dense, settings, checked.corpus_checksum)
+            except (IndexMissing, IndexMismatch):
+                if done and builder is not None:
+                    service.dense_status = f"build failed (exit {builder.returncode}): serving BM25 alone"
+                    logger.error("the dense index build failed (exit %s): serving BM25 alone; see the lines "
+                                 "above, fix, and restart to build it again", builder.returncode)
+                    return
+                if builder is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(builder.wait(), settings.dense_poll_s)
+                else:
+                    await asyncio.sleep(settings.dense_poll_s)
+                continue
+            t0 = time.perf_counter()
+            dense = await asyncio.to_thread(load_dense, settings)
+            service.add_dense(dense, manifest)
+            logger.info("dense index loaded in %.1f s: serving %s (index_id %s)", time.perf_counter() - t0,
+                        ", ".join(service.methods), service.index_id)
+            return
+    finally:
+        if builder is not None and builder.returncode is None:
+            builder.terminate()
+            try:
+                await asyncio.wait_for(builder.wait(), BUILDER_STOP_S)
+            except TimeoutError:
+                builder.kill()
+                await builder.wait()
+
+
 def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) -> FastAPI:
     """The retriever app; `check` reuses a start-up index check (else the lifespan runs one)."""
 
@@ -81,11 +171,16 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
 
         async def load() -> None:
             try:
-                app.state.retriever = await asyncio.to_thread(RetrieverService.load, settings, checked,
-                                                              metrics=metrics)
+                service = await asyncio.to_thread(RetrieverService.load, settings, checked, metrics=metrics)
             except Exception as exc:  # readiness reports it; the log has the trace
                 logger.exception("loading the indexes failed")
                 app.state.startup_error = f"loading failed: {type(exc).__name__}: {exc}"
+                return
+            if checked.dense_pending is not None:
+                service.dense_status = "building" if settings.dense_missing == "build" else "waiting"
+            app.state.retriever = service
+            if checked.dense_pending is not None:
+                await pending_dense(service, settings, checked)
 
         loading = asyncio.create_task(load())
 
@@ -99,6 +194,8 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
         try:
             yield
         finally:
+            if not loading.done() and checked.dense_pending is not None and app.state.retriever is not None:
+                loading.cancel()  # waiting for (or building) the dense index: stops, resumable next start
             if not loading.done():
                 await asyncio.wait({loading}, timeout=60)
             if app.state.retriever is not None:

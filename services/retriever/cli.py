@@ -14,12 +14,15 @@ build prepares the default model's export this way).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import functools
 import json
 import logging
 import shlex
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,22 @@ from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.settings import EncoderSettings, RetrieverSettings
 
 logger = logging.getLogger("services.retriever.cli")
+
+
+@contextmanager
+def build_lock(index_dir: Path, what: str) -> Iterator[None]:
+    """One build of `what` per index folder at a time (a second one waits, then finds it up to date)."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    with open(index_dir / f".{what}-build.lock", "a+b") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("another process is building the %s index in %s: waiting for it", what, index_dir)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _up_to_date(folder: Path, checksum: str, **expect: object) -> bool:
@@ -80,22 +99,23 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
                 logger.info("%s is up to date", folder)
         if dense:
             folder = dense_index_folder(settings)
-            if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
-                                        encoder_config=encoder_identity(settings.encoder),
-                                        index_type=settings.dense_index_type()) \
-                    or not _collection_matches(settings, folder):
-                embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder, chunk_size=chunk_size,
-                                          show_progress=show_progress)
-                if settings.dense_backend == "milvus":
-                    from services.retriever.milvus import build_milvus
+            with build_lock(settings.index_dir, "dense"):  # a retriever building it in the background, and this
+                if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
+                                            encoder_config=encoder_identity(settings.encoder),
+                                            index_type=settings.dense_index_type()) \
+                        or not _collection_matches(settings, folder):
+                    embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder,
+                                              chunk_size=chunk_size, show_progress=show_progress)
+                    if settings.dense_backend == "milvus":
+                        from services.retriever.milvus import build_milvus
 
-                    build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
-                                 show_progress=show_progress)
+                        build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
+                                     show_progress=show_progress)
+                    else:
+                        build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
+                    built.append(str(folder))
                 else:
-                    build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
-                built.append(str(folder))
-            else:
-                logger.info("%s is up to date", folder)
+                    logger.info("%s is up to date", folder)
     finally:
         if load_corpus.cache_info().currsize:
             load_corpus().close()

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from services.common.progress import ProgressLog
 from services.retriever.base import Hits, Retriever
 from services.retriever.docstore import DocumentStore
 from services.retriever.manifest import IndexMissing, Manifest, atomic_file, atomic_folder
@@ -146,6 +148,10 @@ def embeddings_key(corpus_checksum: str, settings: EncoderSettings) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+PROGRESS_PART = 512
+"""Passages encoded per call while building (sorted by length within a chunk first): progress between calls."""
+
+
 def embed_corpus(corpus: DocumentStore, index_dir: Path, settings: EncoderSettings, *, encoder: Encoder | None = None,
                  chunk_size: int = 2048, show_progress: bool = True) -> Path:
     """Encode every passage into on-disk chunks; resume a partial run; return the finished folder."""
@@ -168,19 +174,39 @@ def embed_corpus(corpus: DocumentStore, index_dir: Path, settings: EncoderSettin
     t0 = time.perf_counter()
     from tqdm import tqdm
 
-    bar = tqdm(total=len(corpus), unit="passage", desc="encoding", disable=not show_progress,
-               initial=sum(min(chunk_size, len(corpus) - i * chunk_size) for i in finished))
+    already = sum(min(chunk_size, len(corpus) - i * chunk_size) for i in finished)
+    # a bar on a terminal; lines in a log (the stack's, a container's: a bar's carriage returns never reach it)
+    as_bar = show_progress and sys.stderr.isatty()
+    bar = tqdm(total=len(corpus), unit="passage", desc="encoding", disable=not as_bar, initial=already)
+    progress = ProgressLog(f"encoding the corpus with {settings.name}", len(corpus), "passages", log=logger,
+                           initial=already) if not as_bar and n_chunks > len(finished) else None
     if finished:
         logger.info("resuming embeddings: %s of %s chunks already on disk", len(finished), n_chunks)
     for i in sorted(set(range(n_chunks)) - finished):
         if encoder is None:
             encoder = Encoder(settings)
+            logger.info("encoding %s passages with %s (%s) into %s", f"{len(corpus):,}", settings.name,
+                        encoder.backend, work)
         lo, hi = i * chunk_size, min(len(corpus), (i + 1) * chunk_size)
-        vectors = encoder.encode_passages([corpus.passage(j) for j in range(lo, hi)])
+        texts = [corpus.passage(j) for j in range(lo, hi)]
+        # by length, in parts: similar lengths batch together (less padding), and progress shows between parts
+        order = sorted(range(len(texts)), key=lambda j: len(texts[j]))
+        vectors: npt.NDArray[np.float32] | None = None
+        for start in range(0, len(order), PROGRESS_PART):
+            part = order[start:start + PROGRESS_PART]
+            encoded = encoder.encode_passages([texts[j] for j in part])
+            if vectors is None:
+                vectors = np.empty((len(texts), encoded.shape[1]), dtype=np.float32)
+            vectors[part] = encoded
+            bar.update(len(part))
+            if progress is not None:
+                progress.update(len(part))
+        assert vectors is not None  # a chunk holds at least one passage
         with atomic_file(work / f"chunk-{i:06d}.npy") as tmp, tmp.open("wb") as fh:
             np.save(fh, vectors)
-        bar.update(hi - lo)
     bar.close()
+    if progress is not None:
+        progress.close()
     dims = int(np.load(work / "chunk-000000.npy", mmap_mode="r").shape[1])
     Manifest(kind="embeddings", backend="sentence-transformers", corpus_path=str(corpus.path),
              corpus_checksum=corpus.checksum, doc_count=len(corpus), encoder=settings.name,

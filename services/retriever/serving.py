@@ -33,7 +33,7 @@ from services.retriever.dense import (
 )
 from services.retriever.docstore import DocumentStore, corpus_checksum, open_store
 from services.retriever.fusion import rrf_fuse
-from services.retriever.manifest import IndexMismatch, Manifest
+from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.settings import IVF_TYPES, RetrieverSettings
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ def bm25_folder(settings: RetrieverSettings) -> Path:
 class IndexCheck:
     corpus_checksum: str
     manifests: dict[str, Manifest]
+    dense_pending: str | None = None
+    """Why the dense index is not there yet, when RETRIEVER_DENSE_MISSING lets the service start without it
+    (BM25 serves meanwhile); None when it is there, or not configured."""
 
 
 def _checked(folder: Path, setting: str, backend: str, checksum: str, **expect: Any) -> Manifest:
@@ -63,9 +66,11 @@ def _checked(folder: Path, setting: str, backend: str, checksum: str, **expect: 
 
 
 def check_indexes(settings: RetrieverSettings) -> IndexCheck:
-    """Read every configured manifest and compare it with the corpus and settings (raises on mismatch)."""
+    """Read every configured manifest and compare it with the corpus and settings (raises on mismatch; a
+    missing or stale dense index only with RETRIEVER_DENSE_MISSING=refuse, else it is pending)."""
     checksum = corpus_checksum(settings.corpus, settings.index_dir)
     manifests: dict[str, Manifest] = {}
+    pending: str | None = None
     if settings.bm25:
         folder = bm25_folder(settings)
         manifest = _checked(folder, "RETRIEVER_BM25_BACKEND", settings.bm25_backend, checksum)
@@ -77,16 +82,42 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
                                         f"RETRIEVER_BM25_{name.upper()}={wanted}; rebuild the index")
         manifests["bm25"] = manifest
     if settings.dense:
-        manifest = _checked(dense_index_folder(settings), "RETRIEVER_DENSE_BACKEND", settings.dense_backend,
-                            checksum, encoder=settings.encoder.name, index_type=settings.dense_index_type(),
-                            encoder_config=encoder_identity(settings.encoder))
-        if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
-            from services.retriever.milvus import open_checked
+        try:
+            manifests["dense"] = check_dense(settings, checksum)
+        except (IndexMissing, IndexMismatch) as exc:
+            if settings.dense_missing == "refuse":
+                raise
+            pending = str(exc)
+            logger.info("dense index not ready (%s): serving BM25 until it is (RETRIEVER_DENSE_MISSING=%s)",
+                        pending, settings.dense_missing)
+    return IndexCheck(checksum, manifests, pending)
 
-            client, _ = open_checked(settings.milvus, manifest)
-            client.close()
-        manifests["dense"] = manifest
-    return IndexCheck(checksum, manifests)
+
+def check_dense(settings: RetrieverSettings, checksum: str) -> Manifest:
+    """The configured dense index's manifest, checked against the corpus, the encoder and its files."""
+    manifest = _checked(dense_index_folder(settings), "RETRIEVER_DENSE_BACKEND", settings.dense_backend,
+                        checksum, encoder=settings.encoder.name, index_type=settings.dense_index_type(),
+                        encoder_config=encoder_identity(settings.encoder))
+    if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
+        from services.retriever.milvus import open_checked
+
+        client, _ = open_checked(settings.milvus, manifest)
+        client.close()
+    return manifest
+
+
+def load_dense(settings: RetrieverSettings) -> DenseRetriever:
+    """The dense retriever of the configured index, its encoder loaded and warmed up (blocking)."""
+    index: VectorIndex
+    if settings.dense_backend == "milvus":
+        from services.retriever.milvus import MilvusIndex
+
+        index = MilvusIndex(dense_index_folder(settings), settings.milvus)
+    else:
+        index = FaissIndex(dense_folder(settings.index_dir, settings.faiss.index_type), settings.faiss)
+    dense = DenseRetriever(Encoder(settings.encoder), index)
+    dense.batch_search(["warm up"], 1)
+    return dense
 
 
 def dense_index_folder(settings: RetrieverSettings) -> Path:
@@ -140,22 +171,41 @@ class SearchMetrics:
 
 class RetrieverService:
     def __init__(self, corpus: DocumentStore, retrievers: dict[str, Retriever], settings: RetrieverSettings,
-                 *, index_id: str, metrics: SearchMetrics | None = None) -> None:
+                 *, index_id: str, metrics: SearchMetrics | None = None, check: IndexCheck | None = None) -> None:
         for name, retriever in retrievers.items():
-            if retriever.doc_count != len(corpus):
-                raise IndexMismatch(f"{name} index holds {retriever.doc_count} documents, corpus "
-                                    f"{corpus.path} has {len(corpus)}")
+            self._check_count(name, retriever, corpus)
         self.corpus = corpus
         self.retrievers = retrievers
         self.settings = settings
         self.metrics = metrics
         self.index_id = index_id
-        self.batchers = {
-            name: MicroBatcher(name, r.batch_search, max_batch=settings.max_batch_queries,
-                               max_queue=settings.max_queue, workers=self._workers(name),
-                               observe=metrics.observer(name) if metrics is not None else None)
-            for name, r in retrievers.items()
-        }
+        self.check = check
+        self.dense_status: str | None = None
+        """While the dense index is pending: `waiting` for it, `building` it, or why its build failed."""
+        self.batchers = {name: self._batcher(name, r) for name, r in retrievers.items()}
+
+    @staticmethod
+    def _check_count(name: str, retriever: Retriever, corpus: DocumentStore) -> None:
+        if retriever.doc_count != len(corpus):
+            raise IndexMismatch(f"{name} index holds {retriever.doc_count} documents, corpus "
+                                f"{corpus.path} has {len(corpus)}")
+
+    def _batcher(self, name: str, retriever: Retriever) -> MicroBatcher:
+        metrics = self.metrics
+        return MicroBatcher(name, retriever.batch_search, max_batch=self.settings.max_batch_queries,
+                            max_queue=self.settings.max_queue, workers=self._workers(name),
+                            observe=metrics.observer(name) if metrics is not None else None)
+
+    def add_dense(self, dense: DenseRetriever, manifest: Manifest) -> None:
+        """Serve the dense index that was pending (built while BM25 served): `dense` and `hybrid` join
+        `methods`, and `index_id` changes (callers' cache keys of the BM25-only time are left behind)."""
+        self._check_count("dense", dense, self.corpus)
+        self.batchers["dense"] = self._batcher("dense", dense)
+        self.retrievers["dense"] = dense
+        if self.check is not None:
+            self.check = IndexCheck(self.check.corpus_checksum, {**self.check.manifests, "dense": manifest})
+            self.index_id = index_identity(self.settings, self.check.corpus_checksum, self.check.manifests)
+        self.dense_status = None
 
     def _workers(self, method: str) -> int:
         # bm25s: several single-threaded scorer calls at once rather than one multi-threaded call: they are
@@ -185,20 +235,12 @@ class RetrieverService:
                 retrievers["bm25"] = PyseriniRetriever(folder, corpus.positions, threads=settings.bm25_threads,
                                                        k1=settings.bm25_k1, b=settings.bm25_b,
                                                        search=settings.lucene_search)
-        if settings.dense:
-            index: VectorIndex
-            if settings.dense_backend == "milvus":
-                from services.retriever.milvus import MilvusIndex
-
-                index = MilvusIndex(dense_index_folder(settings), settings.milvus)
-            else:
-                index = FaissIndex(dense_folder(settings.index_dir, settings.faiss.index_type), settings.faiss)
-            dense = DenseRetriever(Encoder(settings.encoder), index)
-            dense.batch_search(["warm up"], 1)
-            retrievers["dense"] = dense
-        logger.info("retriever ready in %.1f s: %s over %s documents", time.perf_counter() - t0,
-                    ", ".join(retrievers), len(corpus))
-        return cls(corpus, retrievers, settings, metrics=metrics,
+        if settings.dense and "dense" in check.manifests:
+            retrievers["dense"] = load_dense(settings)
+        logger.info("retriever ready in %.1f s: %s over %s documents%s", time.perf_counter() - t0,
+                    ", ".join(retrievers), len(corpus),
+                    " (the dense index is not ready: BM25 serves until it is)" if check.dense_pending else "")
+        return cls(corpus, retrievers, settings, metrics=metrics, check=check,
                    index_id=index_identity(settings, check.corpus_checksum, check.manifests))
 
     def _check_size(self, queries: int, k: int) -> None:
@@ -269,6 +311,8 @@ class RetrieverService:
                 "dense_index": self.settings.dense_index_type() if "dense" in self.retrievers else None,
                 "dense_backend": self.settings.dense_backend if "dense" in self.retrievers else None,
                 "encoder": self.settings.encoder.name if "dense" in self.retrievers else None,
+                "dense_pending": self.dense_status if self.settings.dense and "dense" not in self.retrievers
+                else None,
                 **self._encoder_details()}
 
     def _encoder_details(self) -> dict[str, Any]:

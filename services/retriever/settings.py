@@ -162,6 +162,14 @@ class RetrieverSettings(ServiceSettings):
                                    "as Python strings in each worker (~0.9 KB per 100-word passage)")
 
     dense: bool = Field(False, description="load a dense index")
+    dense_missing: Literal["refuse", "wait", "build"] = Field("refuse", description=(
+        "with RETRIEVER_DENSE, when the dense index is missing or does not match the corpus: refuse = do not "
+        "start (default); wait = serve BM25 meanwhile and load the dense index as soon as a build elsewhere "
+        "(`plugsearch-index build`, the index Job) has written it; build = the same, this service building it "
+        "in a child process (`plugsearch-index build --bm25 none --dense`, one build per index folder at a time, "
+        "its progress in this service's log). /version lists `dense` among `methods` once it is loaded"))
+    dense_poll_s: float = Field(5.0, gt=0, le=600, description=(
+        "how often a service waiting for its dense index (RETRIEVER_DENSE_MISSING wait / build) looks for it"))
     dense_backend: DenseBackend = Field("faiss", description="faiss: in-process index files under "
                                         "RETRIEVER_INDEX_DIR; milvus: a Milvus collection (RETRIEVER_MILVUS__*)")
     encoder: EncoderSettings = Field(default_factory=EncoderSettings)  # type: ignore[arg-type]
@@ -199,6 +207,12 @@ class RetrieverSettings(ServiceSettings):
                              f"{self.faiss.index_type}: faiss cannot clone an 8-bit scalar quantizer (sq8) or an "
                              "HNSW index to a GPU. Build a flat index for GPUs (fp16 halves its memory), or "
                              "serve this one on the CPU (RETRIEVER_FAISS__GPU=false)")
+        if self.dense_missing != "refuse" and not (self.dense and self.bm25):
+            raise ValueError(f"RETRIEVER_DENSE_MISSING={self.dense_missing} serves BM25 while the dense index is "
+                             "built: it needs RETRIEVER_DENSE=true and RETRIEVER_BM25=true")
+        if self.dense_missing != "refuse" and self.default_method != "bm25":
+            raise ValueError(f"RETRIEVER_DEFAULT_METHOD={self.default_method} is not served until the dense index "
+                             f"is loaded (RETRIEVER_DENSE_MISSING={self.dense_missing}): use bm25, or refuse")
         if self.redis_url is not None:
             raise ValueError("RETRIEVER_REDIS_URL is not used: the retriever keeps no result cache (the "
                              "searcher, generator and judge cache in Redis); unset it")

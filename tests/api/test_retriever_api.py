@@ -269,3 +269,80 @@ async def test_version_says_when_the_encoder_falls_back_to_torch(tiny: Retriever
         assert "RETRIEVER_ENCODER__ONNX_DIR at a writable folder" in details["encoder_fallback"]
         response = await c.post("/retrieve", json={"queries": ["capital of France"], "method": "dense", "k": 3})
         assert response.status_code == 200 and len(response.json()["results"][0]) == 3
+
+
+# ------------------------------------------------------------- serve what is ready first (issue 38)
+def bm25_only_dir(tiny: RetrieverSettings, tmp_path: Path) -> RetrieverSettings:
+    """A fresh index folder for the tiny corpus with its document store and BM25 index only."""
+    from services.retriever.cli import build
+
+    settings = tiny.model_copy(update={"index_dir": tmp_path / "indexes"})
+    build(settings, bm25=["bm25s"], dense=False, force=False, show_progress=False)
+    return settings
+
+
+async def wait_for_dense(client: httpx.AsyncClient, seconds: float = 600.0) -> dict[str, Any]:
+    for _ in range(int(seconds / 0.2)):
+        details = (await client.get("/version")).json()["details"]
+        if "dense" in details.get("methods", []):
+            return details
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the dense index was never served: {details}")
+
+
+async def test_a_pending_dense_index_is_served_once_a_build_elsewhere_writes_it(
+        tiny: RetrieverSettings, tmp_path: Path) -> None:
+    """RETRIEVER_DENSE_MISSING=wait: BM25 serves at once; the index another process builds (here: copied in
+    place the way a build finishes, its folder renamed in) is loaded without a restart, and /version says so
+    (methods, a new index_id: cached results of the BM25-only time are not served for it)."""
+    import shutil
+
+    from services.retriever.dense import dense_folder
+
+    settings = bm25_only_dir(tiny, tmp_path).model_copy(update={"dense_missing": "wait", "dense_poll_s": 0.2})
+    async with app_client(create_app(settings)) as client:
+        await wait_ready(client)
+        before = (await client.get("/version")).json()["details"]
+        assert before["methods"] == ["bm25"] and before["dense_pending"] == "waiting"
+        refused = await client.post("/retrieve", json={"queries": ["capital of France"], "method": "dense"})
+        assert_envelope(refused, 400)
+        bm25 = await client.post("/retrieve", json={"queries": ["capital of France"], "k": 3})
+        assert bm25.status_code == 200 and bm25.json()["method"] == "bm25"
+        staged = tmp_path / "staged"
+        shutil.copytree(dense_folder(tiny.index_dir, "flat"), staged)
+        staged.rename(dense_folder(settings.index_dir, "flat"))
+        after = await wait_for_dense(client)
+        dense = await client.post("/retrieve", json={"queries": ["capital of France"], "k": 3, "method": "dense"})
+    assert after["methods"] == ["bm25", "dense", "hybrid"] and after["dense_pending"] is None
+    assert after["index_id"] != before["index_id"] and after["encoder"] == "all-MiniLM-L6-v2"
+    assert dense.status_code == 200 and len(dense.json()["results"][0]) == 3
+
+
+async def test_a_missing_dense_index_is_built_by_the_service_while_bm25_serves(
+        tiny: RetrieverSettings, tmp_path: Path) -> None:
+    """RETRIEVER_DENSE_MISSING=build: the service starts on BM25 and builds the dense index in a child process
+    (`plugsearch-index build`, with this service's settings), then serves it; the same index as a build by
+    hand (the same passages' nearest neighbours)."""
+    settings = bm25_only_dir(tiny, tmp_path).model_copy(update={"dense_missing": "build", "dense_poll_s": 0.2})
+    query = {"queries": ["Nobel prize physics"], "k": 5, "method": "dense"}
+    async with app_client(create_app(settings)) as client:
+        await wait_ready(client)
+        first = (await client.get("/version")).json()["details"]
+        assert first["methods"] == ["bm25"] and first["dense_pending"] == "building"
+        await wait_for_dense(client)
+        built = (await client.post("/retrieve", json=query)).json()["results"][0]
+    async with app_client(create_app(tiny)) as reference:
+        await wait_ready(reference)
+        expected = (await reference.post("/retrieve", json=query)).json()["results"][0]
+    assert [d["id"] for d in built] == [d["id"] for d in expected]
+    assert (settings.index_dir / "dense-flat" / "manifest.json").is_file()
+
+
+def test_waiting_for_the_dense_index_needs_bm25_to_serve_meanwhile(tiny: RetrieverSettings) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="RETRIEVER_DENSE_MISSING=build serves BM25"):
+        tiny.model_validate({**tiny.model_dump(), "bm25": False, "default_method": "dense",
+                             "dense_missing": "build"})
+    with pytest.raises(ValidationError, match="RETRIEVER_DEFAULT_METHOD=hybrid is not served"):
+        tiny.model_validate({**tiny.model_dump(), "default_method": "hybrid", "dense_missing": "wait"})

@@ -434,8 +434,13 @@ def test_a_dense_stack_builds_and_serves_the_dense_index(tmp_path: Path, monkeyp
     retriever = load_settings("retriever", specs["retriever"].env, monkeypatch)
     assert retriever.dense and retriever.bm25 and retriever.faiss.index_type == "flat"
     assert "hybrid" in retriever.methods()
-    _, env = stack.index_command(options)  # the build makes what the service loads
+    argv, env = stack.index_command(options)  # the first step builds BM25; the retriever builds the dense index
     assert env["RETRIEVER_DENSE"] == "true" and env["RETRIEVER_FAISS__INDEX_TYPE"] == "flat"
+    assert argv[-1] == "--no-dense" and retriever.dense_missing == "build"  # in the background, BM25 serving
+    waited = make_options(tmp_path, compact=DENSE_READER, dense=True, dense_background=False)  # --wait-dense
+    assert "--no-dense" not in stack.index_command(waited)[0]
+    waited_specs = {s.name: s for s in stack.build_specs(waited, redis_server=None)}
+    assert load_settings("retriever", waited_specs["retriever"].env, monkeypatch).dense_missing == "refuse"
     bm25_only = {s.name: s for s in stack.build_specs(make_options(tmp_path), redis_server=None)}
     assert not load_settings("retriever", bm25_only["retriever"].env, monkeypatch).dense
     # --dense auto: on when the served compact policy scores a dense pool
@@ -443,3 +448,52 @@ def test_a_dense_stack_builds_and_serves_the_dense_index(tmp_path: Path, monkeyp
     assert stack.serve_dense("auto", DENSE_READER) and not stack.serve_dense("auto", NAME_SEEKER)
     assert not stack.serve_dense("auto", None) and stack.serve_dense("on", None)
     assert not stack.serve_dense("off", DENSE_READER)
+
+
+def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compact policy needs no LLM: no llama.cpp, generator or judge unless asked for; the searcher is told
+    which policy (the setting comes from the policy's manifest, never from the stack)."""
+    from services.searcher.compact import CompactPolicy
+    from services.searcher.trained import COMPACT_DIR
+
+    shipped = CompactPolicy.load(COMPACT_DIR)
+    options = make_options(tmp_path, compact=shipped, dense=True, llm_services=False)
+    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    assert list(specs) == ["redis", "retriever", "searcher"]
+    env = specs["searcher"].env
+    assert env["SEARCHER_POLICY_KIND"] == "compact" and env["SEARCHER_COMPACT_POLICY"] == str(COMPACT_DIR)
+    assert not [k for k in env if k.startswith(("SEARCHER_POLICY__", "SEARCHER_RETRIEVE_K", "SEARCHER_MAX_TURNS",
+                                                "SEARCHER_SELECT_K", "SEARCHER_LLM_SLOTS"))]
+    searcher = load_settings("searcher", env, monkeypatch)
+    assert searcher.policy_kind == "compact" and searcher.retrieve_k == 8  # the manifest's 30 applies to s3 only
+    assert stack.missing_llm_packages(options) is None  # nothing LLM-backed to start
+    # asked for: the three LLM-backed services, and a clear message where their packages are missing
+    with_llm = make_options(tmp_path, compact=shipped, llm_services=True)
+    assert [s.name for s in stack.build_specs(with_llm)] == ["llm", "retriever", "generator", "judge", "searcher"]
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else real_find_spec(name, *a))
+    assert stack.missing_llm_packages(with_llm) == "llama-cpp-python"
+    assert stack.missing_llm_packages(make_options(tmp_path, llm_url="http://gpu:8000/v1")) is None
+    args = stack._parse_args(["--chat", "--with-llm", "--wait-dense"])
+    assert args.chat and args.with_llm and args.wait_dense
+
+
+def test_chat_without_the_llm_packages_says_how_to_install_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "d1", "title": "T", "text": "x"}\n')
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else real_find_spec(name, *a))
+    code = stack.main(["--free-ports", "--no-color", "--no-redis", "--chat", "--corpus", str(corpus),
+                       "--var-dir", str(tmp_path / "var")])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "--chat needs the LLM-backed services" in out and "bash scripts/install.sh --llm" in out
+    assert not (tmp_path / "var" / "indexes").exists()  # refused before any work

