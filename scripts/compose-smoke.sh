@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # docker-compose for real, on a machine that reaches only Debian's packages and PyPI (no container registry):
-# install and start the engine, provide the base images, build every CPU image, `up` the CPU stack, wait
-# until it is healthy, check it from the host, restart the retriever under it, and `down -v`.
-# Prints one JSON line last: times (base images, build, start) and every check (true / false).
+# install and start the engine, provide the base images, build the CPU images, `up` the default CPU stack
+# (redis, index, retriever, searcher with the compact policy), wait until it is healthy, check from the host
+# that `POST /search` is answered by the packaged compact policy in the setting of its manifest, restart the
+# retriever under it, and `down -v`. Prints one JSON line last: times (base images, build, `up` to healthy,
+# first search, the dense pool with --wait-dense) and every check (true / false).
 #
 #   bash scripts/compose-smoke.sh            # warm: reuses the base images and the build cache
 #   bash scripts/compose-smoke.sh --clean    # clean engine: no images, no build cache (the base images too)
 #   bash scripts/compose-smoke.sh --keep     # leave the stack and the engine running
+#   bash scripts/compose-smoke.sh --llm      # + the `llm` profile (llama.cpp, generator, judge; compiles
+#                                            # llama-cpp-python), the searcher still on the compact policy
+#   bash scripts/compose-smoke.sh --wait-dense   # also wait until the retriever has built its dense index and
+#                                            # the searcher's pool has the dense block (minutes on 2 cores)
 #
 # Run it whenever docker/, docker-compose.yml or the dependencies change; it is not part of CI (a clean
 # run takes longer than CI gives a submission). Needs root (apt, dockerd). Environment:
@@ -22,11 +28,15 @@ REPO=$(pwd)
 
 CLEAN=0
 KEEP=0
+LLM=0
+WAIT_DENSE=0
 for arg in "$@"; do
   case "$arg" in
     --clean) CLEAN=1 ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --llm) LLM=1 ;;
+    --wait-dense) WAIT_DENSE=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown option: $arg" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +53,13 @@ NICE=${SMOKE_NICE:-10}
 BASE_DEBIAN=plugsearch/debian:bookworm
 BASE_PYTHON=plugsearch/python:3.11-bookworm
 BASE_REDIS=plugsearch/redis:7.0-bookworm
-IMAGES=(searcher retriever generator judge llm)
+IMAGES=(searcher retriever)
+SERVICES=(redis searcher retriever)
+if [ "$LLM" = 1 ]; then
+  IMAGES+=(generator judge llm)
+  SERVICES+=(generator judge llm)
+  export COMPOSE_PROFILES=llm  # the LLM-backed services; SEARCHER_POLICY_KIND stays compact
+fi
 WORK=$REPO/var/compose-smoke
 mkdir -p "$WORK"
 PROJECT=plugsearch-smoke
@@ -223,10 +239,10 @@ export SEARCHER_PUBLISH=127.0.0.1:$PORT
 URL=http://127.0.0.1:$PORT
 log "up (searcher on $URL)"
 compose down -v --remove-orphans >/dev/null 2>&1 || true  # a stack left by --keep
-t0=$(now)
+UP_T0=$(now)
 compose up -d --wait --wait-timeout 900 >"$WORK/up.log" 2>&1 || {
   tail -20 "$WORK/up.log" >&2; compose ps -a >&2; compose logs --tail 30 >&2; exit 1; }
-UP_S=$(since "$t0")
+UP_S=$(since "$UP_T0")
 
 # --------------------------------------------------------------------------------------- checks
 declare -A CHECK
@@ -244,17 +260,48 @@ retry_after() {  # Retry-After of the last answer, or -
   echo "${value:--}"
 }
 
-# one s3 turn with the SmolLM2 policy (three turns take longer than the searcher's 90 s budget on a
-# loaded 2-core machine, and a search past its budget comes back degraded: naive top-k)
+# the default search, as a user sends it (nothing but the question): the packaged compact policy answers, in
+# the setting of its manifest (its first block the BM25 pool of retrieve_k, select_k documents), not degraded
+compact_search() {  # compact_search QUESTION -> HTTP status; the body in last.json
+  curl -s -o "$WORK/last.json" -w '%{http_code}' --max-time 180 -X POST "$URL/search" \
+    -H 'Content-Type: application/json' -H "Authorization: Bearer $PLUGSEARCH_API_KEYS" \
+    -d "$(printf '{"question": "%s", "return_trace": true}' "$1")" || true
+}
+compact_answer() {  # -> "ok policy_model degraded pool" of last.json, against the packaged policy's manifest
+  python3 - "$WORK/last.json" "$REPO/services/searcher/trained/compact/manifest.json" <<'EOF'
+import json, sys
+try:
+    body = json.load(open(sys.argv[1]))
+except ValueError:
+    print("false - null -")
+    sys.exit()
+manifest = json.load(open(sys.argv[2]))
+setting = manifest["search"]
+model = f"{manifest['name']}@{manifest['weights_sha256'][:12]}"
+blocks = (body.get("trace") or {}).get("blocks") or [{}]
+first = blocks[0]
+ok = (body.get("policy_model") == model and len(body.get("documents", [])) == setting["select_k"]
+      and not body.get("degraded") and body.get("stop_reason") == "complete" and first.get("method") == "bm25"
+      and len(first.get("document_ids", [])) == setting["retrieve_k"]
+      and {d["id"] for d in body["documents"]} <= {i for b in blocks for i in b.get("document_ids", [])})
+pool = "+".join(b.get("method") or "default" for b in blocks if b.get("turn") == 0)
+print(str(ok).lower(), body.get("policy_model") or "-", str(body.get("degraded")).lower(), pool or "-")
+EOF
+}
 t0=$(now)
-code=$(status "$PLUGSEARCH_API_KEYS" "" s3 1)
+code=$(compact_search "who wrote the novel the call of the wild")
 SEARCH_S=$(since "$t0")
-docs=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1])).get("documents", [])))' \
+read -r COMPACT_OK POLICY_MODEL DEGRADED POOL <<<"$(compact_answer)"
+CHECK[search_answered_by_the_compact_policy_in_its_setting]=$([ "$code" = 200 ] && [ "$COMPACT_OK" = true ] \
+  && echo true || echo false)
+log "POST /search with the key (defaults): $code, policy $POLICY_MODEL, pool $POOL, degraded $DEGRADED, ${SEARCH_S}s"
+# a default naive search keeps the service's own defaults (8 documents), not the policy's pool of 30
+code=$(curl -s -o "$WORK/last.json" -w '%{http_code}' --max-time 60 -X POST "$URL/search" \
+  -H 'Content-Type: application/json' -H "Authorization: Bearer $PLUGSEARCH_API_KEYS" \
+  -d '{"question": "who wrote the novel the call of the wild", "mode": "naive"}' || true)
+naive_docs=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1])).get("documents", [])))' \
   "$WORK/last.json" 2>/dev/null || echo 0)
-DEGRADED=$(python3 -c 'import json, sys; print(str(json.load(open(sys.argv[1])).get("degraded")).lower())' \
-  "$WORK/last.json" 2>/dev/null || echo null)
-CHECK[search_with_key_200_with_documents]=$([ "$code" = 200 ] && [ "$docs" -gt 0 ] && echo true || echo false)
-log "POST /search with the key (s3, 1 turn): $code, $docs documents, degraded $DEGRADED, ${SEARCH_S}s"
+CHECK[naive_search_keeps_its_defaults]=$([ "$code" = 200 ] && [ "$naive_docs" = 8 ] && echo true || echo false)
 code=$(status "" "")
 CHECK[search_without_key_401]=$([ "$code" = 401 ] && echo true || echo false)
 
@@ -272,7 +319,7 @@ CHECK[internal_services_not_published]=$internal_ok
 
 # every service runs as the non-root user of its image
 root_ok=true
-for svc in searcher retriever generator judge llm redis; do
+for svc in "${SERVICES[@]}"; do
   uid=$(compose exec -T "$svc" id -u 2>/dev/null || echo "?")
   [ "$uid" != 0 ] && [ "$uid" != "?" ] || root_ok=false
 done
@@ -283,6 +330,24 @@ cuda=$(docker run --rm --entrypoint python plugsearch/retriever:0.1.0 -c \
   'import importlib.metadata as m, torch; print(torch.version.cuda, sum(d.metadata["Name"].lower().startswith("nvidia-") for d in m.distributions()))' \
   2>/dev/null || echo "error")
 CHECK[cpu_images_without_cuda]=$([ "$cuda" = "None 0" ] && echo true || echo false)
+
+# the dense pool: the retriever builds its dense index in the background (BM25 serving meanwhile) and loads
+# it; the searcher's next searches take the dense block beside BM25's (it reads the retriever's /version)
+DENSE_S=null
+if [ "$WAIT_DENSE" = 1 ]; then
+  log "waiting for the dense pool (the retriever builds its MiniLM index: docker compose logs -f retriever)"
+  dense=false
+  for i in $(seq 1 1800); do
+    code=$(compact_search "who wrote the novel the call of the wild $i")
+    read -r ok _ degraded pool <<<"$(compact_answer)"
+    if [ "$code" = 200 ] && [ "$ok" = true ] && [ "$pool" = "bm25+dense" ]; then dense=true; break; fi
+    sleep 2
+  done
+  DENSE_S=$(since "$UP_T0")
+  CHECK[dense_pool_served_after_the_background_build]=$dense
+  log "dense pool: $dense, ${DENSE_S}s after docker compose up"
+  compose logs retriever 2>/dev/null | grep -E "encoding the corpus|dense index loaded" | tail -5 >&2 || true
+fi
 
 # restart the retriever under the searcher: every answer meanwhile is 200 or 503 with Retry-After (the
 # searcher's retries usually bridge a restart of a few seconds), and searches succeed again afterwards
@@ -348,7 +413,7 @@ for key in $(printf '%s\n' "${!CHECK[@]}" | sort); do
   [ "${CHECK[$key]}" = true ] || ok=false
 done
 engine=$([ "$CLEAN" = 1 ] && echo clean || echo warm)
-printf '{"engine": "%s", "docker": "%s", "compose": "%s", "base_images_s": %s, "build_s": %s, "up_healthy_s": %s, "first_search_s": %s, "first_search_degraded": %s, "restart_answers": {%s}, "recovered_after_start_s": %s, "image_mb": {%s}, "checks": {%s}, "ok": %s}\n' \
-  "$engine" "$DOCKER_VERSION" "$COMPOSE_VERSION" "$BASE_S" "$BUILD_S" "$UP_S" "$SEARCH_S" "$DEGRADED" "${RESTART_CODES%, }" \
-  "$RECOVER_S" "${sizes%, }" "${checks%, }" "$ok"
+printf '{"engine": "%s", "docker": "%s", "compose": "%s", "base_images_s": %s, "build_s": %s, "up_healthy_s": %s, "first_search_s": %s, "first_search_policy": "%s", "first_search_pool": "%s", "first_search_degraded": %s, "dense_pool_after_up_s": %s, "restart_answers": {%s}, "recovered_after_start_s": %s, "image_mb": {%s}, "checks": {%s}, "ok": %s}\n' \
+  "$engine" "$DOCKER_VERSION" "$COMPOSE_VERSION" "$BASE_S" "$BUILD_S" "$UP_S" "$SEARCH_S" "$POLICY_MODEL" "$POOL" "$DEGRADED" \
+  "$DENSE_S" "${RESTART_CODES%, }" "$RECOVER_S" "${sizes%, }" "${checks%, }" "$ok"
 [ "$ok" = true ]

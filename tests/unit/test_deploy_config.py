@@ -271,7 +271,8 @@ def test_compose_wiring_between_services(compose: dict[str, Any], monkeypatch: p
                                                        monkeypatch).llm),
                            ("judge", load_settings("judge", services["judge"]["environment"], monkeypatch).llm)):
         assert settings.base_url == f"http://llm:{llm_port}/v1", name
-        assert "llm" in services[name]["depends_on"]
+        # waited for when its profile runs, never required: a default search needs no LLM
+        assert services[name]["depends_on"]["llm"] == {"condition": "service_healthy", "required": False}
     assert services["retriever"]["depends_on"]["index"]["condition"] == "service_completed_successfully"
     for name in SERVICES:
         for dep, cond in services[name]["depends_on"].items():
@@ -355,6 +356,8 @@ def test_llm_image_and_compose_command(compose: dict[str, Any], monkeypatch: pyt
 def test_gpu_profile_services(compose: dict[str, Any]) -> None:
     services = compose["services"]
     gpu = {name for name, svc in services.items() if "gpu" in svc.get("profiles", [])}
+    assert gpu == {"vllm-policy", "vllm-generator", "generator", "judge"}
+    gpu = {name for name, svc in services.items() if svc.get("profiles") == ["gpu"]}
     assert gpu == {"vllm-policy", "vllm-generator"}
     for name in gpu:
         svc = services[name]
@@ -663,8 +666,10 @@ def test_k8s_wiring_between_services(rendered: tuple[str, list[dict[str, Any]]],
     searcher = settings("searcher")
     service_url(searcher.retriever.url)
     assert searcher.retriever.url.startswith("http://retriever:")
-    for llm in (searcher.policy, settings("generator").llm, settings("judge").llm):
+    for llm in (settings("generator").llm, settings("judge").llm):
         service_url(llm.base_url)
+    if searcher.policy_kind == "llm":
+        service_url(searcher.policy.base_url)
     if overlay == "gpu":
         assert searcher.constraint_style == "vllm"
         assert searcher.policy.base_url.startswith("http://vllm-policy:")
@@ -931,3 +936,80 @@ def test_the_installed_package_has_every_entrypoint_and_data_file(tmp_path: Path
     plugsearch = {name for name in used if name.startswith("plugsearch-")}
     assert plugsearch and plugsearch <= set(scripts)
     assert used - plugsearch <= {"python"}
+
+
+# ----------------------------------------------------------- the compact policy wherever it is deployed
+def env_file(name: str) -> dict[str, str]:
+    text = (REPO / "deploy" / "compose" / name).read_text()
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def check_compact_pair(searcher: Any, retriever: Any) -> None:
+    """The searcher serves the packaged compact policy, and the retriever serves the pool it was trained on:
+    BM25, and dense with the very encoder its dense scorer read (a mismatch would drop it to the lexical scorer)."""
+    from services.searcher.compact import CompactPolicy
+    from services.searcher.trained import COMPACT_DIR
+
+    assert searcher.policy_kind == "compact" and searcher.compact_policy == COMPACT_DIR
+    policy = CompactPolicy.load(searcher.compact_policy)
+    assert policy.setting is not None and policy.setting.pool_methods == ["bm25", "dense"]
+    assert retriever.bm25 and retriever.dense and retriever.default_method == policy.setting.method
+    assert policy.pool_methods(retriever.methods(), retriever.encoder.name) == ["bm25", "dense"]
+    # the setting comes from the manifest, inside the service: no deployment file repeats it
+    assert not {"retrieve_k", "select_k", "max_turns"} & searcher.model_fields_set
+
+
+def test_compose_serves_the_compact_policy_by_default_and_needs_no_llm(compose: dict[str, Any],
+                                                                        compose_raw: dict[str, Any],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    services = compose["services"]
+
+    def env_of(name: str, where: dict[str, Any] = services) -> dict[str, str]:
+        return {k: str(v) for k, v in where[name]["environment"].items() if not k.startswith("OTEL_")}
+
+    searcher = load_settings("searcher", env_of("searcher"), monkeypatch)
+    retriever = load_settings("retriever", env_of("retriever"), monkeypatch)
+    check_compact_pair(searcher, retriever)
+    # the dense index: built by the retriever on its first start while BM25 serves (the volume is writable for
+    # it); the one-shot index service builds the store and BM25 only, for the same settings
+    assert retriever.dense_missing == "build" and not any(v.endswith(":ro") and "indexes" in v
+                                                          for v in services["retriever"]["volumes"])
+    assert services["index"]["command"] == ["build", "--no-dense"]
+    index = load_settings("retriever", env_of("index"), monkeypatch)
+    assert (index.dense, index.encoder, index.faiss.index_type) == (retriever.dense, retriever.encoder,
+                                                                    retriever.faiss.index_type)
+    # `docker compose up` starts what a search needs: the LLM-backed services are in profiles
+    default = {name for name, svc in services.items() if not svc.get("profiles")}
+    assert default == {"redis", "index", "retriever", "searcher"}
+    required = {dep for dep, cond in services["searcher"]["depends_on"].items() if cond.get("required", True)}
+    assert required == {"redis", "retriever"}
+    # the LLM policy is one setting away: llm.env (CPU, llama.cpp) and gpu.env (vLLM)
+    for name, profile in (("llm.env", "llm"), ("gpu.env", "gpu")):
+        extra = env_file(name)
+        assert extra["COMPOSE_PROFILES"] == profile and extra["SEARCHER_POLICY_KIND"] == "llm"
+        switched = interpolate(compose_raw, {**extra, "PLUGSEARCH_API_KEYS": SECRET_PLACEHOLDER,
+                                             "PLUGSEARCH_INTERNAL_TOKEN": SECRET_PLACEHOLDER})["services"]
+        llm = load_settings("searcher", env_of("searcher", switched), monkeypatch)
+        assert llm.policy_kind == "llm" and {"generator", "judge"} <= {
+            n for n, svc in switched.items() if profile in svc.get("profiles", [])}
+        if profile == "llm":
+            assert llm.constrained  # the untrained SmolLM2 writes valid actions only under the grammar
+            assert services["llm"]["profiles"] == ["llm"]
+
+
+def test_kubernetes_serves_the_compact_policy_by_default(rendered: tuple[str, list[dict[str, Any]]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    overlay, docs = rendered
+    deployments = objects(docs, "Deployment")
+
+    def settings(name: str, doc: dict[str, Any]) -> Any:
+        return load_settings(name, k8s_env(doc["spec"]["template"]["spec"]["containers"][0]), monkeypatch)
+
+    searcher, retriever = settings("searcher", deployments["searcher"]), settings("retriever", deployments["retriever"])
+    job = settings("retriever", objects(docs, "Job")["plugsearch-index"])
+    if overlay == "gpu":  # vLLM: the LLM policy (the E5 retriever's cosines would not fit the compact scorer)
+        assert searcher.policy_kind == "llm" and retriever.dense_missing == "refuse"
+        return
+    check_compact_pair(searcher, retriever)
+    # the Job builds BM25 then dense; the retriever serves BM25 from the start and loads the dense index once written
+    assert job.dense and retriever.dense_missing == "wait"
