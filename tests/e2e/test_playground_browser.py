@@ -53,13 +53,28 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def searcher_url(data_dir: Path, var_dir: Path) -> Iterator[str]:
+def retriever_url(data_dir: Path, var_dir: Path) -> Iterator[str]:
     corpus = data_dir / "corpus" / "combined.jsonl"
+    with retriever_process(corpus, ensure_bm25_index(corpus, var_dir),
+                           var_dir / "logs" / "playground_retriever.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def searcher_url(retriever_url: str, var_dir: Path) -> Iterator[str]:
     logs = var_dir / "logs"
-    with retriever_process(corpus, ensure_bm25_index(corpus, var_dir), logs / "playground_retriever.log") as r, \
-            scripted_policy_process(logs / "playground_policy.log") as policy, \
-            searcher_process(r, policy, logs / "playground_searcher.log", policy_model="scripted-policy",
-                             extra={"api_keys": KEY, "ui": "true"}) as url:
+    with scripted_policy_process(logs / "playground_policy.log") as policy, \
+            searcher_process(retriever_url, policy, logs / "playground_searcher.log", policy_model="scripted-policy",
+                             extra={"api_keys": KEY, "ui": "true", "policy_kind": "llm"}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def compact_url(retriever_url: str, var_dir: Path) -> Iterator[str]:
+    """The searcher with the packaged compact policy (its pool of 30 BM25 documents per block)."""
+    logs = var_dir / "logs"
+    with searcher_process(retriever_url, "http://127.0.0.1:9/v1", logs / "playground_compact.log",
+                          extra={"api_keys": KEY, "ui": "true", "policy_kind": "compact"}) as url:
         yield url
 
 
@@ -68,7 +83,7 @@ SHOWN = "const shown = (el) => el !== null && getComputedStyle(el).display !== '
 
 SHOWN_TURNS = "() => { " + SHOWN + """
   return [...document.querySelectorAll('#turns > li.turn')].map(card => {
-    const docs = [...card.querySelectorAll('li.doc')];
+    const docs = [...card.querySelectorAll('li.doc')].sort((a, b) => a.dataset.rank - b.dataset.rank);
     return {block: Number(card.dataset.block), turn: Number(card.dataset.turn),
             queries: [...card.querySelectorAll('.queries q')].map(q => q.textContent),
             document_ids: docs.map(d => d.dataset.docId),
@@ -241,3 +256,65 @@ def test_playground_says_failures_in_words(searcher_url: str, chromium: str) -> 
         finally:
             browser.close()
     assert not answers
+
+
+CARDS = "() => { " + SHOWN + """
+  return [...document.querySelectorAll('#turns > li.turn')].map(card => ({
+    block: Number(card.dataset.block),
+    kept: [...card.querySelectorAll('ol.kept > li.doc')].map(d => ({id: d.dataset.docId, rank: Number(d.dataset.rank),
+                                                                    shown: shown(d)})),
+    rest: card.querySelectorAll('details.rest li.doc').length,
+    rest_open: card.querySelector('details.rest').open,
+    rest_label: shown(card.querySelector('details.rest')) ? card.querySelector('details.rest > summary').textContent : null,
+  }));
+}"""
+
+
+def test_the_compact_policys_search_fits_the_first_screen(compact_url: str, chromium: str, var_dir: Path) -> None:
+    """The compact policy retrieves pools of 30: each turn shows its query, the documents it selected and a count
+    of the rest (closed until opened), so the documents for the user's LLM are on the first screen."""
+    from playwright.sync_api import expect, sync_playwright
+
+    screenshot = var_dir / "test-output" / "playground-compact.png"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{compact_url}/ui")
+            page.fill("#api-key", KEY)
+            page.fill("#question", QUESTION)
+            page.press("#question", "Enter")
+            expect(page.locator("#results")).to_have_attribute("data-state", "done", timeout=60_000)
+            final = page.evaluate("""() => [...document.querySelectorAll('#final-docs li.doc')].map(d => {
+                const box = d.getBoundingClientRect();
+                return {id: d.dataset.docId, top: box.top, bottom: box.bottom};
+            })""")
+            viewport = page.evaluate("() => window.innerHeight")
+            height = page.evaluate("() => document.documentElement.scrollHeight")
+            cards = page.evaluate(CARDS)
+            # the rest of a turn opens with the keyboard, and shows its documents
+            rest = page.locator("#turns details.rest").first
+            rest.locator(":scope > summary").focus()
+            page.keyboard.press("Enter")
+            expect(rest).to_have_attribute("open", "")
+            opened = page.evaluate("() => [...document.querySelector('#turns details.rest').querySelectorAll("
+                                   "'li.doc')].filter(d => d.getBoundingClientRect().height > 0).length")
+            page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+
+    api = httpx.post(f"{compact_url}/search", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                     json={"question": QUESTION, "return_trace": True}).json()
+    assert api["cached"] and api["policy_model"].startswith("compact-gbr@") and len(api["documents"]) == 3
+    assert [d["id"] for d in final] == [d["id"] for d in api["documents"]]
+    assert all(0 <= d["top"] and d["bottom"] <= viewport for d in final), (final, viewport)  # no scrolling
+    blocks = api["trace"]["blocks"]
+    assert len(cards) == len(blocks) and len(blocks[0]["document_ids"]) == 30
+    for card, block in zip(cards, blocks, strict=True):
+        selected = block["selected"] or []
+        assert [d["rank"] for d in card["kept"]] == sorted(selected) and all(d["shown"] for d in card["kept"])
+        assert card["rest"] == len(block["document_ids"]) - len(selected) and not card["rest_open"]
+        assert card["rest_label"] == f"{card['rest']} more documents retrieved, not selected (show)"
+    assert opened == cards[0]["rest"]
+    assert height < 3 * viewport, height  # a few lines per turn, not every pool document (was ~8,000 px)

@@ -155,8 +155,13 @@
   }
 
   // ---------------------------------------------------------------------------------------------- turns
-  function turnCard(block, turn, queries, elapsedMs) {
-    const heading = turn === 0 ? "Turn 0: naive retrieval of the question" : `Turn ${turn}: search`;
+  // One card per block of documents: its query, the documents the policy selected from it, and the rest
+  // (all of a block until the policy selects) as a count that opens into the list, so that a search over a
+  // pool of 30 documents per block stays a few lines per turn.
+  function turnCard(block, turn, queries, method, elapsedMs) {
+    const what = turn === 0 ? "naive retrieval of the question" : "search";
+    const heading = `Turn ${turn}: ${what}${method ? ` (${method})` : ""}`;
+    const rest = el("details", { class: "rest" }, el("summary", {}), el("ol", { class: "docs", "aria-label": `Other documents retrieved in turn ${turn}` }));
     const card = el("li", { class: "turn", dataset: { block: String(block), turn: String(turn) } },
       el("header", {},
         el("h3", {}, heading),
@@ -164,16 +169,36 @@
           queries.map((q, i) => [i ? ", " : "", el("q", {}, q)])),
         elapsedMs === null ? null : el("p", { class: "when" }, `arrived at ${ms(elapsedMs)}`),
         el("p", { class: "action", hidden: true })),
-      el("ol", { class: "docs", "aria-label": `Documents retrieved in turn ${turn}` }));
+      el("ol", { class: "docs kept", "aria-label": `Documents selected in turn ${turn}` }),
+      rest);
     $("turns").append(card);
+    $("how").hidden = false;
     view.cards[block] = card;
     return card;
   }
 
+  // The block's documents in their card: the selected ones in the open list, the others behind the count.
+  function placeDocs(card, selectedKnown) {
+    const kept = card.querySelector("ol.kept");
+    const rest = card.querySelector("details.rest");
+    const items = [...card.querySelectorAll("li.doc")].sort((a, b) => Number(a.dataset.rank) - Number(b.dataset.rank));
+    const chosen = items.filter((item) => item.dataset.selected === "true");
+    const others = items.filter((item) => item.dataset.selected !== "true");
+    kept.replaceChildren(...chosen);
+    kept.hidden = chosen.length === 0;
+    rest.querySelector("ol").replaceChildren(...others);
+    rest.hidden = others.length === 0;
+    const n = others.length;
+    rest.querySelector("summary").textContent = selectedKnown
+      ? `${n} more document${n === 1 ? "" : "s"} retrieved, not selected (show)`
+      : `${n} document${n === 1 ? "" : "s"} retrieved (show)`;
+  }
+
   function onRetrieval(ev) {
-    const card = turnCard(ev.block, ev.turn, ev.queries, ev.elapsed_ms);
-    const list = card.querySelector("ol.docs");
+    const card = turnCard(ev.block, ev.turn, ev.queries, ev.method, ev.elapsed_ms);
+    const list = card.querySelector("details.rest ol");
     ev.documents.forEach((doc, i) => list.append(docItem(doc, i + 1)));
+    placeDocs(card, false);
     for (const doc of ev.documents) view.known.set(doc.id, doc);
     say(`Turn ${ev.turn}: ${ev.documents.length} documents for ${ev.queries.map((q) => `“${q}”`).join(", ")}`);
   }
@@ -182,7 +207,8 @@
     const card = view.cards[block];
     if (!card) return;
     const chosen = new Set(selected || []);
-    card.querySelectorAll("li.doc").forEach((item, i) => setSelected(item, chosen.has(i + 1)));
+    card.querySelectorAll("li.doc").forEach((item) => setSelected(item, chosen.has(Number(item.dataset.rank))));
+    placeDocs(card, selected !== null && selected !== undefined);
   }
 
   function onAction(ev) {
@@ -210,8 +236,8 @@
     for (const doc of documents) if (!view.known.has(doc.id)) view.known.set(doc.id, doc);
     trace.blocks.forEach((block, i) => {
       if (!view.cards[i]) {
-        const card = turnCard(i, block.turn, block.queries, null);
-        const list = card.querySelector("ol.docs");
+        const card = turnCard(i, block.turn, block.queries, block.method, null);
+        const list = card.querySelector("details.rest ol");
         block.document_ids.forEach((id, j) => {
           const doc = view.known.get(id) || { id, title: id, text: "" };
           list.append(docItem(doc, j + 1, { note: "(text not in the trace: not returned by the search)" }));
@@ -293,6 +319,7 @@
     view = { cards: [], known: new Map(), result: null, naive: null, context: "", budget: form.budget };
     for (const id of ["turns", "final-docs", "naive-docs", "summary", "naive-summary", "context", "copy-status"]) $(id).replaceChildren();
     $("final").hidden = true;
+    $("how").hidden = true;
     $("degraded").hidden = true;
     showError("");
   }
