@@ -241,8 +241,9 @@ def absurd_json(body: bytes) -> str | None:
 
 
 def body_refusal(body: bytes, content_type: bytes) -> Refusal | None:
-    """A body that is not JSON (415), or JSON too absurd to validate (422); None for any other."""
-    if body and content_type and not is_json_media_type(content_type):
+    """A body that is not declared JSON (415: another Content-Type, or none at all), or JSON too absurd to
+    validate (422); None for any other."""
+    if body and not is_json_media_type(content_type):
         return NOT_JSON
     problem = absurd_json(body) if len(body) > JSON_CHECK_BYTES else None
     return None if problem is None else Refusal(422, "validation_error", f"request body refused: {problem}")

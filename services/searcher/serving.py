@@ -198,17 +198,18 @@ class SearchService:
         """Whether a search with these parameters calls an LLM (so holds one of its slots)."""
         return params.mode != "naive" and not (params.mode == "s3" and isinstance(self.policy, ActingPolicy))
 
-    def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
-        """Hold `slots` of the LLM's slots for a limited caller (`FairShare`), or raise `RateLimited` with
-        when to retry; returns the release (call it once, when the LLM work is over)."""
+    async def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
+        """Hold `slots` of the LLM's slots for a limited caller (`FairShare`: waiting up to `llm_wait_s` for its
+        turn while other keys hold them all), or raise `RateLimited` with when to retry; returns the release
+        (call it once, when the LLM work is over)."""
         if slots <= 0 or caller is None or not self._limited(caller):
             return lambda: None
         slots = min(slots, self.llm_share.share(caller.id))  # a batch: at most the key's share, never starved
-        wait = self.llm_share.try_acquire(caller.id, slots)
+        wait = await self.llm_share.acquire(caller.id, slots, timeout_s=self.settings.llm_wait_s)
         if wait > 0:
-            raise RateLimited(f"this key holds its share of the LLM ({self.llm_share.share(caller.id)} of "
-                              f"{self.llm_share.slots} requests at once while other keys use it): retry later",
-                              retry_after=wait)
+            raise RateLimited(f"this key holds or waits for its share of the LLM ({self.llm_share.share(caller.id)} "
+                              f"of {self.llm_share.slots} requests at once while other keys use it), or its turn "
+                              f"did not come within {self.settings.llm_wait_s:g} s: retry later", retry_after=wait)
         t0, released = time.monotonic(), False
 
         def release() -> None:
@@ -283,7 +284,7 @@ class SearchService:
             return hit
         with _admission_span(caller, prepared.cost + extra_cost):
             await self.charge(caller, prepared.cost + extra_cost)
-            release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
+            release = await self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
         try:
             return await self._run(request, prepared)
         finally:
@@ -301,7 +302,7 @@ class SearchService:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
         with _admission_span(caller, prepared.cost):
             await self.charge(caller, prepared.cost)
-            release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
+            release = await self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
         task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
@@ -339,7 +340,7 @@ class SearchService:
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
         llm_items = sum(self.uses_llm(self._params(item)) for item in items)
-        release = self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
+        release = await self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
         try:
             results = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)), return_exceptions=True)
         finally:
