@@ -134,7 +134,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             the_retriever = retriever
             if the_retriever is None:
                 client = owned(RetrieverClient(settings.retriever, metrics=metrics))
-                the_retriever = ServiceRetriever(client, max_batch=settings.retriever_max_batch)
+                the_retriever = ServiceRetriever(client, max_batch=settings.retriever_max_batch,
+                                                 wait_s=settings.retriever_wait_s)
             the_cache = cache if cache is not None else owned(make_cache(
                 settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s,
                 max_items=settings.cache_max_items, metrics=metrics))

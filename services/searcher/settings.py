@@ -86,6 +86,10 @@ class SearcherSettings(ServiceSettings):
     doc_chars: int | None = Field(None, ge=50, description="cut documents shown to the policy (small contexts)")
     search_timeout_s: float = Field(90.0, gt=0, description="budget of one search loop; past it: degraded")
     batch_concurrency: int = Field(8, ge=1, le=256, description="searches of one batch run at once")
+    retriever_wait_s: float = Field(20.0, ge=0, description=(
+        "how long a retrieval waits for a retriever that cannot be reached or is not ready (restarting: its "
+        "supervisor, compose or Kubernetes brings it back), polling, before the search fails with 503; "
+        "0 = fail at once"))
     retriever_max_batch: int = Field(64, ge=1, le=4096, description=(
         "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
         "queries; 1 = one request per retrieval"))
