@@ -211,7 +211,7 @@ class OpenAIChatClient:
                     if data == "[DONE]":
                         if not finished:
                             raise UpstreamError(f"{self.name} LLM ended its stream before the answer finished "
-                                                "(the prompt may not fit its context window)")
+                                                "(cut short, or the prompt did not fit its context window)")
                         return
                     try:
                         chunk = orjson.loads(data)
