@@ -232,7 +232,9 @@ async def test_a_stream_that_does_not_finish_is_never_a_success(script: str) -> 
                 assert streamed.status_code == 200
                 got = events(streamed.text)
                 assert isinstance(got[0], dict) and got[0]["search"]["mode"] == "naive"  # the chunk that came
-                assert got[-1] == {"error": {"type": "upstream_error", "message": got[-1]["error"]["message"]}}, got
+                last = got[-1]
+                assert isinstance(last, dict) and last == {"error": {"type": "upstream_error",
+                                                                      "message": last["error"]["message"]}}, got
                 assert "[DONE]" not in got and "Requested tokens" not in streamed.text  # its text: logged only
             stack.answer_llm.state.script = FINISHED  # the same proxy, a finished answer: a success
             done = await client.post(CHAT, headers=AUTH, json=chat_body(stream=True))
