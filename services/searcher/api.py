@@ -145,6 +145,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: LLMBackend |
             app.state.service = SearchService(
                 settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
                 metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter)
+            app.state.door = app.state.service.door  # a key that spent its budget: 429 before its body is read
             if settings.chat is not None:
                 the_answer = answer if answer is not None else owned(
                     OpenAIChatClient(settings.chat.answer, name="answer", metrics=metrics))

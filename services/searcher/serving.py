@@ -6,6 +6,7 @@ Knows nothing of FastAPI. The loop itself lives in `services.searcher.loop` (sha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -55,6 +56,9 @@ logger = logging.getLogger(__name__)
 CACHE_NAMESPACE = "search"
 REQUEST_PARAMS = {"max_turns", "retrieve_k", "select_k", "constrained"}
 """Search parameters a request may set; where it does not, the service's setting of the same name."""
+REFUSAL_COST = 1.0
+"""What a request refused for its cost costs its caller (its reading and refusal)."""
+MAX_BLOCKED = 100_000
 SETTINGS_PARAMS = REQUEST_PARAMS | {"temperature", "max_new_tokens", "constraint_style", "max_invalid",
                                     "max_queries_per_round", "doc_chars"}
 
@@ -118,6 +122,8 @@ class SearchService:
         self.settings = settings
         self.rate_limiter = rate_limiter
         self.llm_share = FairShare(settings.llm_slots)
+        self._blocked: dict[str, float] = {}
+        """caller id -> until when it cannot afford one cost unit (`door`)"""
         self.index_identity = index_identity
         self.policy = policy
         self.retriever = retriever
@@ -153,14 +159,14 @@ class SearchService:
                              "needs an LLM policy", param="mode")
         return params
 
-    def _cost(self, params: SearchParams) -> float:
-        """`search_cost`, except for a policy acting in-process: no LLM calls, one unit per retrieval (its
-        first retrieval may take a dense block beside the BM25 one: counted)."""
-        if params.mode == "s3" and isinstance(self.policy, ActingPolicy):
-            pool = len(params.pool_methods) if params.pool_methods else \
-                (2 if isinstance(self.policy, CompactPolicy) and self.policy.has_dense else 1)
-            return pool + params.max_turns
-        return search_cost(params)
+    def _cost(self, params: SearchParams, question: str) -> float:
+        """The search's price (`search_cost`, the one pricing of every policy: its retrievals, and an LLM
+        policy's calls). A policy acting in-process calls no LLM; before `_pool` has named its first
+        retrieval's methods, the compact policy's dense block is counted when it scores one."""
+        acting = params.mode == "s3" and isinstance(self.policy, ActingPolicy)
+        if acting and not params.pool_methods and isinstance(self.policy, CompactPolicy) and self.policy.has_dense:
+            params = params.model_copy(update={"pool_methods": ["bm25", "dense"]})
+        return search_cost(params, len(question), llm_policy=not acting)
 
     async def _pool(self, params: SearchParams) -> SearchParams:
         """The compact policy's first retrieval: BM25, plus dense when the retriever serves the encoder its
@@ -180,19 +186,33 @@ class SearchService:
         return params.model_copy(update={"pool_methods": self.policy.pool_methods(served, encoder)})
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
-        """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
-        return sum(self._cost(self._params(r)) for r in requests)
+        """Cost units of these searches (`_cost`: what each encodes and returns, and its LLM calls); bad
+        parameters raise `BadRequest`."""
+        return sum(self._cost(self._params(r), r.question) for r in requests)
 
     def _limited(self, caller: Caller | None) -> bool:
         return caller is not None and (caller.kind == "key" or (caller.kind == "anonymous"
                                                                 and self.settings.limit_anonymous))
 
-    def check_cost(self, caller: Caller | None, cost: float) -> None:
-        """The per-request bound: raises `CostLimitExceeded` for a limited caller's too costly request."""
+    async def check_cost(self, caller: Caller | None, cost: float) -> None:
+        """The per-request bound: raises `CostLimitExceeded` for a limited caller's too costly request, which
+        costs the caller `REFUSAL_COST` (reading and refusing it is work too: a key that keeps sending such
+        requests spends its budget, then is refused at the door, `door`)."""
         limit = self.settings.max_request_cost
         if self._limited(caller) and cost > limit:
+            with contextlib.suppress(RateLimited):  # its own answer is this refusal; the door closes meanwhile
+                await self.charge(caller, REFUSAL_COST)
             raise CostLimitExceeded(f"the request costs {cost:g} units, over the limit of {limit:g} per request "
                                     "(fewer turns, documents or batch items)", param="items")
+
+    def door(self, caller: Caller) -> float:
+        """Seconds for which `caller` cannot afford even one cost unit (`app.state.door`: the guard refuses its
+        requests with 429 before reading their bodies); 0.0 when it may come in."""
+        until = self._blocked.get(caller.id)
+        left = 0.0 if until is None else until - time.monotonic()
+        if until is not None and left <= 0:
+            del self._blocked[caller.id]
+        return max(0.0, left)
 
     def uses_llm(self, params: SearchParams) -> bool:
         """Whether a search with these parameters calls an LLM (so holds one of its slots)."""
@@ -226,6 +246,11 @@ class SearchService:
             return
         wait = await self.rate_limiter.take(caller.id, cost)
         if wait > 0:
+            broke = wait - (cost - 1) / self.rate_limiter.rate  # until even one unit is affordable
+            if broke > 0:
+                if len(self._blocked) > MAX_BLOCKED:
+                    self._blocked = {k: t for k, t in self._blocked.items() if t > time.monotonic()}
+                self._blocked[caller.id] = time.monotonic() + broke
             raise RateLimited(f"rate limit: {self.settings.rate_limit_per_s:g} cost units per second per key "
                               f"(this request: {cost:g})", retry_after=max(1.0, wait))
 
@@ -234,8 +259,8 @@ class SearchService:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
         params = await self._pool(self._params(request))
-        cost = self._cost(params)
-        self.check_cost(caller, cost + extra_cost)
+        cost = self._cost(params, request.question)
+        await self.check_cost(caller, cost + extra_cost)
         cache, index_id = self.cache, None
         if cache is not None and self.index_identity is not None:
             index_id = await self.index_identity.current()
@@ -329,7 +354,7 @@ class SearchService:
         """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down.
         The bound and the budget apply to the batch's total cost, spent up front."""
         cost = self.cost(items)
-        self.check_cost(caller, cost)
+        await self.check_cost(caller, cost)
         await self.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 

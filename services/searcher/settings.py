@@ -94,7 +94,7 @@ class SearcherSettings(ServiceSettings):
         "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
         "queries; 1 = one request per retrieval"))
     max_request_cost: float = Field(128.0, gt=0, description=(
-        "most cost units one request may ask for (`search_cost`: default s3 search 12; a batch: the sum of "
+        "most cost units one request may ask for (`search_cost`: default s3 search 16; a batch: the sum of "
         "its items); more is 422 cost_limit_exceeded. Applies to API-key callers (and anonymous ones with "
         "limit_anonymous), never to the internal token"))
     rate_limit_per_s: float = Field(20.0, ge=0, description=(
