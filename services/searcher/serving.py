@@ -200,10 +200,15 @@ class SearchService:
         requests spends its budget, then is refused at the door, `door`)."""
         limit = self.settings.max_request_cost
         if self._limited(caller) and cost > limit:
-            with contextlib.suppress(RateLimited):  # its own answer is this refusal; the door closes meanwhile
-                await self.charge(caller, REFUSAL_COST)
+            await self.charge_refusal(caller)
             raise CostLimitExceeded(f"the request costs {cost:g} units, over the limit of {limit:g} per request "
                                     "(fewer turns, documents or batch items)", param="items")
+
+    async def charge_refusal(self, caller: Caller | None) -> None:
+        """Spend `REFUSAL_COST` of the caller's budget for a request refused for its cost (when the budget cannot
+        afford it, the door closes instead: the refusal itself is still the answer)."""
+        with contextlib.suppress(RateLimited):
+            await self.charge(caller, REFUSAL_COST)
 
     def door(self, caller: Caller) -> float:
         """Seconds for which `caller` cannot afford even one cost unit (`app.state.door`: the guard refuses its

@@ -313,3 +313,15 @@ async def test_a_non_streamed_chat_whose_client_left_gives_the_llm_back() -> Non
                 assert llm.calls == 2
     finally:
         await stack.aclose()
+
+
+async def test_a_key_that_keeps_sending_refused_chats_spends_its_budget_and_meets_the_door() -> None:
+    stack = ChatStack(rate_limit_per_s=0.01, rate_limit_burst=20, max_request_cost=20)
+    long = {"messages": [{"role": "user", "content": "is paris in france " * 1263}], "max_tokens": 16}
+    try:
+        async with app_client(stack.app) as client:
+            statuses = [(await client.post(CHAT, headers=AUTH, json=long)).status_code for _ in range(24)]
+            assert statuses[:21] == [422] * 21 and set(statuses[21:]) == {429}, statuses  # 20 units, then broke
+            assert nothing_done(stack)
+    finally:
+        await stack.aclose()
