@@ -53,13 +53,13 @@ class LocalStack(ProcessGroup):
 
     def __init__(self, corpus: Path, var_dir: Path, *, llm_latency_ms: float = 50.0,
                  searcher_env: dict[str, str] | None = None, redis: bool = True, log_dir: Path | None = None,
-                 llm_slots: int = 0) -> None:
+                 llm_slots: int = 0, dense: bool = False) -> None:
         super().__init__(log_dir=log_dir, cwd=REPO)
         ports = allocate_ports(free_ports=True)
         redis_server = shutil.which("redis-server") if redis else None
         self.options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
                                     redis=redis_server is not None, llm_url=f"http://127.0.0.1:{ports['llm']}/v1",
-                                    llm_model="fake-policy", log_level="WARNING")
+                                    llm_model="fake-policy", log_level="WARNING", dense=dense)
         specs = {spec.name: spec for spec in build_specs(self.options, redis_server=redis_server)}
         specs["searcher"].env.update(searcher_env or {})
         specs["llm"] = fake_llm_spec(ports["llm"], llm_latency_ms, slots=llm_slots)
@@ -77,12 +77,13 @@ class LocalStack(ProcessGroup):
 
 
 def bench_stack(args: argparse.Namespace, searcher_env: dict[str, str], logs: str,
-                retriever_workers: int = 0, llm_slots: int = 0) -> tuple[LocalStack, list[str]]:
+                retriever_workers: int = 0, llm_slots: int = 0, dense: bool = False) -> tuple[LocalStack, list[str]]:
     """A bench's stack over its `--corpus` (default the shared combined corpus), the policy answering after
-    `--llm-latency-ms` (`llm_slots` at once, 0: any number), logs in var/logs/<logs>; and the NQ questions
-    its clients send."""
+    `--llm-latency-ms` (`llm_slots` at once, 0: any number), the retriever serving dense search too with
+    `dense` (its index built on the first run), logs in var/logs/<logs>; and the NQ questions its clients send."""
     stack = LocalStack((args.corpus or CORPUS).resolve(), REPO / "var", llm_latency_ms=args.llm_latency_ms,
-                       searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs, llm_slots=llm_slots)
+                       searcher_env=searcher_env, log_dir=REPO / "var" / "logs" / logs, llm_slots=llm_slots,
+                       dense=dense)
     if retriever_workers:
         stack.specs["retriever"].env["RETRIEVER_WORKERS"] = str(retriever_workers)
     return stack, [r.question for r in load_questions("nq", 1000)]
@@ -124,16 +125,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-Body = Callable[[int], dict[str, Any]]
-"""The request body of the i-th request."""
+Body = Callable[[int], "dict[str, Any] | bytes"]
+"""The request body of the i-th request (bytes: JSON already encoded, for large bodies sent often)."""
 
 
 async def run_phase(url: str, questions: list[str], *, clients: int, seconds: float, timeout_s: float,
                     offset: int = 0, body: Body | None = None, path: Callable[[int], str] | None = None,
-                    headers: dict[str, str] | None = None, honour_retry_after: bool = True) -> PhaseResult:
+                    headers: dict[str, str] | None = None, honour_retry_after: bool = True,
+                    pause_s: float = 0.0) -> PhaseResult:
     """`clients` closed-loop clients for `seconds` (default body: the next question, s3, to `/search`;
-    `path(i)`: the i-th request's path), with `headers` (an API key); latencies of 200 answers only. A
-    client waits Retry-After after a refusal unless `honour_retry_after` is off (then 50 ms). The clients
+    `path(i)`: the i-th request's path), with `headers` (an API key); latencies of 200 answers only; each
+    client pauses `pause_s` after an answer (think time). A client waits Retry-After after a refusal unless
+    `honour_retry_after` is off (then 50 ms). The clients
     use aiohttp's pool directly (httpx's pool cost the load generator more CPU than the searcher under 200
     clients, and its queue showed up as latency)."""
     import aiohttp
@@ -162,7 +165,9 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
                 counter += 1
                 sent = time.monotonic()
                 try:
-                    async with http.post(where, json=payload) as response:
+                    send = {"data": payload, "headers": {"Content-Type": "application/json"}} \
+                        if isinstance(payload, bytes) else {"json": payload}
+                    async with http.post(where, **send) as response:
                         status = response.status
                         retry_after = response.headers.get("retry-after")
                         data = await response.json(content_type=None)
@@ -179,6 +184,8 @@ async def run_phase(url: str, questions: list[str], *, clients: int, seconds: fl
                     bodies["degraded" if degraded else "ok"] += 1
                     latencies.append((answered - sent) * 1000)
                     ok_in_window += answered <= stop_at
+                    if pause_s:
+                        await asyncio.sleep(pause_s)
                 else:
                     error = data.get("error", {}) if isinstance(data, dict) else {}
                     bodies[str(error.get("type", status))] += 1

@@ -7,8 +7,11 @@ the searcher switches to the dense pool within seconds) and the searcher with th
 LLM-backed services, llama.cpp with SmolLM2, the generator and the judge, start when asked for: `--chat`,
 `--policy base|trained`, `--with-llm` (training and evaluation call the generator and the judge).
 Each runs as `python -m services.<svc>` with the `<SVC>_*` settings the containers use, as one `ProcessGroup`:
-logs prefixed with the service name, one process dying stops the others, Ctrl-C (SIGINT) or SIGTERM stops
-everything. Once every readiness check passes, it prints the URL and a ready-to-copy `curl` for `POST /search`.
+logs prefixed with the service name; a process that dies once the stack is ready is restarted (after 1 s,
+doubling, at most `--max-restarts` times in 10 minutes, logged) while the others keep serving: the searcher
+degrades to naive documents while the LLM is down and waits out a retriever restart (`SEARCHER_RETRIEVER_WAIT_S`);
+one that keeps dying, or dies before it was ready, stops the others. Ctrl-C (SIGINT) or SIGTERM stops everything.
+Once every readiness check passes, it prints the URL and a ready-to-copy `curl` for `POST /search`.
 
     plugsearch-stack                         # canonical ports: searcher 8000, retriever 8001, Redis 6379
     plugsearch-stack --free-ports            # any free ports (tests, a second stack beside the first)
@@ -40,7 +43,14 @@ from typing import Any
 
 from services.common.llama_server import DEFAULT_MODEL_ALIAS, DEFAULT_PROMPT_CACHE_MB, llama_spec
 from services.common.paths import default_data_dir
-from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
+from services.common.procgroup import (
+    NotReady,
+    Output,
+    ProcessExited,
+    ProcessGroup,
+    ProcessSpec,
+    RestartPolicy,
+)
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.compact import CompactPolicy, CompactPolicyError
@@ -169,7 +179,8 @@ class StackOptions:
     dense: bool = False
     """The retriever also serves dense search (MiniLM + FAISS flat; its index built on first run): the compact
     policy's pool takes the dense top-k beside BM25's, and `method` dense / hybrid are served."""
-    api_key: str | None = None
+    api_keys: list[str] = field(default_factory=list)
+    """The public keys the searcher requires (each taken as it is, commas included); none: open."""
     internal_token: str = field(default_factory=lambda: secrets.token_hex(24))
     redis_password: str = field(default_factory=lambda: secrets.token_hex(24), repr=False)
     """Redis requires it (`requirepass`); the services' Redis URLs carry it."""
@@ -273,9 +284,10 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     elif (own_llm_process and _same_url(environ.get(CHAT_URL_ENV, ""), own_llm)
           and not environ.get("SEARCHER_CHAT__ANSWER__API_KEY")):
         searcher["CHAT__ANSWER__API_KEY"] = options.llm_api_key  # the documented set-up, by hand
-    if options.api_key:
-        # Public auth on; the internal token is accepted too (the trainer calls the searcher with it).
-        searcher["API_KEYS"] = options.api_key
+    if options.api_keys:
+        # Public auth on; the internal token is accepted too (the trainer calls the searcher with it). A JSON
+        # list: `SEARCHER_API_KEYS` splits a plain value at commas, which would cut a key containing one.
+        searcher["API_KEYS"] = json.dumps(options.api_keys)
         searcher["INTERNAL_TOKEN"] = token
     specs.append(service("searcher", searcher))
     return specs
@@ -314,7 +326,7 @@ def missing_llm_packages(options: StackOptions) -> str | None:
 def curl_example(options: StackOptions) -> str:
     body = json.dumps({"question": EXAMPLE_QUESTION, "mode": "s3"})
     # The key itself is never printed: the example reads it from the environment.
-    auth = ' -H "Authorization: Bearer $PLUGSEARCH_API_KEY"' if options.api_key else ""
+    auth = ' -H "Authorization: Bearer $PLUGSEARCH_API_KEY"' if options.api_keys else ""
     return (f"curl -s -X POST {options.url('searcher')}/search -H 'Content-Type: application/json'{auth} "
             f"-d '{body}'")
 
@@ -368,21 +380,33 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="build the dense index before anything starts (default: the retriever builds it "
                         "in the background while BM25 serves, the searcher switching to the dense pool once it "
                         "is loaded)")
-    parser.add_argument("--api-key", default=os.environ.get("PLUGSEARCH_API_KEY") or None,
-                        help="require this key on POST /search (env PLUGSEARCH_API_KEY); default: no auth")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="require a key on POST /search: each --api-key is one accepted key, taken exactly as "
+                        "written (a comma is part of the key, never a separator); repeat it for several keys. "
+                        "Default: the one key in PLUGSEARCH_API_KEY (also taken whole), else no auth")
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
                         help="token the internal services require (env PLUGSEARCH_INTERNAL_TOKEN); "
                         "default: a random one for this run, written to --ready-file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     parser.add_argument("--ready-file", type=Path, default=None,
                         help="write the URLs as JSON here once ready (removed on exit)")
+    parser.add_argument("--max-restarts", type=int, default=5,
+                        help="a process that dies once the stack is ready is restarted (after 1 s, doubling up to "
+                        "30 s) while the others keep serving, at most this many times within 10 minutes; one more "
+                        "death stops everything (0: the first death stops everything)")
     parser.add_argument("--log-level", default="INFO", help="services' log level")
     parser.add_argument("--no-color", action="store_true", help="plain log prefixes")
     args = parser.parse_args(argv)
-    if args.api_key is not None and len(args.api_key) < 8:
+    if args.api_key is None:
+        args.api_key = [os.environ["PLUGSEARCH_API_KEY"]] if os.environ.get("PLUGSEARCH_API_KEY") else []
+    if any(len(key) < 8 for key in args.api_key):
         parser.error("--api-key must be at least 8 characters")
+    if len(set(args.api_key)) != len(args.api_key):
+        parser.error("--api-key given twice with the same key")
     if args.internal_token is not None and len(args.internal_token) < 8:
         parser.error("--internal-token must be at least 8 characters")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must be >= 0")
     if args.llm_threads < 1:
         parser.error("--llm-threads must be >= 1")
     if args.llm_prompt_cache_mb < 0:
@@ -507,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
                                compact=compact, trained=None if compact is not None else _trained_policy(args, say),
                                dense=serve_dense(args.dense, compact), dense_background=not args.wait_dense,
-                               api_key=args.api_key, log_level=args.log_level, chat=args.chat,
+                               api_keys=args.api_key, log_level=args.log_level, chat=args.chat,
                                llm_services=llm_services,
                                **({"internal_token": args.internal_token} if args.internal_token else {}))
         missing = missing_llm_packages(options)
@@ -547,7 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stop.is_set():
             return 0
         _announce(options, specs, args.ready_file, say)
-        gone = group.supervise(stop)
+        gone = group.supervise(stop, restart=RestartPolicy(max_restarts=args.max_restarts) if args.max_restarts
+                               else None)
         if gone is None:
             return 0
         say(f"{gone[0]} exited; stopping everything")

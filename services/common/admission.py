@@ -24,7 +24,8 @@ it started with (or the lower means it has seen).
 `FairAdmission`: the same limit shared fairly between callers: with others in flight, a caller holding more
 than its share (the limit divided by the callers in flight) is refused first, and a caller under its share
 is admitted even when the limit is reached (up to the ceiling), so one flooding key cannot take every slot
-while others wait. `FairShare`: the same idea for a scarce upstream (the LLM's slots), per request.
+while others wait. `FairShare`: the same idea for a scarce upstream (the LLM's slots), per request, with a
+queue served across callers in turn.
 
 `TokenBucket` / `RateLimiter`: a cost budget per caller (API key), refilled at `rate` units per second up
 to `burst`, kept in Redis when there is one (a Lua script, so every replica and worker spends from the
@@ -33,11 +34,12 @@ same bucket) and in process memory otherwise or while Redis is unreachable.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -163,10 +165,15 @@ class FairAdmission:
 
 
 class FairShare:
-    """Slots of a scarce upstream (the LLM) shared between callers. A caller alone may use all `slots`;
-    with others holding slots, at most max(1, slots / callers holding slots, this one counted): one key
-    cannot queue the LLM full while another waits. Refused requests are told when to retry: the caller's
-    own requests in flight times the mean seconds a slot was held (learned, `initial_hold_s` until then)."""
+    """Slots of a scarce upstream (the LLM) shared between callers, served in turn.
+
+    At most `slots` are held at once, whoever holds them. A caller alone may use all of them; with others
+    holding or waiting, it may hold or wait for at most its share, max(1, slots / active callers) (this one
+    counted): more is refused at once with the seconds after which to retry (the caller's own requests in
+    flight times the mean seconds a slot was held, learned; `initial_hold_s` until then). A request within its
+    share that finds every slot held waits; a freed slot goes to the callers with waiting requests in turn
+    (round robin, each caller's requests in arrival order), so one caller's long request delays another's by
+    at most the requests it holds, never by a queue of them. Not thread-safe: one per event loop."""
 
     def __init__(self, slots: int, *, initial_hold_s: float = 5.0, clock: Callable[[], float] = time.monotonic
                  ) -> None:
@@ -174,19 +181,95 @@ class FairShare:
         self.held: dict[str, int] = {}
         self.hold_s = initial_hold_s
         self.clock = clock
+        self._turns: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        """Callers with waiting requests, in the order their turn comes."""
+
+    @property
+    def free(self) -> int:
+        return self.slots - sum(self.held.values())
+
+    def waiting(self, caller: str | None = None) -> int:
+        """Slots asked for by waiting requests (of `caller`, or of everyone)."""
+        queues = [self._turns.get(caller, ())] if caller is not None else list(self._turns.values())
+        return sum(w.n for queue in queues for w in queue if not w.future.done())
 
     def share(self, caller: str) -> int:
-        others = len(self.held) - (1 if caller in self.held else 0)
+        others = len((set(self.held) | set(self._turns)) - {caller})
         return self.slots if others == 0 else max(1, self.slots // (others + 1))
 
+    def retry_after(self, caller: str) -> float:
+        """When to ask again: about when one of the caller's requests has ended, by the mean hold time."""
+        return max(1.0, self.hold_s * max(1, self.held.get(caller, 0)) / max(1, self.share(caller)))
+
+    def _over_share(self, caller: str, n: int) -> bool:
+        return self.held.get(caller, 0) + self.waiting(caller) + n > self.share(caller)
+
+    def _take(self, caller: str, n: int) -> None:
+        self.held[caller] = self.held.get(caller, 0) + n
+
     def try_acquire(self, caller: str, n: int = 1) -> float:
-        """Take `n` slots for `caller` (at most `slots`): 0.0 when taken, else the seconds after which to
-        retry (when about one of the caller's requests has ended, by the mean hold time)."""
-        held = self.held.get(caller, 0)
-        if held + n > self.share(caller):
-            return max(1.0, self.hold_s * max(1, held) / max(1, self.share(caller)))
-        self.held[caller] = held + n
+        """Take `n` slots for `caller` now if it may and they are free with nobody waiting: 0.0 when taken,
+        else the seconds after which to retry."""
+        if self._over_share(caller, n) or self._turns or self.free < n:
+            return self.retry_after(caller)
+        self._take(caller, n)
         return 0.0
+
+    async def acquire(self, caller: str, n: int = 1, *, timeout_s: float = 60.0) -> float:
+        """Take `n` slots for `caller`, waiting up to `timeout_s` for its turn: 0.0 when taken, else the seconds
+        after which to retry (over its share, or no turn within the timeout). Cancelled while waiting, it
+        takes nothing."""
+        if self._over_share(caller, n):
+            return self.retry_after(caller)
+        if not self._turns and self.free >= n:
+            self._take(caller, n)
+            return 0.0
+        waiter = _Waiter(n, asyncio.get_running_loop().create_future())
+        self._turns.setdefault(caller, deque()).append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(waiter.future)
+        except TimeoutError:
+            if not waiter.future.done():
+                waiter.future.cancel()
+                self._forget(caller, waiter)
+                return self.retry_after(caller)
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release(caller, 0.0, n)  # granted as the caller left: hand it on
+            else:
+                waiter.future.cancel()
+                self._forget(caller, waiter)
+            raise
+        return 0.0
+
+    def _forget(self, caller: str, waiter: _Waiter) -> None:
+        queue = self._turns.get(caller)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            if not queue:
+                del self._turns[caller]
+        self._dispatch()  # a large request at the head may have blocked smaller ones behind it
+
+    def _dispatch(self) -> None:
+        """Hand free slots to waiting requests, one caller's turn after another."""
+        while self._turns:
+            caller, queue = next(iter(self._turns.items()))
+            while queue and queue[0].future.done():
+                queue.popleft()  # gave up
+            if not queue:
+                del self._turns[caller]
+                continue
+            waiter = queue[0]
+            if self.free < waiter.n:
+                return
+            queue.popleft()
+            self._take(caller, waiter.n)
+            waiter.future.set_result(None)
+            if queue:
+                self._turns.move_to_end(caller)  # its next request waits for the others' turns
+            else:
+                del self._turns[caller]
 
     def release(self, caller: str, seconds: float, n: int = 1) -> None:
         left = self.held.get(caller, n) - n
@@ -196,6 +279,13 @@ class FairShare:
             self.held.pop(caller, None)
         if seconds > 0 and math.isfinite(seconds):
             self.hold_s += 0.2 * (seconds - self.hold_s)
+        self._dispatch()
+
+
+@dataclass(eq=False)
+class _Waiter:
+    n: int
+    future: asyncio.Future[None]
 
 
 # ------------------------------------------------------------------------------------------- callers

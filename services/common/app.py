@@ -2,7 +2,8 @@
 
 The guard is one pure-ASGI middleware (cheap on the hot path) of small steps, in this order: `request_id_of`;
 open paths pass untouched; `single_headers` (400); `KeyCheck` (401; the `Caller` into the scope's state);
-`BodyReader` (413, 408; before the request counts as in flight); `body_refusal` (415, 422); `Admission`
+`door_refusal` (429 for a caller the app keeps out, before its body is read); `BodyReader` (413, 408; before the
+request counts as in flight); `body_refusal` (415, 422); `Admission`
 (429 + Retry-After); `GuardMiddleware._respond` (504, 499 for a client that hangs up, 500); `record_request`.
 With tracing on (`services.common.tracing`), each guarded request is one server span that continues the
 caller's W3C `traceparent` and ends with the request's final status.
@@ -17,6 +18,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -240,9 +242,28 @@ def absurd_json(body: bytes) -> str | None:
     return None
 
 
+DoorCheck = Callable[[Caller], float]
+"""`app.state.door` (set by a service that keeps budgets: the searcher): the seconds for which a caller is
+refused before its body is read (it cannot afford even one cost unit), 0.0 when it may come in."""
+
+
+def door_refusal(scope: Scope, caller: Caller) -> Refusal | None:
+    """429 + Retry-After for a caller the app's door check keeps out: refused before its body is read, so a
+    caller that spent its budget and keeps sending costs next to nothing."""
+    app = scope.get("app")
+    door: DoorCheck | None = getattr(getattr(app, "state", None), "door", None)
+    wait = door(caller) if door is not None else 0.0
+    if wait <= 0:
+        return None
+    seconds = str(max(1, math.ceil(wait))).encode()
+    return Refusal(429, "rate_limited", "this key's budget is spent: retry after Retry-After",
+                   ((b"retry-after", seconds),))
+
+
 def body_refusal(body: bytes, content_type: bytes) -> Refusal | None:
-    """A body that is not JSON (415), or JSON too absurd to validate (422); None for any other."""
-    if body and content_type and not is_json_media_type(content_type):
+    """A body that is not declared JSON (415: another Content-Type, or none at all), or JSON too absurd to
+    validate (422); None for any other."""
+    if body and not is_json_media_type(content_type):
         return NOT_JSON
     problem = absurd_json(body) if len(body) > JSON_CHECK_BYTES else None
     return None if problem is None else Refusal(422, "validation_error", f"request body refused: {problem}")
@@ -396,6 +417,9 @@ class GuardMiddleware:
         if self.body.declared_too_large(headers):
             return self.body.too_large
         scope.setdefault("state", {})[CALLER_STATE] = caller
+        closed = door_refusal(scope, caller)
+        if closed is not None:
+            return closed
         body = await self.body.read(receive)
         if not isinstance(body, bytes):
             return body

@@ -127,11 +127,13 @@ def apply_weight_repacking(allowed: bool | None = None) -> bool:
 def llama_server_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = DEFAULT_N_CTX,
                          n_threads: int | None = None, model_alias: str | None = DEFAULT_MODEL_ALIAS,
                          prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB, extra_args: Sequence[str] = ()) -> list[str]:
-    """`python -m llama_cpp.server ...`: what this module's `main` runs (in its own process)."""
+    """`python -m llama_cpp.server ...`: what this module's `main` runs (in its own process). Requests queue for
+    the model (one at a time) instead of interrupting: by default a request that arrives while a stream is being
+    generated cuts that stream short with `[DONE]`, as if the answer had ended."""
     if prompt_cache_mb < 0:
         raise ValueError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
-           "--port", str(port), "--n_ctx", str(n_ctx), "--logits_all", "false"]
+           "--port", str(port), "--n_ctx", str(n_ctx), "--logits_all", "false", "--interrupt_requests", "false"]
     if n_threads is not None:
         cmd += ["--n_threads", str(n_threads)]
     if model_alias:

@@ -17,7 +17,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
 from pydantic import BaseModel, Field, SecretStr
 
 from services.common import tracing
-from services.common.errors import BadRequest, ServiceError, UpstreamError
+from services.common.errors import ServiceError, UpstreamError, ValidationFailed
 from services.common.http import CallSettings, ClientSettings, Refusal, ServiceClient
 from services.common.metrics import ServiceMetrics
 from services.common.settings import ServiceSettings
@@ -134,8 +134,9 @@ class OpenAIChatClient:
 
     def _refusal(self, caller_error: bool) -> Refusal:
         """A 4xx answer (not 429) to a request we built is our failure (502); to the caller's own fields
-        (`caller_error`: a proxied request), the caller's BadRequest, except a refusal of this service's
-        own credentials or configuration (401, 403, 404: the key, the model, the URL), which is ours (502)."""
+        (`caller_error`: a proxied request), the caller's 422 (`ValidationFailed`: its parameters were refused),
+        except a refusal of this service's own credentials or configuration (401, 403, 404: the key, the model,
+        the URL), which is ours (502)."""
         def refuse(err: ServiceError) -> ServiceError:
             status = err.upstream_status or err.status
             if status in (401, 403):
@@ -144,8 +145,8 @@ class OpenAIChatClient:
             if status == 404:
                 return UpstreamError(f"{self.name} LLM answered 404: its base URL or model is misconfigured")
             message = f"{self.name} LLM refused the request (HTTP {status})"
-            return BadRequest(f"{message}: check the request's parameters", param=err.param) if caller_error \
-                else UpstreamError(message)
+            return ValidationFailed(f"{message}: check the request's parameters", param=err.param) \
+                if caller_error else UpstreamError(message)
 
         return refuse
 
@@ -164,7 +165,7 @@ class OpenAIChatClient:
         """A whole chat-completions request (the caller's own fields, e.g. a proxied request) -> the
         response body in OpenAI's non-streaming shape. Asked of the LLM as a stream and assembled here: a
         caller that leaves closes the stream, and the LLM (vLLM, llama.cpp's server) stops generating,
-        which it does not for a plain request. A 4xx answer is the caller's BadRequest."""
+        which it does not for a plain request. A 4xx answer is the caller's 422 (see `_refusal`)."""
         first: dict[str, Any] | None = None
         content: list[str] = []
         tool_calls: dict[int, dict[str, Any]] = {}
@@ -196,7 +197,10 @@ class OpenAIChatClient:
     async def stream(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A chat-completions request with `stream: true`: yields each chunk (the `data:` JSON of the
         server-sent events) until `[DONE]`. Retried like `complete` until a successful status; a failure
-        after it raises (what was yielded cannot be taken back)."""
+        after it raises (what was yielded cannot be taken back): an error event, a broken connection, and a
+        stream that ends without finishing (no `[DONE]`, or `[DONE]` before any choice had a finish reason:
+        llama.cpp's server ends so when the prompt overflows its context) are `UpstreamError`."""
+        finished = False
         async with self._sem, self.upstream.stream("POST", "/chat/completions", json={**body, "stream": True},
                                                    refusal=self._refusal(True), caller_body=True) as response:
             try:
@@ -205,6 +209,9 @@ class OpenAIChatClient:
                         continue  # blank separators, comments, `event:` lines
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        if not finished:
+                            raise UpstreamError(f"{self.name} LLM ended its stream before the answer finished "
+                                                "(cut short, or the prompt did not fit its context window)")
                         return
                     try:
                         chunk = orjson.loads(data)
@@ -217,9 +224,12 @@ class OpenAIChatClient:
                     if not isinstance(chunk, dict):
                         raise UpstreamError(f"{self.name} streamed an unexpected event")
                     self._count_usage(chunk.get("usage"))
+                    finished = finished or any(isinstance(choice, dict) and choice.get("finish_reason")
+                                               for choice in chunk.get("choices") or [])
                     yield chunk
             except httpx.TransportError as exc:
                 raise UpstreamError(f"{self.name} stream broke off: {type(exc).__name__}") from exc
+        raise UpstreamError(f"{self.name} LLM stream ended without [DONE]")
 
     def _count_usage(self, usage: Any) -> tuple[int, int]:
         """(prompt, completion) tokens of a `usage` object, counted in the metrics."""

@@ -7,6 +7,9 @@
   process group, so nothing it started is left behind.
 - Ready: `ProcessSpec.ready` (a predicate) when given, else HTTP 200 from `ready_url` (with `ready_secret` as a
   bearer key), else Redis answering PING on `port` (after AUTH with `ready_secret`).
+- Supervise: with a `RestartPolicy`, a member that exits is started again after a backoff (doubling from
+  `backoff_s`), logged, while the others keep running; one that exits more than `max_restarts` times within
+  `window_s` is given up on (then `supervise` returns it, and the caller decides: the stack stops).
 """
 
 from __future__ import annotations
@@ -47,6 +50,30 @@ class NotReady(ProcessGroupError):
     def __init__(self, names: Sequence[str], timeout_s: float, tail: str = "") -> None:
         super().__init__(f"not ready within {timeout_s:g} s: {', '.join(names)}" + (f":\n{tail}" if tail else ""))
         self.names = list(names)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How `ProcessGroup.supervise` restarts a member that exited."""
+
+    max_restarts: int = 5
+    """restarts allowed within `window_s`; one more exit in that window gives up on the member"""
+    window_s: float = 600.0
+    backoff_s: float = 1.0
+    """pause before the first restart in the window; doubled for each later one, at most `max_backoff_s`"""
+    max_backoff_s: float = 30.0
+
+    def delay(self, restarts: int) -> float:
+        """The pause before a restart, `restarts` restarts already made within the window."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** restarts)
+
+
+def describe_exit(returncode: int | None) -> str:
+    """`rc=1`, or `rc=-11, SIGSEGV` for a process a signal ended."""
+    if returncode is not None and returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"rc={returncode}, {signal.Signals(-returncode).name}"
+    return f"rc={returncode}"
 
 
 @dataclass
@@ -254,14 +281,56 @@ class ProcessGroup:
             tails = "" if self.output is not None else "\n".join(f"{n}: {self.tail(n)}" for n in pending)
             raise NotReady(pending, timeout_s, tails)
 
-    def supervise(self, stop: threading.Event, interval_s: float = 0.25) -> tuple[str, int] | None:
-        """Until `stop` is set (None) or a member exits: the first (in start order) that is no longer running,
-        with its exit code."""
+    def supervise(self, stop: threading.Event, interval_s: float = 0.25, restart: RestartPolicy | None = None
+                  ) -> tuple[str, int] | None:
+        """Until `stop` is set (None) or a member exits for good: that member (the first in start order), with
+        its exit code. Without `restart`, the first exit is for good; with it, a member that exits is started
+        again after the policy's backoff (logged: why it exited, when it restarts, when it is ready again) while
+        the others keep running, until it exits more than `max_restarts` times within `window_s`."""
+        restarts: dict[str, list[float]] = {}
+        due: dict[str, float] = {}
+        """members waiting for their restart, and when it is due"""
         while not stop.wait(interval_s):
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
+            now = time.monotonic()
+            for name, proc in list(self.procs.items()):
+                if name in due or proc.poll() is None:
+                    continue
+                if name in self._readers:
+                    self._readers[name].join(timeout=1)  # its last lines first
+                if restart is None:
                     return name, proc.returncode
+                recent = [t for t in restarts.get(name, []) if now - t < restart.window_s]
+                restarts[name] = recent
+                if len(recent) >= restart.max_restarts:
+                    self.say(f"{name} exited ({describe_exit(proc.returncode)}) after {len(recent)} restarts "
+                             f"within {restart.window_s:g} s: giving up")
+                    return name, proc.returncode
+                delay = restart.delay(len(recent))
+                self.say(f"{name} exited ({describe_exit(proc.returncode)}); restarting it in {delay:.1f} s "
+                         f"(restart {len(recent) + 1} of at most {restart.max_restarts} within "
+                         f"{restart.window_s:g} s); the others keep running")
+                due[name] = now + delay
+            for name, at in list(due.items()):
+                if now < at:
+                    continue
+                del due[name]
+                self._stop([name], quiet=True)  # what the dead member left in its process group goes too
+                restarts[name].append(time.monotonic())
+                self._watch_ready(name, self._spawn(self.specs[name]), stop)
         return None
+
+    def _watch_ready(self, name: str, proc: subprocess.Popen[bytes], stop: threading.Event) -> None:
+        """Say when a restarted member is ready again (polled in a thread: a probe of a busy member may take
+        seconds, and supervision goes on meanwhile)."""
+        def watch() -> None:
+            t0 = time.monotonic()
+            while self.procs.get(name) is proc and proc.poll() is None and not stop.is_set():
+                if probe(self.specs[name]):
+                    self.say(f"{name} ready again ({time.monotonic() - t0:.1f} s after its restart)")
+                    return
+                stop.wait(0.25)
+
+        threading.Thread(target=watch, daemon=True, name=f"ready-{name}").start()
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         """Stop one member: `sig` to it, then (after up to `grace_s`) SIGKILL to its process group."""
@@ -283,7 +352,7 @@ class ProcessGroup:
             log.close()
         self._logs.clear()
 
-    def _stop(self, names: Sequence[str], sig: int = signal.SIGTERM) -> None:
+    def _stop(self, names: Sequence[str], sig: int = signal.SIGTERM, *, quiet: bool = False) -> None:
         procs = [(name, self.procs.pop(name)) for name in names if name in self.procs]
         for _name, proc in procs:
             if proc.poll() is None:
@@ -298,7 +367,8 @@ class ProcessGroup:
             reader = self._readers.pop(name, None)
             if reader is not None:
                 reader.join(timeout=5)
-            self.say(f"{name} stopped (rc={proc.returncode})")
+            if not quiet:
+                self.say(f"{name} stopped (rc={proc.returncode})")
 
     def __enter__(self) -> Self:
         return self

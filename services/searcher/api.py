@@ -134,7 +134,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
             the_retriever = retriever
             if the_retriever is None:
                 client = owned(RetrieverClient(settings.retriever, metrics=metrics))
-                the_retriever = ServiceRetriever(client, max_batch=settings.retriever_max_batch)
+                the_retriever = ServiceRetriever(client, max_batch=settings.retriever_max_batch,
+                                                 wait_s=settings.retriever_wait_s)
             the_cache = cache if cache is not None else owned(make_cache(
                 settings.redis_dsn(), name="search", ttl_s=settings.cache_ttl_s,
                 max_items=settings.cache_max_items, metrics=metrics))
@@ -144,6 +145,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
             app.state.service = SearchService(
                 settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
                 metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter)
+            app.state.door = app.state.service.door  # a key that spent its budget: 429 before its body is read
             if settings.chat is not None:
                 the_answer = answer if answer is not None else owned(
                     OpenAIChatClient(settings.chat.answer, name="answer", metrics=metrics))

@@ -9,7 +9,7 @@ from fastapi import Request, Response
 from services.common import sse
 from services.common.admission import CALLER_STATE, COST_STATE
 from services.common.app import from_state, service_router
-from services.common.errors import error_responses
+from services.common.errors import CostLimitExceeded, error_responses
 from services.common.schemas.chat import ChatCompletionRequest, ChatCompletionResponse, ModelCard, ModelList
 from services.searcher.chat import ChatProxy
 
@@ -39,8 +39,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """OpenAI chat completions, search-augmented: the last user message is searched and answered from
     the documents found by the configured answer LLM (`stream: true` streams server-sent events)."""
     proxy = from_state(request, "chat", ChatProxy, starting="searcher is still starting")
-    setattr(request.state, COST_STATE, proxy.cost(body))  # admission judges latency per cost unit
     caller = getattr(request.state, CALLER_STATE, None)
+    try:
+        setattr(request.state, COST_STATE, proxy.cost(body))  # admission judges latency per cost unit
+    except CostLimitExceeded:
+        await proxy.search.charge_refusal(caller)  # refusing it was work too (see SearchService.check_cost)
+        raise
     if body.stream:
         return sse.EventStreamResponse(await proxy.open_stream(body, caller))
     return Response(orjson.dumps(await proxy.complete(body, caller)), media_type="application/json")

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from services.common.schemas.searcher import Method, SearchedDocument, SearchMode, SearchParams
+from services.common.schemas.searcher import Method, SearchedDocument, SearchMode, SearchParams, search_cost
 from services.searcher import parsing
 from services.searcher.env import Action, InfoBlock, SearchEnv
 from services.searcher.policy import PolicyRefusal, PolicySetting
@@ -571,10 +571,12 @@ class CompactPolicy:
     def first_retrieval(self, served: Sequence[str] | None, encoder: str | None) -> list[Method] | None:
         return self.pool_methods(served, encoder)
 
-    def cost(self, params: SearchParams) -> float:
-        """One unit per retrieval it may make: its trained pool (one block per method, whatever the retriever
-        serves at the moment: the guess before the search is what it is charged) and `max_turns` follow-ups."""
-        return float(len(self.trained_pool()) + params.max_turns)
+    def cost(self, params: SearchParams, question_chars: int) -> float:
+        """`search_cost` of the retrievals it may make, no LLM call: its trained pool (one block per method,
+        whatever the retriever serves at the moment: the guess before the search is what it is charged) and
+        `max_turns` follow-ups."""
+        pool = params.model_copy(update={"pool_methods": list(self.trained_pool())})
+        return search_cost(pool, question_chars, llm_policy=False)
 
     def check_request(self, params: SearchParams, *, method_asked: Method | None) -> None:
         """s3 only; the request's `method` only where it is the trained one (bm25): a dense or hybrid block

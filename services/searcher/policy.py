@@ -97,9 +97,10 @@ class SearcherPolicy(Protocol):
         `encoder` (None: `SearchParams.method` alone)."""
         ...
 
-    def cost(self, params: SearchParams) -> float:
-        """Cost units of one search in a loop mode (admission, per-request bound, budgets); the same whatever
-        the retriever serves at the moment, so the guess before a search is what it is charged."""
+    def cost(self, params: SearchParams, question_chars: int) -> float:
+        """Cost units of one search in a loop mode (admission, per-request bound, budgets: `search_cost` of the
+        retrievals it makes and its LLM calls); the same whatever the retriever serves at the moment, so the
+        guess before a search is what it is charged."""
         ...
 
     def check_request(self, params: SearchParams, *, method_asked: Method | None) -> None:
@@ -136,8 +137,8 @@ class ChatPolicy:
     def first_retrieval(self, served: Sequence[str] | None, encoder: str | None) -> list[Method] | None:
         return None
 
-    def cost(self, params: SearchParams) -> float:
-        return search_cost(params)
+    def cost(self, params: SearchParams, question_chars: int) -> float:
+        return search_cost(params, question_chars)
 
     def check_request(self, params: SearchParams, *, method_asked: Method | None) -> None:
         if params.mode != "naive" and params.mode not in self.modes:

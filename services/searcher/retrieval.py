@@ -4,13 +4,21 @@ client that merges concurrent retrievals of different searches into one request.
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import time
 
 from services.common.clients import RetrieverClient
 from services.common.errors import ServiceError, UpstreamError
+from services.common.http import UpstreamUnavailable
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import fit_query
 
 _Waiter = tuple[list[str], "asyncio.Future[list[list[Document]]]"]
+logger = logging.getLogger(__name__)
+
+WAIT_POLL_S = 0.25
+"""The shortest pause between tries while the retriever is unavailable."""
 
 
 class RetrieverRefused(UpstreamError):
@@ -24,11 +32,16 @@ class ServiceRetriever:
     (up to `max_batch` queries): under load, one HTTP exchange per retrieval costs both sides. Nothing waits
     for company. A merged request refused as a whole (a 4xx) is sent again per caller, so one caller's bad
     query never fails another's search. Queries are fitted first (`fit_query`); one left blank is not sent.
+
+    A retriever that cannot be reached or is not ready (refused connections, 503 while its index loads, its
+    breaker open: `UpstreamUnavailable`) is waited for, up to `wait_s` per retrieval, polling: a supervised
+    retriever that died and is being restarted costs its searches that time, not their answer.
     """
 
-    def __init__(self, client: RetrieverClient, *, max_batch: int = 64) -> None:
+    def __init__(self, client: RetrieverClient, *, max_batch: int = 64, wait_s: float = 0.0) -> None:
         self.client = client
         self.max_batch = max_batch
+        self.wait_s = wait_s
         self._pending: dict[tuple[int, str | None], list[_Waiter]] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -91,6 +104,19 @@ class ServiceRetriever:
             start += len(queries)
 
     async def _retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return await self._retrieve_once(queries, k, method)
+            except UpstreamUnavailable as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                pause = min(left, max(WAIT_POLL_S, min(exc.retry_after or WAIT_POLL_S, 1.0)))
+                logger.info("retriever unavailable (%s): retrying in %.2f s, for %.1f s more", exc.message, pause, left)
+                await asyncio.sleep(pause * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not crypto
+
+    async def _retrieve_once(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
         try:
             response = await self.client.retrieve(queries, k=k, method=method)  # type: ignore[arg-type]
         except ServiceError as exc:

@@ -6,6 +6,7 @@ Knows nothing of FastAPI. The loop itself lives in `services.searcher.loop` (sha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -56,6 +57,9 @@ CACHE_NAMESPACE = "search"
 REQUEST_PARAMS = {"max_turns", "retrieve_k", "select_k", "constrained"}
 """Search parameters a request may set; where it does not, the service's setting of the same name (for s3, the
 served policy's trained setting first: `SearchService.defaults`)."""
+REFUSAL_COST = 1.0
+"""What a request refused for its cost costs its caller (its reading and refusal)."""
+MAX_BLOCKED = 100_000
 SETTINGS_PARAMS = REQUEST_PARAMS | {"temperature", "max_new_tokens", "constraint_style", "max_invalid",
                                     "max_queries_per_round", "doc_chars"}
 SETTING_FIELDS = ("retrieve_k", "select_k", "max_turns")
@@ -127,6 +131,8 @@ class SearchService:
         self.settings = settings
         self.rate_limiter = rate_limiter
         self.llm_share = FairShare(settings.llm_slots)
+        self._blocked: dict[str, float] = {}
+        """caller id -> until when it cannot afford one cost unit (`door`)"""
         self.index_identity = index_identity
         self.policy = as_searcher_policy(policy)
         self.retriever = retriever
@@ -194,10 +200,13 @@ class SearchService:
             raise BadRequest(exc.message, param=exc.param) from exc
         return params
 
-    def _cost(self, params: SearchParams) -> float:
-        """`search_cost` for naive top-k; in a loop mode, what the policy says a search costs (the same before
-        and after its first retrieval's methods are known)."""
-        return search_cost(params) if params.mode == "naive" else self.policy.cost(params)
+    def _cost(self, params: SearchParams, question: str) -> float:
+        """The search's price (`search_cost`, the one pricing of every policy: its retrievals, and an LLM
+        policy's calls): naive top-k as such; in a loop mode, as the policy prices it (the same before and
+        after its first retrieval's methods are known)."""
+        if params.mode == "naive":
+            return search_cost(params, len(question))
+        return self.policy.cost(params, len(question))
 
     async def _pool(self, params: SearchParams) -> SearchParams:
         """The methods of an s3 search's first retrieval, as the policy asks for them given what the retriever
@@ -222,35 +231,55 @@ class SearchService:
         return params if pool is None else params.model_copy(update={"pool_methods": pool})
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
-        """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
-        return sum(self._cost(self._params(r)) for r in requests)
+        """Cost units of these searches (`_cost`: what each encodes and returns, and its LLM calls); bad
+        parameters raise `BadRequest`."""
+        return sum(self._cost(self._params(r), r.question) for r in requests)
 
     def _limited(self, caller: Caller | None) -> bool:
         return caller is not None and (caller.kind == "key" or (caller.kind == "anonymous"
                                                                 and self.settings.limit_anonymous))
 
-    def check_cost(self, caller: Caller | None, cost: float) -> None:
-        """The per-request bound: raises `CostLimitExceeded` for a limited caller's too costly request."""
+    async def check_cost(self, caller: Caller | None, cost: float) -> None:
+        """The per-request bound: raises `CostLimitExceeded` for a limited caller's too costly request, which
+        costs the caller `REFUSAL_COST` (reading and refusing it is work too: a key that keeps sending such
+        requests spends its budget, then is refused at the door, `door`)."""
         limit = self.settings.max_request_cost
         if self._limited(caller) and cost > limit:
+            await self.charge_refusal(caller)
             raise CostLimitExceeded(f"the request costs {cost:g} units, over the limit of {limit:g} per request "
                                     "(fewer turns, documents or batch items)", param="items")
+
+    async def charge_refusal(self, caller: Caller | None) -> None:
+        """Spend `REFUSAL_COST` of the caller's budget for a request refused for its cost (when the budget cannot
+        afford it, the door closes instead: the refusal itself is still the answer)."""
+        with contextlib.suppress(RateLimited):
+            await self.charge(caller, REFUSAL_COST)
+
+    def door(self, caller: Caller) -> float:
+        """Seconds for which `caller` cannot afford even one cost unit (`app.state.door`: the guard refuses its
+        requests with 429 before reading their bodies); 0.0 when it may come in."""
+        until = self._blocked.get(caller.id)
+        left = 0.0 if until is None else until - time.monotonic()
+        if until is not None and left <= 0:
+            del self._blocked[caller.id]
+        return max(0.0, left)
 
     def uses_llm(self, params: SearchParams) -> bool:
         """Whether a search with these parameters calls an LLM (so holds one of its slots)."""
         return params.mode != "naive" and self.policy.uses_llm(params.mode)
 
-    def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
-        """Hold `slots` of the LLM's slots for a limited caller (`FairShare`), or raise `RateLimited` with
-        when to retry; returns the release (call it once, when the LLM work is over)."""
+    async def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
+        """Hold `slots` of the LLM's slots for a limited caller (`FairShare`: waiting up to `llm_wait_s` for its
+        turn while other keys hold them all), or raise `RateLimited` with when to retry; returns the release
+        (call it once, when the LLM work is over)."""
         if slots <= 0 or caller is None or not self._limited(caller):
             return lambda: None
         slots = min(slots, self.llm_share.share(caller.id))  # a batch: at most the key's share, never starved
-        wait = self.llm_share.try_acquire(caller.id, slots)
+        wait = await self.llm_share.acquire(caller.id, slots, timeout_s=self.settings.llm_wait_s)
         if wait > 0:
-            raise RateLimited(f"this key holds its share of the LLM ({self.llm_share.share(caller.id)} of "
-                              f"{self.llm_share.slots} requests at once while other keys use it): retry later",
-                              retry_after=wait)
+            raise RateLimited(f"this key holds or waits for its share of the LLM ({self.llm_share.share(caller.id)} "
+                              f"of {self.llm_share.slots} requests at once while other keys use it), or its turn "
+                              f"did not come within {self.settings.llm_wait_s:g} s: retry later", retry_after=wait)
         t0, released = time.monotonic(), False
 
         def release() -> None:
@@ -267,6 +296,11 @@ class SearchService:
             return
         wait = await self.rate_limiter.take(caller.id, cost)
         if wait > 0:
+            broke = wait - (cost - 1) / self.rate_limiter.rate  # until even one unit is affordable
+            if broke > 0:
+                if len(self._blocked) > MAX_BLOCKED:
+                    self._blocked = {k: t for k, t in self._blocked.items() if t > time.monotonic()}
+                self._blocked[caller.id] = time.monotonic() + broke
             raise RateLimited(f"rate limit: {self.settings.rate_limit_per_s:g} cost units per second per key "
                               f"(this request: {cost:g})", retry_after=max(1.0, wait))
 
@@ -275,8 +309,8 @@ class SearchService:
         """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
         here, before any work."""
         params = self._params(request)
-        cost = self._cost(params)  # before the pool's methods are known, as `cost` guessed it
-        self.check_cost(caller, cost + extra_cost)
+        cost = self._cost(params, request.question)  # before the pool's methods are known, as `cost` guessed it
+        await self.check_cost(caller, cost + extra_cost)
         params = await self._pool(params)
         cache, index_id = self.cache, None
         if cache is not None and self.index_identity is not None:
@@ -327,7 +361,7 @@ class SearchService:
             return hit
         with _admission_span(caller, prepared.cost + extra_cost):
             await self.charge(caller, prepared.cost + extra_cost)
-            release = self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
+            release = await self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
         try:
             return await self._run(request, prepared)
         finally:
@@ -345,7 +379,7 @@ class SearchService:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
         with _admission_span(caller, prepared.cost):
             await self.charge(caller, prepared.cost)
-            release = self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
+            release = await self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
         task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
@@ -372,7 +406,7 @@ class SearchService:
         """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down.
         The bound and the budget apply to the batch's total cost, spent up front."""
         cost = self.cost(items)
-        self.check_cost(caller, cost)
+        await self.check_cost(caller, cost)
         await self.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 
@@ -383,7 +417,7 @@ class SearchService:
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
         llm_items = sum(self.uses_llm(self._params(item)) for item in items)
-        release = self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
+        release = await self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
         try:
             results = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)), return_exceptions=True)
         finally:

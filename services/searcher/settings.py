@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common.http import ClientSettings
 from services.common.llm import LLMSettings
+from services.common.schemas.chat import Extension
 from services.common.schemas.searcher import ConstraintStyle, SearchMode, check_select_k
 from services.common.settings import ServiceSettings
 from services.searcher.prompts import PromptSet
@@ -36,6 +37,19 @@ class ChatProxySettings(BaseModel):
     max_tokens_limit: int = Field(1024, ge=1, le=32_768, description=(
         "the most answer tokens a request may ask for (max_tokens, max_completion_tokens, min_tokens); "
         "more is 422 cost_limit_exceeded before any work"))
+    max_prompt_chars: int = Field(8_000, ge=100, le=1_000_000, description=(
+        "the most characters of the caller's own messages (their text, plus the tool definitions) one request may "
+        "send; more is 422 cost_limit_exceeded before any work. With max_context_chars and max_tokens_limit it "
+        "bounds the work one answer is (llama.cpp: keep their tokens inside its context window, ~3 characters a "
+        "token at worst)"))
+    max_context_chars: int = Field(8_000, ge=100, le=1_000_000, description=(
+        "the most characters of documents pasted into the prompt: the search's documents in order, those past "
+        "this left out (the first one cut when it alone is longer)"))
+    extensions: list[Extension] = Field(default_factory=list, description=(
+        "backend extensions forwarded when a request uses them (JSON list): top_k, min_p, typical_p, "
+        "repeat_penalty (llama.cpp), repetition_penalty (vLLM), mirostat (mirostat_mode / _tau / _eta, llama.cpp), "
+        "image_url (image content parts, for an answer LLM that reads images); otherwise they are 422. "
+        "llama.cpp's `grammar` is never forwarded (a malformed one crashes its server)"))
 
     @model_validator(mode="after")
     def _check_tokens(self) -> ChatProxySettings:
@@ -74,11 +88,15 @@ class SearcherSettings(ServiceSettings):
     doc_chars: int | None = Field(None, ge=50, description="cut documents shown to the policy (small contexts)")
     search_timeout_s: float = Field(90.0, gt=0, description="budget of one search loop; past it: degraded")
     batch_concurrency: int = Field(8, ge=1, le=256, description="searches of one batch run at once")
+    retriever_wait_s: float = Field(20.0, ge=0, description=(
+        "how long a retrieval waits for a retriever that cannot be reached or is not ready (restarting: its "
+        "supervisor, compose or Kubernetes brings it back), polling, before the search fails with 503; "
+        "0 = fail at once"))
     retriever_max_batch: int = Field(64, ge=1, le=4096, description=(
         "concurrent retrievals (same k and method) merged into one retriever request, up to this many "
         "queries; 1 = one request per retrieval"))
     max_request_cost: float = Field(128.0, gt=0, description=(
-        "most cost units one request may ask for (`search_cost`: default s3 search 12; a batch: the sum of "
+        "most cost units one request may ask for (`search_cost`: default s3 search 16; a batch: the sum of "
         "its items); more is 422 cost_limit_exceeded. Applies to API-key callers (and anonymous ones with "
         "limit_anonymous), never to the internal token"))
     rate_limit_per_s: float = Field(20.0, ge=0, description=(
@@ -87,10 +105,14 @@ class SearcherSettings(ServiceSettings):
     rate_limit_burst: float = Field(256.0, gt=0, description="cost units a key may spend at once (the bucket)")
     llm_slots: int = Field(16, ge=1, le=4096, description=(
         "LLM-bound requests (s3 / QAgent searches with an LLM policy, chat answers) the LLM serves at once "
-        "without queueing: shared fairly between API keys (services.common.admission.FairShare); a key "
-        "alone may use them all, with others active it may hold max(1, llm_slots / active keys) at once, "
-        "past it 429 rate_limited + Retry-After. llama.cpp serves one request at a time (the local stack sets 1); "
-        "vLLM many (its max_num_seqs)"))
+        "without queueing, shared fairly between API keys (services.common.admission.FairShare): a key alone "
+        "may use them all; with others active it may hold or wait for max(1, llm_slots / active keys), past it "
+        "429 rate_limited + Retry-After. When every slot is held, requests wait for one (llm_wait_s), served "
+        "across keys in turn. llama.cpp serves one request at a time (the local stack sets 1); vLLM many "
+        "(its max_num_seqs)"))
+    llm_wait_s: float = Field(60.0, ge=0, description=(
+        "how long an LLM-bound request waits for a slot while other keys hold them all; past it 429 "
+        "rate_limited + Retry-After"))
     limit_anonymous: bool = Field(False, description=(
         "apply the cost bound and the rate limit to callers without a key too (one bucket per client "
         "address), when no API keys are configured"))

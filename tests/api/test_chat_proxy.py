@@ -28,13 +28,17 @@ def answer_from_context(body: dict[str, Any]) -> str:
 
 
 class ChatStack(Stack):
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(api_keys=KEY, **settings)
-        self.answer_llm = create_fake_llm_app(answer_from_context, model="answer-model")
+    """`chat`: more `ChatProxySettings` fields; `answer_llm`: another answer LLM app than the fake one."""
+
+    def __init__(self, *, chat: dict[str, Any] | None = None, answer_llm: Any = None, **settings: Any) -> None:
+        settings.setdefault("api_keys", KEY)
+        super().__init__(**settings)
+        self.answer_llm = answer_llm or create_fake_llm_app(answer_from_context, model="answer-model")
         self.answer = OpenAIChatClient(LLMSettings(base_url="http://answer/v1", model="answer-model", max_retries=0),
                                        name="answer", transport=httpx.ASGITransport(app=self.answer_llm))
-        chat = ChatProxySettings(answer=LLMSettings(base_url="http://answer/v1", model="answer-model"))
-        self.app = create_app(SearcherSettings(api_keys=KEY, chat=chat, **settings), policy=self.policy,
+        chat = ChatProxySettings(answer=LLMSettings(base_url="http://answer/v1", model="answer-model"),
+                                 **(chat or {}))
+        self.app = create_app(SearcherSettings(chat=chat, **settings), policy=self.policy,
                               retriever=ServiceRetriever(self.retriever_client), cache=self.cache, answer=self.answer)
 
     async def aclose(self) -> None:

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from services.common.cache import MemoryCache, ResultCache
 from services.common.clients import RetrieverClient
 from services.common.http import ClientSettings
+from services.common.schemas.searcher import SearchParams, search_cost
 from services.searcher.api import create_app
 from services.searcher.compact import CompactPolicy
 from services.searcher.env import Action, SearchEnv
@@ -90,7 +91,7 @@ def test_the_packaged_policy_is_shipped_and_named_by_packaged() -> None:
     assert shipped.manifest["config"]["offset"] >= 200  # trained on rows 200 and later only
 
 
-async def test_qagent_is_refused_and_a_compact_search_costs_one_unit_per_retrieval(policy_dir: Path) -> None:
+async def test_qagent_is_refused_and_a_compact_search_costs_its_retrievals(policy_dir: Path) -> None:
     app, retriever = app_for(policy_dir)
     try:
         async with app_client(app) as client:  # type: ignore[arg-type]
@@ -100,10 +101,12 @@ async def test_qagent_is_refused_and_a_compact_search_costs_one_unit_per_retriev
         await retriever.aclose()
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "mode" and "qagent" in refused.json()["error"]["message"]
-    from services.common.schemas.searcher import SearchRequest
+    from services.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
 
-    assert service.cost([SearchRequest(question=Q)]) == 2.0  # the first retrieval + max_turns 1
-    assert service.cost([SearchRequest(question=Q, mode="naive")]) == 1.0
+    first = retrieval_cost(Retrieval(None, len(Q), 5))  # BM25 (the default method), k 5: 0.85
+    follow_up = retrieval_cost(Retrieval(None, len(Q) + 64, 5))
+    assert service.cost([SearchRequest(question=Q)]) == first + follow_up == 1.7  # max_turns 1, no LLM call
+    assert service.cost([SearchRequest(question=Q, mode="naive")]) == first
 
 
 # ------------------------------------------------------------------- the dense block of the first retrieval
@@ -135,9 +138,12 @@ async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_t
     assert body["queries"] == [] and body["timings"]["retrieval_calls"] == 2
     assert [e["method"] for name, e in streamed if name == "retrieval"] == ["bm25", "dense"]
     assert sorted(r.method for r in retriever.state.requests) == ["bm25", "bm25", "dense", "dense"]
-    from services.common.schemas.searcher import SearchRequest
+    from services.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
 
-    assert service.cost([SearchRequest(question=Q)]) == 3.0  # BM25 + dense + max_turns 1
+    dense = retrieval_cost(Retrieval("dense", len(Q), 5))  # it encodes the question: dearer than BM25's
+    assert dense > retrieval_cost(Retrieval("bm25", len(Q), 5))
+    assert service.cost([SearchRequest(question=Q)]) == (  # BM25 + dense + max_turns 1
+        retrieval_cost(Retrieval("bm25", len(Q), 5)) + dense + retrieval_cost(Retrieval(None, len(Q) + 64, 5)))
 
 
 async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy_dir: Path) -> None:
@@ -171,12 +177,18 @@ async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy
     try:
         assert await methods(Q) == ["bm25", "dense"]
         # the cost guessed before the search (the guard's, before /version is read) is what it is charged
-        assert service.cost([SearchRequest(question=Q)]) == await charged(Q) == 3.0
+        # its price: the trained pool (bm25 + dense, k 5) and one bm25 follow-up, no LLM call
+        price = search_cost(SearchParams(retrieve_k=5, select_k=2, max_turns=1, method="bm25",
+                                         pool_methods=["bm25", "dense"]), len(Q), llm_policy=False)
+        assert service.cost([SearchRequest(question=Q)]) == await charged(Q) == pytest.approx(price)
         retriever.state.details = {**retriever.state.details, "encoder": "intfloat/e5-base-v2"}  # other cosines
         assert await methods(Q + " 2") == ["bm25"]
         retriever.state.details = {"index_id": "i2", "methods": ["bm25"], "encoder": None}  # no dense index
         assert await methods(Q + " 3") == ["bm25"]
-        assert service.cost([SearchRequest(question=Q)]) == await charged(Q + " 4") == 3.0
+        # the same price whatever the retriever serves now: the pool it was trained on is what is priced
+        assert service.cost([SearchRequest(question=Q + " 4")]) == await charged(Q + " 4") == pytest.approx(
+            search_cost(SearchParams(retrieve_k=5, select_k=2, max_turns=1, method="bm25",
+                                     pool_methods=["bm25", "dense"]), len(Q + " 4"), llm_policy=False))
     finally:
         await client.aclose()
 

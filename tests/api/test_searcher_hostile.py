@@ -155,8 +155,8 @@ def keyed(key: str) -> dict[str, str]:
 
 async def test_a_request_costing_more_than_the_bound_is_refused_before_any_work() -> None:
     stack = Stack(api_keys=f"{KEY},{OTHER}", internal_token=INTERNAL, rate_limit_per_s=0)
-    heavy = {"question": Q, "retrieve_k": 50, "select_k": 50, "max_turns": 10}  # 11 x (1 + 50/4) = 148.5
-    batch = {"items": [{"question": f"{Q} {i}"} for i in range(64)]}  # 64 x 12 = 768
+    heavy = {"question": Q, "retrieve_k": 50, "select_k": 50, "max_turns": 10}  # 11 x (1 + 50/4) + 11 x 3.1 = 182.6
+    batch = {"items": [{"question": f"{Q} {i}"} for i in range(64)]}  # 64 x 16 = 1024
     try:
         async with app_client(stack.app) as client:
             for path, body in (("/search", heavy), ("/search/batch", batch)):
@@ -166,7 +166,7 @@ async def test_a_request_costing_more_than_the_bound_is_refused_before_any_work(
             assert stack.llm.state.calls == 0 and stack.retriever_app.state.requests == []
             ordinary = await client.post("/search", json={"question": Q, "retrieve_k": 50, "select_k": 50},
                                          headers=keyed(KEY))
-            assert ordinary.status_code == 200  # 4 x 13.5 = 54: within the bound
+            assert ordinary.status_code == 200  # 4 x 13.5 + 4 x 3.1 = 66.4: within the bound
             trusted = await client.post("/search", json=heavy, headers=keyed(INTERNAL))
             assert trusted.status_code == 200  # the internal token (the trainer) is not bounded
     finally:
@@ -179,12 +179,12 @@ async def test_each_key_spends_its_own_budget_and_gets_retry_after() -> None:
     naive = {"question": Q, "mode": "naive"}
     try:
         async with app_client(stack.app) as client:
-            spent = await client.post("/search/batch", json={"items": [{"question": f"{Q} {i}"} for i in range(10)]},
-                                      headers=keyed(KEY))  # 120 of 128
+            items = [{"question": f"{Q} {i}"} for i in range(7)] + [{"question": f"{Q} 7", "mode": "naive"}]
+            spent = await client.post("/search/batch", json={"items": items}, headers=keyed(KEY))  # 7 x 16 + 1 of 128
             assert spent.status_code == 200
             over = await client.post("/search", json={"question": "another question"}, headers=keyed(KEY))
             assert over.status_code == 429 and over.json()["error"]["type"] == "rate_limited"
-            assert int(over.headers["retry-after"]) >= 8  # (12 - 8) / 0.5 per second
+            assert int(over.headers["retry-after"]) >= 1  # (16 - 15) / 0.5 per second
             assert (await client.post("/search", json={**naive, "question": "cheap"}, headers=keyed(KEY))
                     ).status_code == 200  # 1 unit still fits
             assert (await client.post("/search", json={"question": "another question"}, headers=keyed(OTHER))
@@ -203,7 +203,7 @@ async def test_the_budget_is_shared_through_redis_by_every_replica(redis_url: st
                 for _ in range(2)]
     try:
         async with app_client(replicas[0].app) as first, app_client(replicas[1].app) as second:
-            body = {"items": [{"question": f"{Q} {i}"} for i in range(10)]}  # 120
+            body = {"items": [{"question": f"{Q} {i}"} for i in range(8)]}  # 128
             assert (await first.post("/search/batch", json=body, headers=keyed(KEY))).status_code == 200
             other = await second.post("/search", json={"question": "new question"}, headers=keyed(KEY))
             assert other.status_code == 429, other.text  # the other replica sees the spent bucket

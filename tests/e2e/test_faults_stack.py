@@ -5,7 +5,8 @@ the fake OpenAI-compatible LLM process answering with the scripted s3 policy):
 - the policy LLM is killed (SIGKILL) during a stream of searches: they come back 200 `degraded` with
   documents, never a 5xx; restarted, searches are whole again without restarting the searcher;
 - Redis is killed: searches still succeed (the cache is bypassed); restarted, it is used again;
-- the retriever is restarted: the searcher's readiness goes 503 -> 200 and searches resume.
+- the retriever is restarted: the searcher's readiness goes 503 -> 200 and searches resume (while it is stopped
+  they answer 503 + Retry-After once `SEARCHER_RETRIEVER_WAIT_S` has passed).
 
 Every question is distinct, so no answer comes from the searcher's cache unless a test asks for that.
 """
@@ -33,6 +34,8 @@ SEARCHER_ENV = {
     "SEARCHER_POLICY__TIMEOUT_S": "3", "SEARCHER_POLICY__MAX_RETRIES": "0",
     "SEARCHER_POLICY__BREAKER_FAILURES": "2", "SEARCHER_POLICY__BREAKER_RESET_S": "1",
     "SEARCHER_RETRIEVER__MAX_RETRIES": "1", "SEARCHER_RETRIEVER__BREAKER_RESET_S": "1",
+    # a stopped retriever is waited for this long before the 503 (a supervised one comes back: 20 s by default)
+    "SEARCHER_RETRIEVER_WAIT_S": "2",
     "SEARCHER_SEARCH_TIMEOUT_S": "20", "SEARCHER_REQUEST_TIMEOUT_S": "30",
 }
 

@@ -105,7 +105,7 @@ def test_default_llm_threads() -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    options = make_options(tmp_path, api_key="public-key-123")
+    options = make_options(tmp_path, api_keys=["public-key-123"])
     specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
     spec = specs[service]
     cls = settings_class(service)
@@ -218,7 +218,7 @@ def test_redis_requires_the_password_and_the_probe_presents_it(tmp_path: Path) -
 
 
 def test_api_key_external_llm_and_no_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    options = make_options(tmp_path, api_key="public-key-123", llm_url="http://gpu-box:8000/v1",
+    options = make_options(tmp_path, api_keys=["public-key-123"], llm_url="http://gpu-box:8000/v1",
                            llm_model="Qwen/Qwen2.5-7B-Instruct", redis=False)
     specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
     assert list(specs) == ["retriever", "generator", "judge", "searcher"]
@@ -231,6 +231,31 @@ def test_api_key_external_llm_and_no_redis(tmp_path: Path, monkeypatch: pytest.M
     assert "public-key-123" not in example  # the key is never printed
     body = stack.curl_example(options).rsplit("-d '", 1)[1].rstrip("'")
     assert json.loads(body)["question"]
+
+
+def test_each_api_key_option_is_one_key_commas_included(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--api-key "k1,k2"` used to become two keys silently (the searcher splits `SEARCHER_API_KEYS` at commas):
+    each --api-key is one key, as written; several keys are several options."""
+    monkeypatch.delenv("PLUGSEARCH_API_KEY", raising=False)
+
+    def keys(*argv: str) -> list[str]:
+        options = make_options(tmp_path, api_keys=stack._parse_args(list(argv)).api_key)
+        spec = next(s for s in stack.build_specs(options) if s.name == "searcher")
+        return [k.get_secret_value() for k in load_settings("searcher", spec.env, monkeypatch).api_keys]
+
+    assert keys("--api-key", "first-key-123,second-key-456") == ["first-key-123,second-key-456"]
+    assert keys("--api-key", "first-key-123", "--api-key", "second-key-456") == ["first-key-123", "second-key-456"]
+    assert keys() == []
+    monkeypatch.setenv("PLUGSEARCH_API_KEY", "env-key-1,env-key-2")
+    assert keys() == ["env-key-1,env-key-2"]  # the variable names one key too
+    for argv in (["--api-key", "k1,k2"], ["--api-key", "same-key-123", "--api-key", "same-key-123"]):
+        with pytest.raises(SystemExit):
+            stack._parse_args(argv)
+    assert "--api-key given twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        stack._parse_args(["--help"])
+    assert "a comma is part of the key" in " ".join(capsys.readouterr().out.split())
 
 
 def test_index_command_uses_the_index_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

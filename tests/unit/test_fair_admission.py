@@ -1,7 +1,12 @@
-"""Admission shared fairly (issue 31): the adaptive limit keeps its documented floor under any latency,
-one caller at the limit cannot keep another out, and the LLM's slots are shared between keys."""
+"""Admission shared fairly (issues 31, 39): the adaptive limit keeps its documented floor under any latency,
+one caller at the limit cannot keep another out, and the LLM's slots are shared between keys: never more
+held than there are, waiting requests served across keys in turn."""
 
 from __future__ import annotations
+
+import asyncio
+
+import pytest
 
 from services.common.admission import AdaptiveLimit, FairAdmission, FairShare
 from services.stack import StackOptions, build_specs
@@ -47,20 +52,80 @@ def test_a_caller_at_the_limit_does_not_keep_another_out() -> None:
     assert fair.admits("flood") and fair.by_caller == {"flood": 4} and fair.in_flight == 4
 
 
-def test_llm_slots_are_shared_between_keys() -> None:
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_llm_slots_are_shared_between_keys_and_never_oversubscribed() -> None:
     share = FairShare(4, initial_hold_s=3.0)
     for _ in range(4):
-        assert share.try_acquire("a") == 0.0  # alone: every slot
-    assert share.try_acquire("a") >= 1.0
-    assert share.try_acquire("b") == 0.0  # under its share (4 / 2)
-    assert share.try_acquire("b") == 0.0
-    assert share.try_acquire("b") > 0 and share.try_acquire("c") == 0.0  # a third key: at least one
+        assert await share.acquire("a") == 0.0  # alone: every slot
+    assert await share.acquire("a", timeout_s=5) >= 1.0  # over its share: refused at once, not queued
+    b = [asyncio.create_task(share.acquire("b")) for _ in range(2)]  # within its share (4 / 2): they wait
+    await settle()
+    assert not any(t.done() for t in b) and share.free == 0 and share.waiting("b") == 2
+    assert share.try_acquire("b") > 0 and await share.acquire("b", timeout_s=5) >= 1.0  # a third: over its share
     share.release("a", 10.0)
-    assert share.hold_s > 3.0 and share.held["a"] == 3
-    for _ in range(3):
-        share.release("a", 1.0)
-    assert "a" not in share.held and share.share("b") == 2  # two keys left, two slots each
-    assert share.try_acquire("b") > 0 and share.try_acquire("c") == 0.0 and share.held == {"b": 2, "c": 2}
+    assert share.hold_s > 3.0
+    await settle()
+    assert b[0].done() and b[0].result() == 0.0 and not b[1].done() and share.held == {"a": 3, "b": 1}
+    assert share.try_acquire("a") > 0  # "a" holds more than its share now: nothing more for it
+    share.release("a", 1.0)
+    await settle()
+    assert b[1].result() == 0.0 and share.held == {"a": 2, "b": 2} and share.free == 0
+
+
+async def test_waiting_requests_are_served_across_keys_in_turn() -> None:
+    share = FairShare(1)
+    granted: list[str] = []
+
+    async def ask(caller: str) -> None:
+        assert await share.acquire(caller) == 0.0
+        granted.append(caller)
+
+    assert await share.acquire("a") == 0.0
+    tasks = [asyncio.create_task(ask("b"))]
+    await settle()
+    tasks.append(asyncio.create_task(ask("c")))
+    await settle()
+    assert granted == [] and share.held == {"a": 1}  # one slot: nobody else is sent to the LLM meanwhile
+    share.release("a", 1.0)
+    await settle()
+    tasks.append(asyncio.create_task(ask("a")))  # "a" asks again while "c" still waits: it comes after "c"
+    await settle()
+    share.release("b", 1.0)
+    await settle()
+    tasks.append(asyncio.create_task(ask("b")))
+    await settle()
+    share.release("c", 1.0)
+    await settle()
+    share.release("a", 1.0)
+    await asyncio.gather(*tasks)
+    assert granted == ["b", "c", "a", "b"]
+
+
+async def test_a_request_that_leaves_or_times_out_gives_its_turn_away() -> None:
+    share = FairShare(1, initial_hold_s=2.0)
+    assert await share.acquire("a") == 0.0
+    assert await share.acquire("b", timeout_s=0.05) >= 1.0  # no turn within its wait: retry later
+    assert share.waiting() == 0
+    leaving = asyncio.create_task(share.acquire("b"))
+    staying = asyncio.create_task(share.acquire("c"))
+    await settle()
+    leaving.cancel()
+    await settle()
+    assert share.waiting() == 1
+    share.release("a", 1.0)
+    assert await staying == 0.0 and share.held == {"c": 1}
+    # granted at the moment its caller left: the slot is handed on, not kept
+    late = asyncio.create_task(share.acquire("d"))
+    await settle()
+    share.release("c", 1.0)
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert share.held == {} and share.free == 1
 
 
 def stack_options(**fields: object) -> StackOptions:

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from services.common.procgroup import NotReady, Output, ProcessExited, ProcessGroup, ProcessSpec
+from services.common.procgroup import (
+    NotReady,
+    Output,
+    ProcessExited,
+    ProcessGroup,
+    ProcessSpec,
+    RestartPolicy,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 
@@ -112,3 +119,70 @@ def test_revive_starts_again_what_was_killed() -> None:
         group.revive(timeout_s=30)
         second = group.procs["svc"].pid
         assert second != first and group.procs["svc"].poll() is None
+
+
+# --------------------------------------------------------------------------------- supervision
+def supervising(group: ProcessGroup, policy: RestartPolicy, stop: threading.Event
+                ) -> tuple[threading.Thread, list[tuple[str, int] | None]]:
+    result: list[tuple[str, int] | None] = []
+    thread = threading.Thread(target=lambda: result.append(group.supervise(stop, interval_s=0.02, restart=policy)))
+    thread.start()
+    return thread, result
+
+
+def wait_for(condition: object, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition never reached"
+        time.sleep(0.02)
+
+
+def test_a_member_that_dies_is_restarted_while_the_others_keep_running() -> None:
+    out = io.StringIO()
+    stop = threading.Event()
+    with ProcessGroup(output=Output(out, width=6), grace_s=2) as group:
+        code = "import os, time; print('up', os.getpid(), flush=True); time.sleep(60)"
+        group.add(python("crashy", code, ready=lambda: "up" in group.tail("crashy")),
+                  python("steady", code, ready=lambda: "up" in group.tail("steady")))
+        group.start()
+        group.wait_ready(timeout_s=30, interval_s=0.02)
+        steady, crashy = group.procs["steady"].pid, group.procs["crashy"].pid
+        thread, result = supervising(group, RestartPolicy(max_restarts=3, backoff_s=0.05), stop)
+        try:
+            os.kill(crashy, signal.SIGSEGV)
+            wait_for(lambda: "crashy ready again" in out.getvalue())
+            assert group.procs["crashy"].pid != crashy and group.procs["crashy"].poll() is None
+            assert group.procs["steady"].pid == steady and alive(steady)  # untouched
+            assert not result  # still supervising
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+    text = out.getvalue()
+    assert result == [None], text
+    assert re.search(r"stack  \| crashy exited \(rc=-11, SIGSEGV\); restarting it in 0\.1 s \(restart 1 of at most 3 "
+                     r"within 600 s\)", text), text
+    assert "steady exited" not in text
+
+
+def test_a_member_that_keeps_dying_is_given_up_on_with_backoff() -> None:
+    out = io.StringIO()
+    stop = threading.Event()
+    with ProcessGroup(output=Output(out, width=6)) as group:
+        group.add(python("dies", "import time, sys; print('up', flush=True); time.sleep(0.1); sys.exit(4)",
+                         ready=lambda: True))
+        group.start()
+        t0 = time.monotonic()
+        thread, result = supervising(group, RestartPolicy(max_restarts=2, backoff_s=0.2), stop)
+        thread.join(timeout=60)
+        elapsed = time.monotonic() - t0
+    assert result == [("dies", 4)]
+    text = out.getvalue()
+    delays = re.findall(r"dies exited \(rc=4\); restarting it in ([0-9.]+) s", text)
+    assert delays == ["0.2", "0.4"], text  # doubling backoff
+    assert "dies exited (rc=4) after 2 restarts within 600 s: giving up" in text
+    assert text.count("dies started (pid=") == 3 and elapsed >= 0.6
+
+
+def test_restart_policy_backoff_is_capped() -> None:
+    policy = RestartPolicy(backoff_s=1.0, max_backoff_s=30.0)
+    assert [policy.delay(n) for n in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from services.common.errors import BadRequest, UpstreamTimeout
+from services.common.http import UpstreamUnavailable
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import RetrieveResponse
 from services.searcher.retrieval import RetrieverRefused, ServiceRetriever
@@ -122,3 +123,32 @@ async def test_an_answer_with_the_wrong_number_of_lists_is_an_upstream_error() -
     results = await asyncio.gather(retriever.retrieve(["a"], 8, None), retriever.retrieve(["b"], 8, None),
                                    return_exceptions=True)
     assert all(isinstance(r, Exception) and "result lists" in str(r) for r in results)
+
+
+class RestartingClient(FakeClient):
+    """Unreachable (what `ServiceClient` raises for refused connections, a 503 while the index loads, an open
+    breaker) for its first `down` calls, then answering."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    async def retrieve(self, queries: list[str], k: int = 10, method: Any = None) -> RetrieveResponse:
+        if len(self.calls) < self.down:
+            self.calls.append((list(queries), k, method))
+            raise UpstreamUnavailable("retriever unreachable: ConnectError", retry_after=2.0)
+        return await super().retrieve(queries, k, method)
+
+
+async def test_a_retriever_that_is_restarting_is_waited_for_within_wait_s() -> None:
+    client = RestartingClient(down=3)
+    retriever = ServiceRetriever(client, wait_s=30.0)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["a"], 8, None), retriever.retrieve(["b"], 8, None))
+    assert [ids(r) for r in results] == [["a|8|None"], ["b|8|None"]]
+    assert len(client.calls) == 4  # three unanswered tries of the merged request, then its answer
+    with pytest.raises(UpstreamUnavailable):  # no wait: the first failure is the caller's 503
+        await ServiceRetriever(RestartingClient(down=1)).retrieve(["a"], 8, None)  # type: ignore[arg-type]
+    gone = RestartingClient(down=1000)
+    with pytest.raises(UpstreamUnavailable):  # a retriever that stays away: the failure after wait_s
+        await ServiceRetriever(gone, wait_s=0.6).retrieve(["a"], 8, None)  # type: ignore[arg-type]
+    assert 2 <= len(gone.calls) <= 4

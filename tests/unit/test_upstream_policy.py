@@ -234,16 +234,16 @@ async def test_a_4xx_is_not_retried_and_keeps_the_breaker_closed(kind: str, wire
 
 @pytest.mark.parametrize("wire", ["mock", "aiohttp"])
 async def test_llm_streams_after_a_retried_503_and_a_proxied_400_is_the_callers(wire: str) -> None:
-    events = (b'data: {"choices": [{"delta": {"content": "o"}}]}\n\ndata: {"usage": {"prompt_tokens": 2}}\n\n'
-              b"data: [DONE]\n\n")
+    events = (b'data: {"choices": [{"delta": {"content": "o"}, "finish_reason": "stop"}]}\n\n'
+              b'data: {"usage": {"prompt_tokens": 2}}\n\ndata: [DONE]\n\n')
     async with caller("llm", wire, [(503, {"Retry-After": "1"}, {"error": {"message": "warming"}}), events]) as c:
         chunks = [chunk async for chunk in c.client.stream({"model": "m", "messages": []})]
         assert chunks[0]["choices"][0]["delta"]["content"] == "o" and len(chunks) == 2
         assert c.pauses == [1.0] and c.errors("503") == 1.0
     async with caller("llm", wire, [(400, {}, {"error": {"message": "too long", "param": "messages"}})]) as c:
-        with pytest.raises(ServiceError, match="HTTP 400") as caught:  # the caller's own request: its 400
+        with pytest.raises(ServiceError, match="HTTP 400") as caught:  # the caller's own parameters: its 422
             await c.client.complete({"model": "m", "messages": []})
-        assert caught.value.status == 400 and caught.value.param == "messages" and c.pauses == []
+        assert caught.value.status == 422 and caught.value.param == "messages" and c.pauses == []
     async with caller("llm", wire, [(500, {}, {"error": {"message": "boom"}})]) as c:
         with pytest.raises(UpstreamError, match="HTTP 500") as failed:  # the LLM's own failure stays a 502
             await c.client.complete({"model": "m", "messages": []})

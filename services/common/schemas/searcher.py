@@ -4,7 +4,8 @@ overrides some, the service's settings give the defaults, the environment and th
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -61,15 +62,70 @@ class SearchParams(BaseModel):
         return self
 
 
-def search_cost(params: SearchParams) -> float:
-    """Work units of one search, for the per-request bound, per-key budgets and admission: 1 for naive
-    top-k; for the loops, one unit per policy call (turns + 1) times what its prompt adds: 1 + a quarter
-    unit per document retrieved for it (`retrieve_k`, times the queries of a QAgent round). The default
-    s3 search (3 turns, 8 documents) is 12; s3 with `retrieve_k` 50 and 10 turns is 148.5."""
-    if params.mode == "naive":
-        return 1.0
-    documents = params.retrieve_k * (params.max_queries_per_round if params.mode == "qagent" else 1)
-    return (params.max_turns + 1) * (1 + documents / 4)
+# ----------------------------------------------------------------------------------------------- prices
+RETRIEVAL_UNITS = 0.6
+"""What one query's retrieval costs before what it returns and encodes..."""
+DOCUMENTS_PER_UNIT = 20
+"""... plus one unit per 20 documents it returns (k; the default naive search, k 8 and BM25, is 1.0) ..."""
+ENCODED_TOKENS_PER_UNIT = 32
+"""... plus, for dense and hybrid retrieval, one unit per 32 query tokens the encoder reads."""
+CHARS_PER_TOKEN = 4
+MAX_ENCODED_QUERY_CHARS = 2048
+"""A query is cut to the retriever's limit (`services.common.schemas.retriever.MAX_QUERY_CHARS`) before it is
+sent: what is encoded is at most that."""
+FOLLOW_UP_QUERY_CHARS = 64
+"""A follow-up query (written by a policy, unknown before the search) is priced as the question plus this."""
+
+
+class Retrieval(NamedTuple):
+    """One retrieval a search makes: its method (None: the retriever's default, priced as BM25), the length of
+    its queries, its k, and how many queries it sends."""
+
+    method: Method | None
+    query_chars: int
+    k: int
+    queries: int = 1
+
+
+def encoded_tokens(query_chars: int) -> int:
+    """The query tokens a dense encoder reads for a query of this many characters (an estimate: 4 a token)."""
+    return math.ceil(min(query_chars, MAX_ENCODED_QUERY_CHARS) / CHARS_PER_TOKEN)
+
+
+def retrieval_cost(retrieval: Retrieval) -> float:
+    """Cost units of one retrieval: per query, `RETRIEVAL_UNITS` + k / `DOCUMENTS_PER_UNIT` + (dense and hybrid)
+    encoded tokens / `ENCODED_TOKENS_PER_UNIT`. BM25 k 8: 1.0; hybrid, a 4,096-character question, k 50: 19.1."""
+    per_query = RETRIEVAL_UNITS + retrieval.k / DOCUMENTS_PER_UNIT
+    if retrieval.method in ("dense", "hybrid"):
+        per_query += encoded_tokens(retrieval.query_chars) / ENCODED_TOKENS_PER_UNIT
+    return retrieval.queries * per_query
+
+
+def retrievals(params: SearchParams, question_chars: int) -> list[Retrieval]:
+    """Every retrieval a search with these parameters may make: the question (one per method of s3's pool),
+    then each turn's follow-up queries (s3: one; QAgent: up to `max_queries_per_round`)."""
+    first = params.pool_methods if params.mode == "s3" and params.pool_methods else [params.method]
+    out = [Retrieval(method, question_chars, params.retrieve_k) for method in first]
+    if params.mode != "naive":
+        per_turn = params.max_queries_per_round if params.mode == "qagent" else 1
+        out += [Retrieval(params.method, question_chars + FOLLOW_UP_QUERY_CHARS, params.retrieve_k, per_turn)
+                ] * params.max_turns
+    return out
+
+
+def search_cost(params: SearchParams, question_chars: int = 0, *, llm_policy: bool = True) -> float:
+    """Work units of one search, for the per-request bound, per-key budgets and admission: the one price of a
+    search, whatever its policy. Its retrievals (`retrieval_cost` of each of `retrievals`), plus, for an
+    LLM policy (`llm_policy`; a policy acting in-process, the compact one, calls none), one unit per policy
+    call (turns + 1) times what its prompt adds: 1 + a quarter unit per document retrieved for it
+    (`retrieve_k`, times the queries of a QAgent round). Naive top-k of a short question (k 8, BM25) is 1.0;
+    the default s3 search (3 turns, 8 documents) 12 + 4.0 = 16; s3 with `retrieve_k` 50 and 10 turns
+    148.5 + 34.1."""
+    cost = sum(retrieval_cost(r) for r in retrievals(params, question_chars))
+    if params.mode != "naive" and llm_policy:
+        documents = params.retrieve_k * (params.max_queries_per_round if params.mode == "qagent" else 1)
+        cost += (params.max_turns + 1) * (1 + documents / 4)
+    return cost
 
 
 class SearchRequest(StrictModel):
