@@ -31,7 +31,8 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,60 +203,278 @@ class QuestionInfo:
         return cls(question, question.lower(), joined, _content(question), wh)
 
 
-def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
-    """One row of `DOC_FEATURES` per pool document."""
-    qw, ql, wh = question.content, question.joined, question.wh
-    titles = [_joined(p.doc.title).strip() for p in pool]
-    body_words = [_words(p.doc.text) for p in pool]
-    bodies = [f" {' '.join(words)} " for words in body_words]  # _joined, from the words read once
-    title_words = [_content(p.doc.title) for p in pool]
-    title_in_q = [len(tw & qw) / max(1, len(tw)) for tw in title_words]
-    anchors = [j for j in range(len(pool)) if titles[j] and (f" {titles[j]} " in ql or title_in_q[j] >= 0.99)]
-    window = range(min(LINK_WINDOW, len(pool)))
-    cores = [_joined(title_core(p.doc.title)).strip() for p in pool]
-    heads = [_joined(title_head(p.doc.title)).strip() for p in pool]
-    core_words = [_content(title_core(p.doc.title)) for p in pool]
-    core_in_q = [len(c) > 3 and f" {c} " in ql for c in cores]
-    core_cov = [len(w & qw) / max(1, len(w)) for w in core_words]
-    core_anchors = [j for j in range(len(pool)) if core_in_q[j] or core_cov[j] >= 0.99]
-    top3 = range(min(3, len(pool)))
-    first_of_core: dict[str, int] = {}
-    rows = []
-    for i, p in enumerate(pool):
-        text = p.doc.text
-        words = body_words[i]
-        title_ok = len(titles[i]) > 3
-        mentioned_by = sum(1 for j in window if j != i and title_ok and f" {titles[i]} " in bodies[j])
-        mentions = sum(1 for j in window if j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i])
-        linked_from = float(any(j != i and title_ok and f" {titles[i]} " in bodies[j] for j in anchors))
-        links_to = float(any(j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i] for j in anchors))
+_NON_WORD_ASCII = str.maketrans({c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")})
+_YEARS = frozenset(str(year) for year in range(1000, 2100))
+"""The words `_YEAR` matches: a text has a year when one of its words is one."""
+
+
+def _lower_words(text: str) -> list[str]:
+    """`_words(text)`, cheaper: an ASCII text lower-cased, its non-word characters made spaces and split; another
+    lower-cased whole before the split (the same words: lower-casing keeps every character a word character or
+    not, and one character, except "İ", and "Σ" depends on its neighbours), else word by word."""
+    if text.isascii():
+        return text.lower().translate(_NON_WORD_ASCII).split()
+    if "\u0130" not in text and "\u03a3" not in text:
+        return _WORD.findall(text.lower())
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+@dataclass(slots=True)
+class DocText:
+    """What the features read of one document's title and text, worked out once (`PoolTexts`)."""
+
+    doc: SearchedDocument
+    number: int
+    """Its bit in `PoolTexts`'s masks (`1 << number`)."""
+    title: str
+    """The title's lower-cased words joined by single spaces ("machine head band")."""
+    core: str
+    """`title_core`'s words, likewise ("machine head")."""
+    head: str
+    """`title_head`'s words, likewise ("davenport" for "Davenport, Florida")."""
+    title_words: frozenset[str]
+    """The title's content words (`_content`)."""
+    core_words: frozenset[str]
+    words: frozenset[str]
+    """The text's distinct lower-cased words."""
+    body: str
+    """The text's words joined and padded (`_joined`): `f" {phrase} " in body` matches whole words."""
+    caps: frozenset[str]
+    """Capitalised words of the text (`_CAP`), lower-cased."""
+    own: tuple[float, float, float]
+    """`TEXT_COLUMNS` of the document."""
+
+    @classmethod
+    def of(cls, doc: SearchedDocument, number: int) -> DocText:
+        text, title = doc.text, doc.title
+        words = _lower_words(text)
+        distinct = frozenset(words)
+        title_list = _lower_words(title)
+        title_words = frozenset(title_list) - _STOP
+        title_joined = " ".join(title_list)
+        core = title_core(title)
+        if core == title:
+            core_joined, core_words = title_joined, title_words
+        else:
+            core_list = _lower_words(core)
+            core_joined, core_words = " ".join(core_list), frozenset(core_list) - _STOP
+        head = core.split(",")[0].strip()  # title_head
+        head_joined = core_joined if head == core else " ".join(_lower_words(head))
         caps = _CAP.findall(text)
-        cap_density = len(caps) / max(1, len(words))
-        has_year = float(bool(_YEAR.search(text)))
-        has_number = float(bool(_NUM.search(text)))
-        new_name = float(any(c.lower() not in qw for c in caps))
-        coverage = len(qw & ((set(words) - _STOP) | title_words[i])) / max(1, len(qw))
-        core_ok, head_ok = len(cores[i]) > 3, len(heads[i]) > 3
-        same_above = first_of_core.setdefault(cores[i], i) != i
-        linked = [
-            float(i in core_anchors),
-            float(any(j != i and core_ok and f" {cores[i]} " in bodies[j] for j in core_anchors)),
-            float(any(j != i and head_ok and f" {heads[i]} " in bodies[j] for j in core_anchors)),
-            float(any(j != i and len(cores[j]) > 3 and f" {cores[j]} " in bodies[i] for j in core_anchors)),
-            float(any(j != i and len(heads[j]) > 3 and f" {heads[j]} " in bodies[i] for j in core_anchors)),
-            float(any(j != i and head_ok and f" {heads[i]} " in bodies[j] for j in top3)),
-            float(same_above),
-            min(sum(1 for j in window if j != i and head_ok and f" {heads[i]} " in bodies[j]), 3) / 3,
-        ]
-        rows.append([
-            p.score_rel, 1.0 / (p.rank + 1), math.log1p(p.rank) / math.log(51), float(p.block > 0),
-            title_in_q[i], float(bool(titles[i]) and f" {titles[i]} " in ql), coverage,
-            min(mentioned_by, 3) / 3, min(mentions, 3) / 3, has_year, has_number, cap_density,
-            wh[0] * has_year, wh[7] * has_year, wh[2] * cap_density, wh[5] * has_number, wh[6] * has_number,
-            linked_from, links_to, new_name, max(-3.0, min(3.0, p.score_z)), float(i in anchors),
-            float(core_in_q[i]), core_cov[i], *linked, float(bool(core_anchors)), min(len(core_anchors), 3) / 3,
-        ])
-    return np.asarray(rows, dtype=np.float32).reshape(len(pool), len(DOC_FEATURES))
+        # _YEAR and _NUM match whole words: a year, a word of decimal digits
+        own = (float(not distinct.isdisjoint(_YEARS)), float(any(map(str.isdecimal, distinct))),
+               len(caps) / max(1, len(words)))
+        return cls(doc, number, title_joined, core_joined, head_joined, title_words, core_words, distinct,
+                   f" {' '.join(words)} ", frozenset(map(str.lower, caps)), own)
+
+
+TEXT_COLUMNS = ("has_year", "has_number", "cap_density")
+"""Document features of the text alone (`DocText.own`)."""
+QUESTION_COLUMNS = ("title_in_q", "title_full_in_q", "q_coverage", "has_new_name", "is_anchor", "core_in_q",
+                    "core_coverage", "is_core_anchor")
+"""Document features of the text and the question (`PoolTexts.asked`)."""
+
+
+class PoolTexts:
+    """The documents of one search as the features read them, each text tokenised once however many steps
+    the policy takes (`CompactPolicy.decide` keeps one per search), with what depends on the question (for one
+    question at a time) and which documents' texts hold a phrase (a title, as whole words) as a mask of their
+    bits (`DocText.number`), each kept and grown as blocks arrive."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, DocText] = {}
+        self._docs: list[DocText] = []
+        self._postings: dict[str, int] = {}
+        """word of `_vocabulary` -> the mask of the documents (the first `_indexed`) whose text has it"""
+        self._vocabulary: set[str] = set()
+        self._indexed = 0
+        self._phrases: dict[str, tuple[int, int]] = {}
+        """phrase -> (mask of the documents whose text holds it, how many documents it has looked at)"""
+        self._question: str | None = None
+        self._asked: dict[int, tuple[float, ...]] = {}
+
+    def text(self, doc: SearchedDocument, key: str | None = None) -> DocText:
+        """`doc`'s `DocText`, under `key` (default: its id); a key seen before with the same title and text
+        gives the one worked out then."""
+        key = doc.id if key is None else key
+        known = self._texts.get(key)
+        if known is not None and (known.doc is doc or (known.doc.title == doc.title and known.doc.text == doc.text)):
+            return known
+        text = DocText.of(doc, len(self._docs))
+        self._texts[key] = text
+        self._docs.append(text)
+        return text
+
+    def asked(self, question: QuestionInfo, doc: DocText) -> tuple[float, ...]:
+        """`QUESTION_COLUMNS` of `doc` for `question`."""
+        if question.text != self._question:
+            self._question, self._asked = question.text, {}
+        known = self._asked.get(doc.number)
+        if known is not None:
+            return known
+        qw, ql = question.content, question.joined
+        title_in_q = len(doc.title_words & qw) / max(1, len(doc.title_words))
+        title_full_in_q = bool(doc.title) and f" {doc.title} " in ql
+        # the question's content words are no stop words: those of the text, or of the title
+        coverage = (len(qw & doc.words) + len((qw - doc.words) & doc.title_words)) / max(1, len(qw))
+        core_in_q = len(doc.core) > 3 and f" {doc.core} " in ql
+        core_cov = len(doc.core_words & qw) / max(1, len(doc.core_words))
+        row = (title_in_q, float(title_full_in_q), coverage, float(not doc.caps <= qw),
+               float(title_full_in_q or (bool(doc.title) and title_in_q >= 0.99)), float(core_in_q), core_cov,
+               float(core_in_q or core_cov >= 0.99))
+        self._asked[doc.number] = row
+        return row
+
+    def index(self, phrases: Iterable[str] = ()) -> None:
+        """Get ready to find the titles, cores and heads of the documents read so far, and `phrases`
+        (`bodies_with`): which documents have each of their words. Only such words are indexed: per document,
+        its words among them (a set intersection), and a word new to them in the documents indexed before."""
+        postings, docs, vocabulary = self._postings, self._docs, self._vocabulary
+        fresh = docs[self._indexed:]
+        new = {w for d in fresh for phrase in (d.title, d.core, d.head) if len(phrase) > 3 for w in phrase.split(" ")}
+        new.update(w for phrase in phrases for w in phrase.split(" "))
+        new -= vocabulary
+        if new:
+            for doc in docs[:self._indexed]:
+                for word in doc.words & new:
+                    postings[word] = postings.get(word, 0) | (1 << doc.number)
+            vocabulary |= new
+        for doc in fresh:
+            for word in doc.words & vocabulary:
+                postings[word] = postings.get(word, 0) | (1 << doc.number)
+        self._indexed = len(docs)
+
+    def bodies_with(self, phrase: str) -> int:
+        """The mask of the documents whose text holds `phrase` (words joined by single spaces) as whole words:
+        `f" {phrase} " in body`, looked for only in the texts that have each of its words."""
+        n = len(self._docs)
+        mask, seen = self._phrases.get(phrase, (0, 0))
+        if seen == n:
+            return mask
+        words = phrase.split(" ")
+        if self._indexed < n or not self._vocabulary.issuperset(words):
+            self.index([phrase])
+        found = (1 << n) - (1 << seen)
+        for word in words:
+            found &= self._postings.get(word, 0)
+            if not found:
+                break
+        if len(words) > 1:
+            padded, left = f" {phrase} ", found
+            while left:
+                low = left & -left
+                if padded not in self._docs[low.bit_length() - 1].body:
+                    found ^= low
+                left ^= low
+        mask |= found
+        self._phrases[phrase] = (mask, n)
+        return mask
+
+
+_LOG_RANK = [math.log1p(r) / math.log(51) for r in range(ABSENT_RANK + 1)]
+
+
+def _log_rank(rank: int) -> float:
+    return _LOG_RANK[rank] if 0 <= rank <= ABSENT_RANK else math.log1p(rank) / math.log(51)
+
+
+def _incoming(masks: Sequence[int], bits: Sequence[int], size: int) -> list[int]:
+    """Per document number, the mask of the documents whose phrase (`masks[j]`: the bodies holding
+    document j's phrase) its body holds."""
+    out = [0] * size
+    for mask, bit in zip(masks, bits, strict=True):
+        while mask:
+            low = mask & -mask
+            out[low.bit_length() - 1] |= bit
+            mask ^= low
+    return out
+
+
+def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolTexts | None = None
+                ) -> dict[str, np.ndarray]:
+    """`DOC_FEATURES` of the pool by name, one float64 array (a value per pool document) each. `texts`: the
+    search's `PoolTexts` (what its earlier steps read is not read again); without it, a new one."""
+    if texts is None:
+        texts = PoolTexts()
+    docs = [texts.text(p.doc) for p in pool]
+    bits = [1 << d.number for d in docs]
+    if len(set(bits)) != len(bits):  # one id twice in the pool (not a `pool_of` pool): a bit per position
+        texts = PoolTexts()
+        docs = [texts.text(p.doc, key=str(i)) for i, p in enumerate(pool)]
+        bits = [1 << d.number for d in docs]
+    n = len(pool)
+    columns: dict[str, np.ndarray] = {}
+    own = np.array([d.own for d in docs], dtype=np.float64).reshape(n, len(TEXT_COLUMNS))
+    asked = np.array([texts.asked(question, d) for d in docs], dtype=np.float64).reshape(n, len(QUESTION_COLUMNS))
+    columns.update((name, own[:, j]) for j, name in enumerate(TEXT_COLUMNS))
+    columns.update((name, asked[:, j]) for j, name in enumerate(QUESTION_COLUMNS))
+    everyone = anchors = core_anchors = window = top3 = 0
+    for i, (bit, anchor, core_anchor) in enumerate(zip(bits, asked[:, QUESTION_COLUMNS.index("is_anchor")],
+                                                       asked[:, QUESTION_COLUMNS.index("is_core_anchor")],
+                                                       strict=True)):
+        everyone |= bit
+        anchors |= bit if anchor else 0
+        core_anchors |= bit if core_anchor else 0
+        window |= bit if i < LINK_WINDOW else 0
+        top3 |= bit if i < 3 else 0
+    # which bodies hold each document's title, core and head (only those longer than 3 characters link)
+    texts.index()
+    title_in = [texts.bodies_with(d.title) & everyone if len(d.title) > 3 else 0 for d in docs]
+    core_in = [texts.bodies_with(d.core) & everyone if len(d.core) > 3 else 0 for d in docs]
+    head_in = [texts.bodies_with(d.head) & everyone if len(d.head) > 3 else 0 for d in docs]
+    size = max(d.number for d in docs) + 1 if docs else 0
+    holds_title, holds_core, holds_head = (_incoming(m, bits, size) for m in (title_in, core_in, head_in))
+    others = [~bit for bit in bits]
+    nums = [d.number for d in docs]
+
+    def count(masks: Sequence[int], within: int, *, incoming: bool = False) -> np.ndarray:
+        got = [(masks[num] if incoming else masks[i]) & within & others[i] for i, num in enumerate(nums)]
+        return np.array([min(m.bit_count(), 3) / 3 for m in got], dtype=np.float64).reshape(n)
+
+    def linked(masks: Sequence[int], within: int, *, incoming: bool = False) -> np.ndarray:
+        got = [(masks[num] if incoming else masks[i]) & within & others[i] for i, num in enumerate(nums)]
+        return np.array([float(m != 0) for m in got], dtype=np.float64).reshape(n)
+
+    first_of_core: dict[str, int] = {}
+    rank = np.array([p.rank for p in pool], dtype=np.float64).reshape(n)
+    has_year, has_number, cap_density = columns["has_year"], columns["has_number"], columns["cap_density"]
+    wh = question.wh
+    n_core_anchors = core_anchors.bit_count()
+    columns.update({
+        "score_rel": np.array([p.score_rel for p in pool], dtype=np.float64).reshape(n),
+        "inv_rank": 1.0 / (rank + 1),
+        "log_rank": np.array([_log_rank(p.rank) for p in pool], dtype=np.float64).reshape(n),
+        "follow_up": np.array([p.block > 0 for p in pool], dtype=np.float64).reshape(n),
+        "mentioned_by": count(title_in, window),
+        "mentions": count(holds_title, window, incoming=True),
+        "when_year": wh[0] * has_year,
+        "year_year": wh[7] * has_year,
+        "who_names": wh[2] * cap_density,
+        "how_many_number": wh[5] * has_number,
+        "how_much_number": wh[6] * has_number,
+        "linked_from_anchor": linked(title_in, anchors),
+        "links_to_anchor": linked(holds_title, anchors, incoming=True),
+        "score_z": np.array([max(-3.0, min(3.0, p.score_z)) for p in pool], dtype=np.float64).reshape(n),
+        "core_linked_from_anchor": linked(core_in, core_anchors),
+        "head_linked_from_anchor": linked(head_in, core_anchors),
+        "core_links_to_anchor": linked(holds_core, core_anchors, incoming=True),
+        "head_links_to_anchor": linked(holds_head, core_anchors, incoming=True),
+        "head_linked_from_top3": linked(head_in, top3),
+        "same_title_above": np.array([first_of_core.setdefault(d.core, i) != i for i, d in enumerate(docs)],
+                                     dtype=np.float64).reshape(n),
+        "head_linked_in_top10": count(head_in, window),
+        "has_core_anchor": np.full(n, float(n_core_anchors > 0)),
+        "core_anchor_count": np.full(n, min(n_core_anchors, 3) / 3),
+    })
+    return {name: columns[name] for name in DOC_FEATURES}
+
+
+def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolTexts | None = None) -> np.ndarray:
+    """One row of `DOC_FEATURES` per pool document (`doc_columns` in that order)."""
+    columns = doc_columns(question, pool, texts)
+    if not pool:
+        return np.zeros((0, len(DOC_FEATURES)), dtype=np.float32)
+    return np.stack([columns[name] for name in DOC_FEATURES], axis=1).astype(np.float32)
 
 
 @dataclass
@@ -348,6 +567,9 @@ class CompactPolicy:
     digest: str = ""
     manifest: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
+    _texts: weakref.WeakKeyDictionary[SearchEnv, PoolTexts] = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False)
+    """Each running search's `PoolTexts`: its documents read once, whatever the number of steps."""
 
     @property
     def model(self) -> str:
@@ -446,11 +668,11 @@ class CompactPolicy:
         h = np.maximum(h @ w[pre + "w2"] + w[pre + "b2"], 0)
         return (h @ w[pre + "w3"] + w[pre + "b3"]).reshape(-1)
 
-    def features(self, question: QuestionInfo, pool: Sequence[PoolDoc], blocks: Sequence[InfoBlock]
-                 ) -> tuple[np.ndarray, np.ndarray, str]:
+    def features(self, question: QuestionInfo, pool: Sequence[PoolDoc], blocks: Sequence[InfoBlock],
+                 texts: PoolTexts | None = None) -> tuple[np.ndarray, np.ndarray, str]:
         """(lexical features, scoring features, scorer): the scoring features add the dense evidence when
-        the search has a dense block and the policy its scorer."""
-        doc_x = doc_features(question, pool)
+        the search has a dense block and the policy its scorer. `texts`: the search's (`doc_columns`)."""
+        doc_x = doc_features(question, pool, texts)
         dense_x = dense_features(pool, blocks) if self.has_dense else None
         if dense_x is None:
             return doc_x, doc_x, LEXICAL_SCORER
@@ -463,9 +685,12 @@ class CompactPolicy:
                ) -> Decision:
         """The next action in `env`: a follow-up search or the end with the selection. Greedy without `rng`;
         with one, the query is drawn from the candidates' softmax and the selection by Plackett-Luce."""
+        texts = self._texts.get(env)
+        if texts is None:
+            texts = self._texts[env] = PoolTexts()
         question = QuestionInfo.of(env.question)
         pool = pool_of(env.blocks)
-        doc_x, score_x, scorer = self.features(question, pool, env.blocks)
+        doc_x, score_x, scorer = self.features(question, pool, env.blocks, texts)
         logits = self.doc_logits(score_x, scorer) if len(pool) else np.zeros(0, dtype=np.float32)
         cand_x, choice = None, None
         if env.can_search and len(pool):
