@@ -390,6 +390,14 @@ def _incoming(masks: Sequence[int], bits: Sequence[int], size: int) -> list[int]
     return out
 
 
+LINK_COLUMNS = ("mentioned_by", "mentions", "linked_from_anchor", "links_to_anchor", "core_linked_from_anchor",
+                "head_linked_from_anchor", "core_links_to_anchor", "head_links_to_anchor", "head_linked_from_top3",
+                "head_linked_in_top10", "same_title_above")
+"""Document features of the links between the pool's documents (`doc_columns`)."""
+POOL_COLUMNS = ("score_rel", "inv_rank", "log_rank", "follow_up", "score_z")
+"""Document features of its place in the pool (`PoolDoc`)."""
+
+
 def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolTexts | None = None
                 ) -> dict[str, np.ndarray]:
     """`DOC_FEATURES` of the pool by name, one float64 array (a value per pool document) each. `texts`: the
@@ -403,66 +411,51 @@ def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolText
         docs = [texts.text(p.doc, key=str(i)) for i, p in enumerate(pool)]
         bits = [1 << d.number for d in docs]
     n = len(pool)
-    columns: dict[str, np.ndarray] = {}
-    own = np.array([d.own for d in docs], dtype=np.float64).reshape(n, len(TEXT_COLUMNS))
-    asked = np.array([texts.asked(question, d) for d in docs], dtype=np.float64).reshape(n, len(QUESTION_COLUMNS))
-    columns.update((name, own[:, j]) for j, name in enumerate(TEXT_COLUMNS))
-    columns.update((name, asked[:, j]) for j, name in enumerate(QUESTION_COLUMNS))
+    asked = [texts.asked(question, d) for d in docs]
+    is_anchor, is_core_anchor = QUESTION_COLUMNS.index("is_anchor"), QUESTION_COLUMNS.index("is_core_anchor")
     everyone = anchors = core_anchors = window = top3 = 0
-    for i, (bit, anchor, core_anchor) in enumerate(zip(bits, asked[:, QUESTION_COLUMNS.index("is_anchor")],
-                                                       asked[:, QUESTION_COLUMNS.index("is_core_anchor")],
-                                                       strict=True)):
+    for i, (bit, row) in enumerate(zip(bits, asked, strict=True)):
         everyone |= bit
-        anchors |= bit if anchor else 0
-        core_anchors |= bit if core_anchor else 0
+        anchors |= bit if row[is_anchor] else 0
+        core_anchors |= bit if row[is_core_anchor] else 0
         window |= bit if i < LINK_WINDOW else 0
         top3 |= bit if i < 3 else 0
-    # which bodies hold each document's title, core and head (only those longer than 3 characters link)
+    # which bodies hold each document's title, core and head (only those longer than 3 characters link), and
+    # whose title, core and head each body holds
     texts.index()
     title_in = [texts.bodies_with(d.title) & everyone if len(d.title) > 3 else 0 for d in docs]
     core_in = [texts.bodies_with(d.core) & everyone if len(d.core) > 3 else 0 for d in docs]
     head_in = [texts.bodies_with(d.head) & everyone if len(d.head) > 3 else 0 for d in docs]
     size = max(d.number for d in docs) + 1 if docs else 0
     holds_title, holds_core, holds_head = (_incoming(m, bits, size) for m in (title_in, core_in, head_in))
-    others = [~bit for bit in bits]
-    nums = [d.number for d in docs]
-
-    def count(masks: Sequence[int], within: int, *, incoming: bool = False) -> np.ndarray:
-        got = [(masks[num] if incoming else masks[i]) & within & others[i] for i, num in enumerate(nums)]
-        return np.array([min(m.bit_count(), 3) / 3 for m in got], dtype=np.float64).reshape(n)
-
-    def linked(masks: Sequence[int], within: int, *, incoming: bool = False) -> np.ndarray:
-        got = [(masks[num] if incoming else masks[i]) & within & others[i] for i, num in enumerate(nums)]
-        return np.array([float(m != 0) for m in got], dtype=np.float64).reshape(n)
-
     first_of_core: dict[str, int] = {}
-    rank = np.array([p.rank for p in pool], dtype=np.float64).reshape(n)
+    links = []
+    for i, (d, bit) in enumerate(zip(docs, bits, strict=True)):
+        other = ~bit
+        t_in, c_in, h_in = title_in[i] & other, core_in[i] & other, head_in[i] & other
+        t_holds, c_holds, h_holds = (holds_title[d.number] & other, holds_core[d.number] & other,
+                                     holds_head[d.number] & other)
+        links.append((min((t_in & window).bit_count(), 3) / 3, min((t_holds & window).bit_count(), 3) / 3,
+                      float(t_in & anchors != 0), float(t_holds & anchors != 0), float(c_in & core_anchors != 0),
+                      float(h_in & core_anchors != 0), float(c_holds & core_anchors != 0),
+                      float(h_holds & core_anchors != 0), float(h_in & top3 != 0),
+                      min((h_in & window).bit_count(), 3) / 3, float(first_of_core.setdefault(d.core, i) != i)))
+    places = np.array([(p.score_rel, 1.0 / (p.rank + 1), _log_rank(p.rank), float(p.block > 0),
+                        max(-3.0, min(3.0, p.score_z))) for p in pool], dtype=np.float64).reshape(n, len(POOL_COLUMNS))
+    columns: dict[str, np.ndarray] = {}
+    for names, values in ((TEXT_COLUMNS, [d.own for d in docs]), (QUESTION_COLUMNS, asked), (LINK_COLUMNS, links)):
+        table = np.array(values, dtype=np.float64).reshape(n, len(names))
+        columns.update((name, table[:, j]) for j, name in enumerate(names))
+    columns.update((name, places[:, j]) for j, name in enumerate(POOL_COLUMNS))
     has_year, has_number, cap_density = columns["has_year"], columns["has_number"], columns["cap_density"]
     wh = question.wh
     n_core_anchors = core_anchors.bit_count()
     columns.update({
-        "score_rel": np.array([p.score_rel for p in pool], dtype=np.float64).reshape(n),
-        "inv_rank": 1.0 / (rank + 1),
-        "log_rank": np.array([_log_rank(p.rank) for p in pool], dtype=np.float64).reshape(n),
-        "follow_up": np.array([p.block > 0 for p in pool], dtype=np.float64).reshape(n),
-        "mentioned_by": count(title_in, window),
-        "mentions": count(holds_title, window, incoming=True),
         "when_year": wh[0] * has_year,
         "year_year": wh[7] * has_year,
         "who_names": wh[2] * cap_density,
         "how_many_number": wh[5] * has_number,
         "how_much_number": wh[6] * has_number,
-        "linked_from_anchor": linked(title_in, anchors),
-        "links_to_anchor": linked(holds_title, anchors, incoming=True),
-        "score_z": np.array([max(-3.0, min(3.0, p.score_z)) for p in pool], dtype=np.float64).reshape(n),
-        "core_linked_from_anchor": linked(core_in, core_anchors),
-        "head_linked_from_anchor": linked(head_in, core_anchors),
-        "core_links_to_anchor": linked(holds_core, core_anchors, incoming=True),
-        "head_links_to_anchor": linked(holds_head, core_anchors, incoming=True),
-        "head_linked_from_top3": linked(head_in, top3),
-        "same_title_above": np.array([first_of_core.setdefault(d.core, i) != i for i, d in enumerate(docs)],
-                                     dtype=np.float64).reshape(n),
-        "head_linked_in_top10": count(head_in, window),
         "has_core_anchor": np.full(n, float(n_core_anchors > 0)),
         "core_anchor_count": np.full(n, min(n_core_anchors, 3) / 3),
     })
