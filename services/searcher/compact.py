@@ -689,13 +689,18 @@ class CompactPolicy:
         if env.can_search and len(pool):
             cands, cand_x = candidates(question, pool, softmax(logits), env.seen_queries, doc_x)
             q_logits = self.query_logits(cand_x)
+            prefetch: tuple[str, ...] = ()
             if rng is None:
                 choice = int(np.argmax(q_logits))
+                if env.searches_left > 1:  # the next search is nearly always this step's runner-up: ask for it now
+                    runner_up = next((int(i) for i in np.argsort(-q_logits, kind="stable")
+                                      if i != choice and cands[i].kind != "stop"), None)
+                    prefetch = (cands[runner_up].query,) if runner_up is not None else ()
             else:
                 choice = int(rng.choice(len(cands), p=softmax(q_logits, temperature)))
             if cands[choice].kind != "stop":
-                return Decision(Action("search", query=cands[choice].query), score_x, cand_x, choice,
-                                scorer=scorer)
+                return Decision(Action("search", query=cands[choice].query, prefetch=prefetch), score_x, cand_x,
+                                choice, scorer=scorer)
         k = min(env.params.select_k, len(pool))
         if rng is None:
             chosen = [int(i) for i in np.argsort(-logits, kind="stable")[:k]]

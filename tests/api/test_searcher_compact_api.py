@@ -124,7 +124,8 @@ async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_t
     assert [(b["turn"], b["method"]) for b in body["trace"]["blocks"]] == [(0, "bm25"), (0, "dense")]
     assert body["queries"] == [] and body["timings"]["retrieval_calls"] == 2
     assert [e["method"] for name, e in streamed if name == "retrieval"] == ["bm25", "dense"]
-    assert sorted(r.method for r in retriever.state.requests) == ["bm25", "bm25", "dense", "dense"]
+    requests = retriever.state.requests
+    assert [r.methods for r in requests] == [["bm25", "dense"]] * 2  # each search's pool: one request
     from services.common.schemas.searcher import SearchRequest
 
     assert service.cost([SearchRequest(question=Q)]) == 3.0  # BM25 + dense + max_turns 1
