@@ -484,6 +484,21 @@ def read_index(path: Path, *, mmap: bool) -> Any:
     return faiss.read_index(str(path), flags)
 
 
+_faiss_blas_default: int | None = None
+
+
+def blas_threshold_for(queries: int, dims: int) -> int:
+    """FAISS's `distance_compute_blas_threshold` that makes a flat search of `queries` queries or more use BLAS:
+    faiss counted queries (its default was 20); it now counts the query matrix's elements, queries x dims (its
+    default 128,000), and a threshold of 20 then sends even one query to BLAS."""
+    import faiss
+
+    global _faiss_blas_default
+    if _faiss_blas_default is None:  # faiss's own default, read before anyone sets it
+        _faiss_blas_default = int(faiss.cvar.distance_compute_blas_threshold)
+    return queries * dims if _faiss_blas_default > 1000 else queries
+
+
 _omp = threading.local()
 
 
@@ -508,11 +523,12 @@ class FaissIndex:
             raise IndexMissing(f"dense index {folder} lists no shard files")
         if settings.threads:
             faiss.omp_set_num_threads(settings.threads)
-        faiss.cvar.distance_compute_blas_threshold = settings.blas_threshold  # process-wide, as the threads
+        self.dims = int(self.manifest.dims or 0)
+        # process-wide
+        faiss.cvar.distance_compute_blas_threshold = blas_threshold_for(settings.blas_threshold, self.dims)
         self.threads = settings.threads or faiss.omp_get_max_threads()
         self.one_thread_below = settings.one_thread_below
         self.gpu = settings.gpu
-        self.dims = int(self.manifest.dims or 0)
         self._keep: list[Any] = []
 
         files = [name for name in self.manifest.files if not name.endswith(".ivfdata")]  # lists: opened by their index
