@@ -32,10 +32,11 @@ import json
 import math
 import re
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -219,13 +220,12 @@ def _lower_words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
 
 
-@dataclass(slots=True)
-class DocText:
-    """What the features read of one document's title and text, worked out once (`PoolTexts`)."""
+class TextFacts(NamedTuple):
+    """What the features read of a document's title and text, whatever the search (`TextFacts.of`; kept across
+    searches by `TextCache`)."""
 
-    doc: SearchedDocument
-    number: int
-    """Its bit in `PoolTexts`'s masks (`1 << number`)."""
+    raw_title: str
+    raw_text: str
     title: str
     """The title's lower-cased words joined by single spaces ("machine head band")."""
     core: str
@@ -239,14 +239,13 @@ class DocText:
     """The text's distinct lower-cased words."""
     body: str
     """The text's words joined and padded (`_joined`): `f" {phrase} " in body` matches whole words."""
-    caps: frozenset[str]
-    """Capitalised words of the text (`_CAP`), lower-cased."""
+    caps: list[str]
+    """Capitalised words of the text (`_CAP`)."""
     own: tuple[float, float, float]
     """`TEXT_COLUMNS` of the document."""
 
     @classmethod
-    def of(cls, doc: SearchedDocument, number: int) -> DocText:
-        text, title = doc.text, doc.title
+    def of(cls, title: str, text: str) -> TextFacts:
         words = _lower_words(text)
         distinct = frozenset(words)
         title_list = _lower_words(title)
@@ -264,8 +263,48 @@ class DocText:
         # _YEAR and _NUM match whole words: a year, a word of decimal digits
         own = (float(not distinct.isdisjoint(_YEARS)), float(any(map(str.isdecimal, distinct))),
                len(caps) / max(1, len(words)))
-        return cls(doc, number, title_joined, core_joined, head_joined, title_words, core_words, distinct,
-                   f" {' '.join(words)} ", frozenset(map(str.lower, caps)), own)
+        return cls(title, text, title_joined, core_joined, head_joined, title_words, core_words, distinct,
+                   f" {' '.join(words)} ", caps, own)
+
+
+class TextCache:
+    """A bounded least-recently-used cache of `TextFacts` by document id (checked against the title and text),
+    shared by the searches of a process: a document many searches retrieve (a popular passage, the pool of every
+    rollout of an RL group, an evaluation run again) is read once. ~8 kB a document; `size` 0: off."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._facts: OrderedDict[str, TextFacts] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def facts(self, doc: SearchedDocument) -> TextFacts:
+        known = self._facts.get(doc.id) if self.size else None
+        if known is not None and known.raw_text == doc.text and known.raw_title == doc.title:
+            self._facts.move_to_end(doc.id)
+            self.hits += 1
+            return known
+        self.misses += 1
+        facts = TextFacts.of(doc.title, doc.text)
+        if self.size:
+            self._facts[doc.id] = facts
+            self._facts.move_to_end(doc.id)
+            if len(self._facts) > self.size:
+                self._facts.popitem(last=False)
+        return facts
+
+
+@dataclass(slots=True)
+class DocText:
+    """A document of one search (`PoolTexts`): its `TextFacts` and its bit in the search's masks."""
+
+    doc: SearchedDocument
+    number: int
+    """Its bit in `PoolTexts`'s masks (`1 << number`)."""
+    facts: TextFacts
 
 
 TEXT_COLUMNS = ("has_year", "has_number", "cap_density")
@@ -277,11 +316,12 @@ QUESTION_COLUMNS = ("title_in_q", "title_full_in_q", "q_coverage", "has_new_name
 
 class PoolTexts:
     """The documents of one search as the features read them, each text tokenised once however many steps
-    the policy takes (`CompactPolicy.decide` keeps one per search), with what depends on the question (for one
-    question at a time) and which documents' texts hold a phrase (a title, as whole words) as a mask of their
-    bits (`DocText.number`), each kept and grown as blocks arrive."""
+    the policy takes (`CompactPolicy.decide` keeps one per search; `cache`: texts read by earlier searches), with
+    what depends on the question (for one question at a time) and which documents' texts hold a phrase (a title,
+    as whole words) as a mask of their bits (`DocText.number`), each kept and grown as blocks arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: TextCache | None = None) -> None:
+        self.cache = cache
         self._texts: dict[str, DocText] = {}
         self._docs: list[DocText] = []
         self._postings: dict[str, int] = {}
@@ -300,7 +340,8 @@ class PoolTexts:
         known = self._texts.get(key)
         if known is not None and (known.doc is doc or (known.doc.title == doc.title and known.doc.text == doc.text)):
             return known
-        text = DocText.of(doc, len(self._docs))
+        facts = self.cache.facts(doc) if self.cache is not None else TextFacts.of(doc.title, doc.text)
+        text = DocText(doc, len(self._docs), facts)
         self._texts[key] = text
         self._docs.append(text)
         return text
@@ -312,15 +353,16 @@ class PoolTexts:
         known = self._asked.get(doc.number)
         if known is not None:
             return known
-        qw, ql = question.content, question.joined
-        title_in_q = len(doc.title_words & qw) / max(1, len(doc.title_words))
-        title_full_in_q = bool(doc.title) and f" {doc.title} " in ql
+        qw, ql, f = question.content, question.joined, doc.facts
+        title_in_q = len(f.title_words & qw) / max(1, len(f.title_words))
+        title_full_in_q = bool(f.title) and f" {f.title} " in ql
         # the question's content words are no stop words: those of the text, or of the title
-        coverage = (len(qw & doc.words) + len((qw - doc.words) & doc.title_words)) / max(1, len(qw))
-        core_in_q = len(doc.core) > 3 and f" {doc.core} " in ql
-        core_cov = len(doc.core_words & qw) / max(1, len(doc.core_words))
-        row = (title_in_q, float(title_full_in_q), coverage, float(not doc.caps <= qw),
-               float(title_full_in_q or (bool(doc.title) and title_in_q >= 0.99)), float(core_in_q), core_cov,
+        coverage = (len(qw & f.words) + len((qw - f.words) & f.title_words)) / max(1, len(qw))
+        core_in_q = len(f.core) > 3 and f" {f.core} " in ql
+        core_cov = len(f.core_words & qw) / max(1, len(f.core_words))
+        new_name = any(c.lower() not in qw for c in f.caps)
+        row = (title_in_q, float(title_full_in_q), coverage, float(new_name),
+               float(title_full_in_q or (bool(f.title) and title_in_q >= 0.99)), float(core_in_q), core_cov,
                float(core_in_q or core_cov >= 0.99))
         self._asked[doc.number] = row
         return row
@@ -331,16 +373,17 @@ class PoolTexts:
         its words among them (a set intersection), and a word new to them in the documents indexed before."""
         postings, docs, vocabulary = self._postings, self._docs, self._vocabulary
         fresh = docs[self._indexed:]
-        new = {w for d in fresh for phrase in (d.title, d.core, d.head) if len(phrase) > 3 for w in phrase.split(" ")}
+        new = {w for d in fresh for phrase in (d.facts.title, d.facts.core, d.facts.head) if len(phrase) > 3
+               for w in phrase.split(" ")}
         new.update(w for phrase in phrases for w in phrase.split(" "))
         new -= vocabulary
         if new:
             for doc in docs[:self._indexed]:
-                for word in doc.words & new:
+                for word in doc.facts.words & new:
                     postings[word] = postings.get(word, 0) | (1 << doc.number)
             vocabulary |= new
         for doc in fresh:
-            for word in doc.words & vocabulary:
+            for word in doc.facts.words & vocabulary:
                 postings[word] = postings.get(word, 0) | (1 << doc.number)
         self._indexed = len(docs)
 
@@ -363,7 +406,7 @@ class PoolTexts:
             padded, left = f" {phrase} ", found
             while left:
                 low = left & -left
-                if padded not in self._docs[low.bit_length() - 1].body:
+                if padded not in self._docs[low.bit_length() - 1].facts.body:
                     found ^= low
                 left ^= low
         mask |= found
@@ -423,9 +466,10 @@ def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolText
     # which bodies hold each document's title, core and head (only those longer than 3 characters link), and
     # whose title, core and head each body holds
     texts.index()
-    title_in = [texts.bodies_with(d.title) & everyone if len(d.title) > 3 else 0 for d in docs]
-    core_in = [texts.bodies_with(d.core) & everyone if len(d.core) > 3 else 0 for d in docs]
-    head_in = [texts.bodies_with(d.head) & everyone if len(d.head) > 3 else 0 for d in docs]
+    facts = [d.facts for d in docs]
+    title_in = [texts.bodies_with(f.title) & everyone if len(f.title) > 3 else 0 for f in facts]
+    core_in = [texts.bodies_with(f.core) & everyone if len(f.core) > 3 else 0 for f in facts]
+    head_in = [texts.bodies_with(f.head) & everyone if len(f.head) > 3 else 0 for f in facts]
     size = max(d.number for d in docs) + 1 if docs else 0
     holds_title, holds_core, holds_head = (_incoming(m, bits, size) for m in (title_in, core_in, head_in))
     first_of_core: dict[str, int] = {}
@@ -439,11 +483,12 @@ def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolText
                       float(t_in & anchors != 0), float(t_holds & anchors != 0), float(c_in & core_anchors != 0),
                       float(h_in & core_anchors != 0), float(c_holds & core_anchors != 0),
                       float(h_holds & core_anchors != 0), float(h_in & top3 != 0),
-                      min((h_in & window).bit_count(), 3) / 3, float(first_of_core.setdefault(d.core, i) != i)))
+                      min((h_in & window).bit_count(), 3) / 3,
+                      float(first_of_core.setdefault(d.facts.core, i) != i)))
     places = np.array([(p.score_rel, 1.0 / (p.rank + 1), _log_rank(p.rank), float(p.block > 0),
                         max(-3.0, min(3.0, p.score_z))) for p in pool], dtype=np.float64).reshape(n, len(POOL_COLUMNS))
     columns: dict[str, np.ndarray] = {}
-    for names, values in ((TEXT_COLUMNS, [d.own for d in docs]), (QUESTION_COLUMNS, asked), (LINK_COLUMNS, links)):
+    for names, values in ((TEXT_COLUMNS, [f.own for f in facts]), (QUESTION_COLUMNS, asked), (LINK_COLUMNS, links)):
         table = np.array(values, dtype=np.float64).reshape(n, len(names))
         columns.update((name, table[:, j]) for j, name in enumerate(names))
     columns.update((name, places[:, j]) for j, name in enumerate(POOL_COLUMNS))
@@ -560,6 +605,8 @@ class CompactPolicy:
     digest: str = ""
     manifest: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
+    text_cache: TextCache = field(default_factory=TextCache, repr=False, compare=False)
+    """Documents' texts as the features read them, across searches (`TextCache(0)`: off)."""
     _texts: weakref.WeakKeyDictionary[SearchEnv, PoolTexts] = field(
         default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False)
     """Each running search's `PoolTexts`: its documents read once, whatever the number of steps."""
@@ -680,7 +727,7 @@ class CompactPolicy:
         with one, the query is drawn from the candidates' softmax and the selection by Plackett-Luce."""
         texts = self._texts.get(env)
         if texts is None:
-            texts = self._texts[env] = PoolTexts()
+            texts = self._texts[env] = PoolTexts(self.text_cache)
         question = QuestionInfo.of(env.question)
         pool = pool_of(env.blocks)
         doc_x, score_x, scorer = self.features(question, pool, env.blocks, texts)

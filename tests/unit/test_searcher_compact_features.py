@@ -19,6 +19,7 @@ from services.searcher.compact import (
     PoolDoc,
     PoolTexts,
     QuestionInfo,
+    TextCache,
     doc_columns,
     doc_features,
     pool_of,
@@ -203,4 +204,21 @@ def test_pool_texts_find_phrases_as_whole_words_and_read_each_text_once() -> Non
     assert texts.bodies_with("machine head") & (1 << late.number)  # a body read later is looked at too
     assert texts.text(docs[1]) is texts.text(docs[1].model_copy())  # same id, same text: read once
     changed = texts.text(docs[1].model_copy(update={"text": "other"}))
-    assert "other" in changed.body  # same id, another text: read again
+    assert "other" in changed.facts.body  # same id, another text: read again
+
+
+def test_the_text_cache_reads_a_document_once_across_searches_and_rereads_a_changed_one() -> None:
+    cache = TextCache(2)
+    first, second = PoolTexts(cache), PoolTexts(cache)
+    doc = SearchedDocument(id="a", title="Machine Head (band)", text="Formed in Oakland in 1991.", turn=0, query="q")
+    facts = first.text(doc).facts
+    assert second.text(doc.model_copy()).facts is facts and (cache.hits, cache.misses) == (1, 1)
+    edited = second.text(doc.model_copy(update={"id": "b", "text": "Formed in 1991."})).facts
+    assert first.text(doc.model_copy(update={"text": "Another text."})).facts is not facts  # same id, new text
+    assert edited.body == " formed in 1991 " and len(cache) == 2
+    for i in range(3):
+        PoolTexts(cache).text(doc.model_copy(update={"id": str(i)}))
+    assert len(cache) == 2  # bounded: the least recently used went first
+    off = TextCache(0)
+    PoolTexts(off).text(doc)
+    assert len(off) == 0 and off.misses == 1
