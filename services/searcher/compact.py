@@ -127,30 +127,36 @@ class PoolDoc:
     """Found by a lexical (BM25) block; False: only by the dense block."""
 
 
-def pool_of(blocks: Sequence[InfoBlock]) -> list[PoolDoc]:
+def block_places(b: int, block: InfoBlock) -> list[PoolDoc]:
+    """Every document of block `b` as a pool document: a lexical block's with its BM25 evidence relative to
+    the block (score / best, z-score, rank), a dense block's without lexical evidence (rank `ABSENT_RANK`)."""
+    docs = block.documents
+    if block.method == DENSE:
+        return [PoolDoc(doc, b, i + 1, ABSENT_RANK, 0.0, -3.0, lexical=False) for i, doc in enumerate(docs)]
+    scores = np.array([d.score or 0.0 for d in docs], dtype=np.float64)
+    top = float(scores.max()) if len(scores) and scores.max() > 0 else 1.0
+    mean, std = (float(scores.mean()), float(scores.std())) if len(scores) else (0.0, 0.0)
+    return [PoolDoc(doc, b, i + 1, i, float(scores[i]) / top, (float(scores[i]) - mean) / (std + 1e-6))
+            for i, doc in enumerate(docs)]
+
+
+def pool_of(blocks: Sequence[InfoBlock], texts: PoolTexts | None = None) -> list[PoolDoc]:
     """The distinct documents of every block (by id, first occurrence kept), with their lexical (BM25)
     evidence relative to their own block: the lexical blocks' documents first, in block order, then those
-    only a dense block found (lexical evidence absent: no score, rank `ABSENT_RANK`)."""
+    only a dense block found (lexical evidence absent: no score, rank `ABSENT_RANK`). `texts`: the search's
+    `PoolTexts`, which keeps each block's pool documents for its later steps."""
     seen: set[str] = set()
     pool: list[PoolDoc] = []
-    lexical = [(b, block) for b, block in enumerate(blocks) if block.method != DENSE]
-    for b, block in lexical:
-        docs = block.documents
-        scores = np.array([d.score or 0.0 for d in docs], dtype=np.float64)
-        top = float(scores.max()) if len(scores) and scores.max() > 0 else 1.0
-        mean, std = (float(scores.mean()), float(scores.std())) if len(scores) else (0.0, 0.0)
-        for i, doc in enumerate(docs):
-            if doc.id in seen:
+    places = [texts.places(b, block) if texts is not None else block_places(b, block)
+              for b, block in enumerate(blocks)]
+    for lexical in (True, False):
+        for block, docs in zip(blocks, places, strict=True):
+            if (block.method != DENSE) != lexical:
                 continue
-            seen.add(doc.id)
-            pool.append(PoolDoc(doc, b, i + 1, i, float(scores[i]) / top, (float(scores[i]) - mean) / (std + 1e-6)))
-    for b, block in enumerate(blocks):
-        if block.method != DENSE:
-            continue
-        for i, doc in enumerate(block.documents):
-            if doc.id not in seen:
-                seen.add(doc.id)
-                pool.append(PoolDoc(doc, b, i + 1, ABSENT_RANK, 0.0, -3.0, lexical=False))
+            for place in docs:
+                if place.doc.id not in seen:
+                    seen.add(place.doc.id)
+                    pool.append(place)
     return pool
 
 
@@ -332,6 +338,16 @@ class PoolTexts:
         """phrase -> (mask of the documents whose text holds it, how many documents it has looked at)"""
         self._question: str | None = None
         self._asked: dict[int, tuple[float, ...]] = {}
+        self._places: dict[int, tuple[InfoBlock, list[PoolDoc]]] = {}
+
+    def places(self, b: int, block: InfoBlock) -> list[PoolDoc]:
+        """`block_places(b, block)`, worked out once per block of the search."""
+        known = self._places.get(b)
+        if known is not None and known[0] is block:
+            return known[1]
+        docs = block_places(b, block)
+        self._places[b] = (block, docs)
+        return docs
 
     def text(self, doc: SearchedDocument, key: str | None = None) -> DocText:
         """`doc`'s `DocText`, under `key` (default: its id); a key seen before with the same title and text
@@ -729,7 +745,7 @@ class CompactPolicy:
         if texts is None:
             texts = self._texts[env] = PoolTexts(self.text_cache)
         question = QuestionInfo.of(env.question)
-        pool = pool_of(env.blocks)
+        pool = pool_of(env.blocks, texts)
         doc_x, score_x, scorer = self.features(question, pool, env.blocks, texts)
         logits = self.doc_logits(score_x, scorer) if len(pool) else np.zeros(0, dtype=np.float32)
         cand_x, choice = None, None
