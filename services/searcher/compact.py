@@ -56,6 +56,8 @@ _WORD = re.compile(r"\w+")
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
 _NUM = re.compile(r"\b\d+\b")
 _CAP = re.compile(r"\b[A-Z][a-z]+")
+_CAP_ASCII = re.compile(r"\b[A-Z][a-z]+", re.ASCII)
+"""`_CAP` for an ASCII text (the same matches; faster)."""
 _NAME = re.compile(r"\b[A-Z][\w'.-]*(?:\s+(?:of|de|the|von|van|du|la|and)?\s*[A-Z][\w'.-]*)*")
 _STOP = frozenset(
     "a an the of in on at to for and or is was were are be been by with from as that this which who what when "
@@ -265,7 +267,7 @@ class TextFacts(NamedTuple):
             core_joined, core_words = " ".join(core_list), frozenset(core_list) - _STOP
         head = core.split(",")[0].strip()  # title_head
         head_joined = core_joined if head == core else " ".join(_lower_words(head))
-        caps = _CAP.findall(text)
+        caps = (_CAP_ASCII if text.isascii() else _CAP).findall(text)
         # _YEAR and _NUM match whole words: a year, a word of decimal digits
         own = (float(not distinct.isdisjoint(_YEARS)), float(any(map(str.isdecimal, distinct))),
                len(caps) / max(1, len(words)))
