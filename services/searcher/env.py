@@ -132,6 +132,10 @@ def select_documents(blocks: Sequence[InfoBlock]) -> list[SearchedDocument]:
     return _dedupe(ordered)
 
 
+_SEARCHED_FIELDS = set(SearchedDocument.model_fields)
+"""Every field of a `SearchedDocument` (given to `model_construct`, which then need not work them out)."""
+
+
 def _as_query(text: str) -> str:
     """A structured action's query as searched: whitespace collapsed, cut to `parsing.MAX_QUERY_CHARS`."""
     return " ".join(text.split())[:parsing.MAX_QUERY_CHARS]
@@ -348,9 +352,9 @@ class SearchEnv:
 
     def _block(self, turn: int, queries: list[str], method: str | None, results: list[list[Document]]) -> InfoBlock:
         # validated once already (the retriever's response model); copying without validating again
-        # was ~1 ms of CPU per search at 32 documents
-        docs = [SearchedDocument.model_construct(id=doc.id, title=doc.title, text=doc.text, score=doc.score,
-                                                 turn=turn, query=query)
+        # was ~1 ms of CPU per search at 32 documents, and naming the fields set saves a third of the rest
+        docs = [SearchedDocument.model_construct(_SEARCHED_FIELDS, id=doc.id, title=doc.title, text=doc.text,
+                                                 score=doc.score, turn=turn, query=query)
                 for query, hits in zip(queries, results, strict=True) for doc in hits]
         block = InfoBlock.model_construct(turn=turn, queries=list(queries), documents=docs, selected=None,
                                           method=method)
