@@ -47,8 +47,33 @@ def evaluation_questions(n: int) -> list[tuple[str, str, str]]:
             if not is_yes_no(q.golden_answers)]
 
 
-async def in_process(policy_dir: Path, questions: list[tuple[str, str, str]], no_dense: bool
-                     ) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+def final_ranking(policy: Any, question: str, blocks: Any, n: int = 10) -> list[str]:
+    """The ids of the `n` best-scored documents of the search's final pool (the policy's last step)."""
+    import numpy as np
+
+    from services.searcher.compact import QuestionInfo, pool_of
+
+    pool = pool_of(blocks)
+    _, x, scorer = policy.features(QuestionInfo.of(question), pool, blocks)
+    return [pool[i].doc.id for i in np.argsort(-policy.doc_logits(x, scorer), kind="stable")[:n]]
+
+
+class Recording:
+    """A retriever wrapper that keeps every retrieval's (id, score) lists by method and query (`--fixture`)."""
+
+    def __init__(self, retriever: Any) -> None:
+        self.retriever = retriever
+        self.seen: dict[str, dict[str, list[list[Any]]]] = {}
+
+    async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Any]]:
+        found = await self.retriever.retrieve(queries, k, method)
+        for query, docs in zip(queries, found, strict=True):
+            self.seen.setdefault(method or "bm25", {})[query] = [[d.id, d.score] for d in docs]
+        return found
+
+
+async def in_process(policy_dir: Path, questions: list[tuple[str, str, str]], no_dense: bool,
+                     fixture: tuple[Path, int] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
     from services.searcher.compact import CompactPolicy
     from services.searcher.loop import run_search
     from services.stack import index_dir_for
@@ -70,12 +95,25 @@ async def in_process(policy_dir: Path, questions: list[tuple[str, str, str]], no
     params = SearchParams(mode="s3", pool_methods=policy.pool_methods(list(retriever.methods), retriever.encoder),
                           **setting)
     rows = []
+    sample = set() if fixture is None else {
+        (d, q) for name in SETS for d, _, q in [x for x in questions if x[0] == name][:fixture[1]]}
+    pinned = []
     for dataset, qid, question in questions:
-        outcome = await run_search(question, params, policy=policy, retriever=retriever)
+        recording = Recording(retriever) if fixture is not None and (dataset, question) in sample else None
+        outcome = await run_search(question, params, policy=policy, retriever=recording or retriever)
+        if recording is not None:
+            pinned.append({"dataset": dataset, "id": qid, "question": question, "retrievals": recording.seen,
+                           "documents": [d.id for d in outcome.documents], "queries": list(outcome.queries),
+                           "ranking": final_ranking(policy, question, outcome.blocks)})
         rows.append({"dataset": dataset, "id": qid, "question": question,
                      "documents": [d.id for d in outcome.documents], "queries": list(outcome.queries),
                      "policy_ms": outcome.timings.policy_ms})
     rows[0]["policy_cpu_ms_total"] = 1000 * cpu[0]
+    if fixture is not None:
+        fixture[0].write_text(json.dumps({"policy": policy.model, "corpus": CORPUS.name,
+                                          "setting": params.model_dump(include={"retrieve_k", "select_k",
+                                                                                "max_turns", "pool_methods"}),
+                                          "questions": pinned}, separators=(",", ":")) + "\n")
     return rows, {**params.model_dump(include={"retrieve_k", "select_k", "max_turns", "pool_methods"})}, policy.model
 
 
@@ -124,6 +162,10 @@ def main() -> None:
     parser.add_argument("--searcher", default=None, help="a running searcher's URL (cache off) instead of in-process")
     parser.add_argument("--no-dense", action="store_true", help="in-process: BM25 pool only (the lexical scorer)")
     parser.add_argument("--profile", type=Path, default=None, help="in-process: write a cProfile dump here")
+    parser.add_argument("--fixture", type=Path, default=None, help="in-process: also write the first "
+                        "--fixture-n questions of each set with every retrieval's (id, score) lists here (the "
+                        "sample tests/unit/test_compact_pinned.py replays)")
+    parser.add_argument("--fixture-n", type=int, default=3)
     args = parser.parse_args()
     if args.n > 100:
         raise SystemExit("--n: rows 0-99 are the evaluation rows; 100-199 are reserved")
@@ -131,6 +173,7 @@ def main() -> None:
 
     questions = evaluation_questions(args.n)
     log(f"{len(questions)} questions")
+    fixture = (args.fixture, args.fixture_n) if args.fixture is not None else None
     t0, cpu0 = time.perf_counter(), time.process_time()
     if args.searcher:
         rows, setting, model = asyncio.run(served(args.searcher, questions))
@@ -139,11 +182,11 @@ def main() -> None:
 
         profiler = cProfile.Profile()
         rows, setting, model = profiler.runcall(asyncio.run, in_process(args.policy or COMPACT_DIR, questions,
-                                                                        args.no_dense))
+                                                                        args.no_dense, fixture))
         args.profile.parent.mkdir(parents=True, exist_ok=True)
         profiler.dump_stats(str(args.profile))
     else:
-        rows, setting, model = asyncio.run(in_process(args.policy or COMPACT_DIR, questions, args.no_dense))
+        rows, setting, model = asyncio.run(in_process(args.policy or COMPACT_DIR, questions, args.no_dense, fixture))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     policy_ms = [row.pop("policy_ms") for row in rows if "policy_ms" in row]

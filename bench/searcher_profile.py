@@ -42,10 +42,11 @@ COMPONENTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     # (component, substrings of a frame "function (file:line)"); a sample counts for the first component
     # whose pattern matches its innermost frame that any pattern matches
     "searcher": [
-        ("policy: document features", ("doc_features", "doc_columns", "DocText", "PoolTexts", "_words (",
-                                       "_content (", "_joined (", "title_core", "title_head", "bodies_with",
-                                       "_incoming", "dense_features")),
-        ("policy: pool, candidates, scoring", ("searcher/compact.py",)),
+        ("policy: document features", ("doc_features", "doc_columns", "DocText", "PoolTexts", "TextFacts",
+                                       "TextCache", "_words (", "_content (", "_joined (", "title_core",
+                                       "title_head", "bodies_with", "_incoming", "dense_features", "pool_of",
+                                       "block_places", "CompactPolicy.features")),
+        ("policy: candidates, scoring", ("searcher/compact.py",)),
         ("retriever client: request/response models", ("post_model", "clients.py", "schemas/")),
         ("HTTP client (aiohttp, transport)", ("aiohttp", "transport.py", "services/common/http.py", "yarl",
                                              "multidict")),
