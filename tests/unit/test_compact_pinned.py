@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from bench.compact_documents import final_ranking
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
 from services.retriever.corpus import corpus_lines, parse_line
-from bench.compact_documents import final_ranking
 from services.searcher.compact import CompactPolicy
 from services.searcher.loop import run_search
 from services.searcher.trained import COMPACT_DIR
