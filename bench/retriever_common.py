@@ -45,8 +45,10 @@ class ServedRetriever(ProcessGroup):
         super().__init__(cwd=REPO)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # the query-vector cache off: these benches repeat their questions and measure the encoder
         full = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
-                "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "INFO", **env}
+                "RETRIEVER_PORT": str(self.port), "RETRIEVER_LOG_LEVEL": "INFO",
+                "RETRIEVER_ENCODER__QUERY_CACHE": "0", **env}
         workers = int({**os.environ, **full}.get("RETRIEVER_WORKERS", "1"))
 
         def ready() -> bool:  # every worker has loaded (a started worker answers 503 while it loads)

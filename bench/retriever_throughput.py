@@ -21,6 +21,9 @@ Encoder backends: dense queries/s of onnx and onnx-int8 against torch (in-proces
 against torch's top-10. ANN: HNSW and SQ8 / IVF-PQ against exact search on synthetic vectors (around real
 MiniLM passage vectors when the dense index exists): recall@10 and speed-up.
 
+The encoder's query-vector cache (`RETRIEVER_ENCODER__QUERY_CACHE`) is off in every measurement here: the
+question pool repeats, and what is measured is the encoder.
+
 Dense figures use the full corpus's MiniLM flat index, built once into var/indexes/combined when missing
 (~4 min on 2 cores with the ONNX encoder, 10-20 with torch); `--quick` never builds it and uses a ~300-passage subset instead (a note says so).
 
@@ -350,7 +353,7 @@ def encoder_cpu_per_query(index: Any, pool: list[str], queries: int = 1024) -> d
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        onnx = Encoder(EncoderSettings(threads=1, onnx_dir=ONNX_DIR))
+        onnx = Encoder(EncoderSettings(threads=1, onnx_dir=ONNX_DIR, query_cache=0))
         if onnx.onnx is None:
             return {"skipped": f"the default backend serves torch here: {onnx.fallback}"}
         encoders = {"torch": TorchDense(index).encode, "searchr1_encode": TorchDense(index, whole_batch=True).encode,
@@ -382,7 +385,7 @@ def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: fl
     from services.retriever.settings import EncoderSettings, FaissSettings
 
     index = FaissIndex(index_dir / "dense-flat", FaissSettings())
-    retrievers = {b: DenseRetriever(Encoder(EncoderSettings(backend=b, onnx_dir=ONNX_DIR)), index)
+    retrievers = {b: DenseRetriever(Encoder(EncoderSettings(backend=b, onnx_dir=ONNX_DIR, query_cache=0)), index)
                   for b in BACKENDS}  # an onnx backend's first use exports the model (once, logged)
     questions = recall_questions(n_questions)
     truth = retrievers["torch"].batch_search(questions, K).ids
@@ -505,7 +508,7 @@ def main() -> None:
         uses_dense = any(m in ("dense", "hybrid") for m in names)
         if uses_dense:
             index = FaissIndex(index_dir / "dense-flat", FaissSettings())
-            dense = DenseRetriever(Encoder(EncoderSettings()), index)  # the default backend, as served
+            dense = DenseRetriever(Encoder(EncoderSettings(query_cache=0)), index)  # the default backend, as served
             candidates["dense"] = dense
             candidates["hybrid"] = HybridRetriever(bm25, dense, depth=defaults.fusion_depth, rrf_k=defaults.rrf_k)
             torch_dense = TorchDense(index)

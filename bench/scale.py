@@ -277,9 +277,11 @@ def exact_top10(chunks: Any, queries: np.ndarray) -> np.ndarray:
     """Exact inner-product top-10 over every chunk (one chunk in memory at a time): a streamed brute force."""
     import faiss
 
+    from services.retriever.dense import blas_threshold_for
     from services.retriever.settings import FaissSettings
 
-    faiss.cvar.distance_compute_blas_threshold = FaissSettings().blas_threshold  # as the service sets it
+    # as the service sets it
+    faiss.cvar.distance_compute_blas_threshold = blas_threshold_for(FaissSettings().blas_threshold, queries.shape[1])
     best_s = np.full((len(queries), K), -np.inf, dtype=np.float32)
     best_i = np.full((len(queries), K), -1, dtype=np.int64)
     offset = 0

@@ -37,10 +37,13 @@ Result = TypeVar("Result", bound=BaseModel)
 class RetrieverClient(ServiceClient):
     name = "retriever"
 
-    async def retrieve(self, queries: Sequence[str], k: int = 10, method: Method | None = None) -> RetrieveResponse:
-        """Raises `BadRequest` (never pydantic's error) when the arguments break the request's limits."""
+    async def retrieve(self, queries: Sequence[str], k: int = 10, method: Method | None = None, *,
+                       methods: Sequence[Method | None] | None = None) -> RetrieveResponse:
+        """`methods`: one method per query instead of `method` (a query may come twice, with two methods).
+        Raises `BadRequest` (never pydantic's error) when the arguments break the request's limits."""
         try:
-            request = RetrieveRequest(queries=list(queries), k=k, method=method)
+            request = RetrieveRequest(queries=list(queries), k=k, method=method,
+                                      methods=list(methods) if methods is not None else None)
         except ValidationError as exc:
             first = exc.errors()[0]
             raise BadRequest(f"{self.name}: request refused before sending: {first['msg']}",

@@ -61,15 +61,22 @@ def _service(request: Request) -> RetrieverService:
 @router.post("/retrieve", response_class=Response,
              responses={200: {"model": RetrieveResponse, "content": {JSON: {}}}, **ERRORS, **UNSERVED_METHOD})
 async def retrieve(body: RetrieveRequest, request: Request) -> Response:
-    """Search a batch of queries; returns per query the top `k` passages, best first."""
+    """Search a batch of queries; returns per query the top `k` passages, best first. `methods` (one per query)
+    searches each query with its own method, in the one round trip."""
     setattr(request.state, COST_STATE, float(len(body.queries)))  # admission judges latency per query
     svc = _service(request)
     t0 = time.perf_counter()
+    methods: list[str] | None = None
     with tracing.span("retriever.search", {"plugsearch.queries": len(body.queries), "plugsearch.k": body.k}) as span:
-        method, hits = await svc.search(body.queries, body.k, body.method)
+        if body.methods is not None:
+            methods, hits = await svc.search_each(body.queries, body.k, body.methods)
+            method = methods[0]
+        else:
+            method, hits = await svc.search(body.queries, body.k, body.method)
         if span.is_recording():
-            span.set_attributes({"plugsearch.method": method, "plugsearch.documents": int((hits.ids >= 0).sum())})
-    return Response(svc.render(method, hits, (time.perf_counter() - t0) * 1000), media_type=JSON)
+            span.set_attributes({"plugsearch.method": ",".join(sorted(set(methods))) if methods else method,
+                                 "plugsearch.documents": int((hits.ids >= 0).sum())})
+    return Response(svc.render(method, hits, (time.perf_counter() - t0) * 1000, methods), media_type=JSON)
 
 
 @router.post("/searchr1/retrieve", response_class=Response,

@@ -18,7 +18,9 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -57,6 +59,43 @@ def encoder_identity(settings: EncoderSettings) -> dict[str, Any]:
             "normalize": settings.normalize, "max_seq_length": settings.max_seq_length}
 
 
+class QueryVectorCache:
+    """A bounded least-recently-used cache of query vectors keyed by (encoder, query text), safe to share between
+    threads: a repeated query is not encoded again. Counts its hits and misses."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._vectors: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def get(self, encoder: str, texts: Sequence[str]) -> list[npt.NDArray[np.float32] | None]:
+        """The cached vector of each text (None where there is none); a hit becomes the most recent."""
+        out: list[npt.NDArray[np.float32] | None] = []
+        with self._lock:
+            for text in texts:
+                vector = self._vectors.get((encoder, text))
+                if vector is not None:
+                    self._vectors.move_to_end((encoder, text))
+                out.append(vector)
+            found = sum(v is not None for v in out)
+            self.hits += found
+            self.misses += len(out) - found
+        return out
+
+    def put(self, encoder: str, texts: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
+        with self._lock:
+            for text, vector in zip(texts, vectors, strict=True):
+                self._vectors[(encoder, text)] = vector
+                self._vectors.move_to_end((encoder, text))
+            while len(self._vectors) > self.size:
+                self._vectors.popitem(last=False)
+
+
 class Encoder:
     """sentence-transformers model with E5-style prefixes, pooling and normalisation by configuration.
 
@@ -67,6 +106,8 @@ class Encoder:
 
     def __init__(self, settings: EncoderSettings) -> None:
         self.settings = settings
+        self.query_cache = QueryVectorCache(settings.query_cache) if settings.query_cache else None
+        """query vectors already encoded (`settings.query_cache`; None: off)"""
         self.onnx: OnnxModel | None = None
         self.backend = "torch"
         """what encodes: torch, onnx or onnx-int8"""
@@ -134,8 +175,24 @@ class Encoder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def encode_queries(self, queries: Sequence[str]) -> npt.NDArray[np.float32]:
+        """One vector per query (with the query prefix); each distinct query not in the cache is encoded once,
+        those together, and cached."""
         prefix = self.settings.query_prefix
-        return self._encode([prefix + q for q in queries], batch_size=min(256, max(1, len(queries))))
+        texts = [prefix + q for q in queries]
+        cache = self.query_cache
+        if cache is None:
+            return self._encode(texts, batch_size=min(256, max(1, len(texts))))
+        name = self.settings.name
+        found = cache.get(name, texts)
+        missing = list(dict.fromkeys(t for t, v in zip(texts, found, strict=True) if v is None))
+        if not missing:
+            return np.stack(found)  # type: ignore[arg-type]  # no None left
+        encoded = self._encode(missing, batch_size=min(256, len(missing)))
+        cache.put(name, missing, encoded)
+        if len(missing) == len(texts):
+            return encoded
+        fresh = dict(zip(missing, encoded, strict=True))
+        return np.stack([v if v is not None else fresh[t] for t, v in zip(texts, found, strict=True)])
 
     def encode_passages(self, passages: Sequence[str]) -> npt.NDArray[np.float32]:
         prefix = self.settings.passage_prefix
@@ -292,7 +349,8 @@ def build_faiss(embeddings: Path, out: Path, settings: FaissSettings, *, chunks:
     if settings.threads:
         faiss.omp_set_num_threads(settings.threads)
     t0 = time.perf_counter()
-    params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "nprobe", "hnsw_ef_search", "blas_threshold",
+    params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "one_thread_below", "nprobe",
+                                                          "hnsw_ef_search", "blas_threshold",
                                                           "mmap"})
     with atomic_folder(out) as tmp:
         bar = tqdm(total=n, unit="vector", desc=f"faiss {settings.index_type}", disable=not show_progress)
@@ -452,6 +510,33 @@ def read_index(path: Path, *, mmap: bool) -> Any:
     return faiss.read_index(str(path), flags)
 
 
+_faiss_blas_default: int | None = None
+
+
+def blas_threshold_for(queries: int, dims: int) -> int:
+    """FAISS's `distance_compute_blas_threshold` that makes a flat search of `queries` queries or more use BLAS:
+    faiss counted queries (its default was 20); it now counts the query matrix's elements, queries x dims (its
+    default 128,000), and a threshold of 20 then sends even one query to BLAS."""
+    import faiss
+
+    global _faiss_blas_default
+    if _faiss_blas_default is None:  # faiss's own default, read before anyone sets it
+        _faiss_blas_default = int(faiss.cvar.distance_compute_blas_threshold)
+    return queries * dims if _faiss_blas_default > 1000 else queries
+
+
+_omp = threading.local()
+
+
+def _omp_threads(n: int) -> None:
+    """OpenMP threads of this thread's next FAISS calls (OpenMP keeps the setting per calling thread)."""
+    if getattr(_omp, "threads", None) != n:
+        import faiss
+
+        faiss.omp_set_num_threads(n)
+        _omp.threads = n
+
+
 class FaissIndex:
     """A loaded FAISS index: one shard, or shards combined (CPU IndexShards or fp16 GPU shards)."""
 
@@ -464,8 +549,12 @@ class FaissIndex:
             raise IndexMissing(f"dense index {folder} lists no shard files")
         if settings.threads:
             faiss.omp_set_num_threads(settings.threads)
-        faiss.cvar.distance_compute_blas_threshold = settings.blas_threshold  # process-wide, as the threads
         self.dims = int(self.manifest.dims or 0)
+        # process-wide
+        faiss.cvar.distance_compute_blas_threshold = blas_threshold_for(settings.blas_threshold, self.dims)
+        self.threads = settings.threads or faiss.omp_get_max_threads()
+        self.one_thread_below = settings.one_thread_below
+        self.gpu = settings.gpu
         self._keep: list[Any] = []
 
         files = [name for name in self.manifest.files if not name.endswith(".ivfdata")]  # lists: opened by their index
@@ -516,6 +605,8 @@ class FaissIndex:
         return int(self.index.ntotal)
 
     def search(self, vectors: npt.NDArray[np.float32], k: int) -> Hits:
+        if not self.gpu:  # OpenMP keeps the setting per calling thread: set where the search runs
+            _omp_threads(1 if len(vectors) < self.one_thread_below else self.threads)
         scores, ids = self.index.search(vectors, k)
         return Hits(ids.astype(np.int64, copy=False), scores.astype(np.float32, copy=False))
 

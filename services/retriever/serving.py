@@ -267,6 +267,32 @@ class RetrieverService:
             self.metrics.queued.labels(method).set(batcher.queued)
         return method, await batcher.submit(queries, k)
 
+    async def search_each(self, queries: Sequence[str], k: int, methods: Sequence[str | None]
+                          ) -> tuple[list[str], Hits]:
+        """Each query with its own method (None: the default): one search per method, run together, the
+        rows back in query order. Returns the methods searched, per query."""
+        self._check_size(len(queries), k)
+        default = self.settings.default_method
+        wanted = [m or default for m in methods]
+        groups: dict[str, list[int]] = {}
+        for i, method in enumerate(wanted):
+            groups.setdefault(method, []).append(i)
+        unserved = [m for m in groups if m not in self.methods]
+        if unserved:
+            raise BadRequest(f"method {unserved[0]!r} is not served here (available: {', '.join(self.methods)})",
+                             param="methods")
+        if len(groups) == 1:
+            method, hits = await self.search(queries, k, wanted[0])
+            return [method] * len(queries), hits
+        found = await asyncio.gather(*(self.search([queries[i] for i in rows], k, method)
+                                       for method, rows in groups.items()))
+        hits = Hits.empty(len(queries), k)
+        for rows, (_, part) in zip(groups.values(), found, strict=True):
+            width = min(k, part.k)
+            hits.ids[rows, :width] = part.ids[:, :width]
+            hits.scores[rows, :width] = part.scores[:, :width]
+        return wanted, hits
+
     async def search_skipping_blank(self, queries: Sequence[str], k: int, method: str | None) -> Hits:
         """`search`, where a blank query gets no hits instead of failing the batch (Search-R1's server
         answers a `<search> </search>` with an empty list; a training run must not die on one)."""
@@ -293,8 +319,11 @@ class RetrieverService:
         return [[{"id": doc_id, "title": title, "text": text, "score": s} for (doc_id, title, text), s in row]
                 for row in self._rows(hits)]
 
-    def render(self, method: str, hits: Hits, took_ms: float) -> bytes:
-        return orjson.dumps({"method": method, "results": self.documents(hits), "took_ms": round(took_ms, 3)})
+    def render(self, method: str, hits: Hits, took_ms: float, methods: Sequence[str] | None = None) -> bytes:
+        body: dict[str, Any] = {"method": method, "results": self.documents(hits), "took_ms": round(took_ms, 3)}
+        if methods is not None:
+            body["methods"] = list(methods)
+        return orjson.dumps(body)
 
     def render_searchr1(self, hits: Hits, return_scores: bool) -> bytes:
         result = []

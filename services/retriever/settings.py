@@ -48,6 +48,10 @@ class EncoderSettings(BaseModel):
                                     "sentence-transformers; onnx = the same model exported once to ONNX and run by "
                                     "onnxruntime on the CPU (fails where it cannot); onnx-int8 = that export "
                                     "dynamically quantized to int8 (faster, slightly different vectors)")
+    query_cache: int = Field(4096, ge=0, le=10_000_000, description=(
+        "query vectors kept (a least-recently-used cache keyed by encoder and query text): a repeated query (an "
+        "evaluation set searched again, the question of every rollout of an RL group, the compact searcher's "
+        "questions) is not encoded again; ~1.5 kB each at 384 dimensions; 0 = off"))
     onnx_dir: Path = Field(Path("var/cache/onnx"), description="where the onnx backends keep their export (made "
                            "once per model and variant, reused after); must be writable until it exists")
 
@@ -80,10 +84,16 @@ class FaissSettings(BaseModel):
     mmap: bool = Field(True, description="memory-map the index files (flat and SQ8 codes, IVF lists) instead of "
                        "reading them into each worker: the workers share them through the page cache. Off: "
                        "each worker holds its own copy (the index no longer has to stay on disk after load)")
-    threads: int = Field(0, ge=0, description="OpenMP threads for FAISS; 0 = library default")
-    blas_threshold: int = Field(20, ge=1, description="queries per flat search from which FAISS computes the inner "
-                                "products as one BLAS matrix product (faiss's own default, 128,000, keeps every "
-                                "batch a service sees on its per-query loop, several times slower)")
+    threads: int = Field(0, ge=0, description="OpenMP threads of a FAISS search of `one_thread_below` queries or "
+                         "more; 0 = library default (the CPUs)")
+    one_thread_below: int = Field(32, ge=0, description=(
+        "a search of fewer queries than this runs on one OpenMP thread: waking FAISS's thread team costs more CPU "
+        "than it saves on a few queries (a flat search of one query took ~13x the CPU on 2 threads as on 1, on 2 "
+        "busy cores); 0 = every search on `threads`"))
+    blas_threshold: int = Field(8, ge=1, description="queries per flat search from which FAISS computes the inner "
+                                "products as one BLAS matrix product (below, its per-query loop: at MiniLM's 384 "
+                                "dimensions BLAS took 4.6x the CPU of the loop for one query and 0.4x for 16; faiss's "
+                                "own default, 128,000 elements, keeps every batch a service sees on the loop)")
     gpu: bool = Field(False, description="flat index only: fp16 shards across all visible GPUs (needs faiss-gpu)")
 
 

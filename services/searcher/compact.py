@@ -31,10 +31,12 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import ValidationError
@@ -56,6 +58,8 @@ _WORD = re.compile(r"\w+")
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
 _NUM = re.compile(r"\b\d+\b")
 _CAP = re.compile(r"\b[A-Z][a-z]+")
+_CAP_ASCII = re.compile(r"\b[A-Z][a-z]+", re.ASCII)
+"""`_CAP` for an ASCII text (the same matches; faster)."""
 _NAME = re.compile(r"\b[A-Z][\w'.-]*(?:\s+(?:of|de|the|von|van|du|la|and)?\s*[A-Z][\w'.-]*)*")
 _STOP = frozenset(
     "a an the of in on at to for and or is was were are be been by with from as that this which who what when "
@@ -174,30 +178,36 @@ class PoolDoc:
     """Found by a lexical (BM25) block; False: only by the dense block."""
 
 
-def pool_of(blocks: Sequence[InfoBlock]) -> list[PoolDoc]:
+def block_places(b: int, block: InfoBlock) -> list[PoolDoc]:
+    """Every document of block `b` as a pool document: a lexical block's with its BM25 evidence relative to
+    the block (score / best, z-score, rank), a dense block's without lexical evidence (rank `ABSENT_RANK`)."""
+    docs = block.documents
+    if block.method == DENSE:
+        return [PoolDoc(doc, b, i + 1, ABSENT_RANK, 0.0, -3.0, lexical=False) for i, doc in enumerate(docs)]
+    scores = np.array([d.score or 0.0 for d in docs], dtype=np.float64)
+    top = float(scores.max()) if len(scores) and scores.max() > 0 else 1.0
+    mean, std = (float(scores.mean()), float(scores.std())) if len(scores) else (0.0, 0.0)
+    return [PoolDoc(doc, b, i + 1, i, float(scores[i]) / top, (float(scores[i]) - mean) / (std + 1e-6))
+            for i, doc in enumerate(docs)]
+
+
+def pool_of(blocks: Sequence[InfoBlock], texts: PoolTexts | None = None) -> list[PoolDoc]:
     """The distinct documents of every block (by id, first occurrence kept), with their lexical (BM25)
     evidence relative to their own block: the lexical blocks' documents first, in block order, then those
-    only a dense block found (lexical evidence absent: no score, rank `ABSENT_RANK`)."""
+    only a dense block found (lexical evidence absent: no score, rank `ABSENT_RANK`). `texts`: the search's
+    `PoolTexts`, which keeps each block's pool documents for its later steps."""
     seen: set[str] = set()
     pool: list[PoolDoc] = []
-    lexical = [(b, block) for b, block in enumerate(blocks) if block.method != DENSE]
-    for b, block in lexical:
-        docs = block.documents
-        scores = np.array([d.score or 0.0 for d in docs], dtype=np.float64)
-        top = float(scores.max()) if len(scores) and scores.max() > 0 else 1.0
-        mean, std = (float(scores.mean()), float(scores.std())) if len(scores) else (0.0, 0.0)
-        for i, doc in enumerate(docs):
-            if doc.id in seen:
+    places = [texts.places(b, block) if texts is not None else block_places(b, block)
+              for b, block in enumerate(blocks)]
+    for lexical in (True, False):
+        for block, docs in zip(blocks, places, strict=True):
+            if (block.method != DENSE) != lexical:
                 continue
-            seen.add(doc.id)
-            pool.append(PoolDoc(doc, b, i + 1, i, float(scores[i]) / top, (float(scores[i]) - mean) / (std + 1e-6)))
-    for b, block in enumerate(blocks):
-        if block.method != DENSE:
-            continue
-        for i, doc in enumerate(block.documents):
-            if doc.id not in seen:
-                seen.add(doc.id)
-                pool.append(PoolDoc(doc, b, i + 1, ABSENT_RANK, 0.0, -3.0, lexical=False))
+            for place in docs:
+                if place.doc.id not in seen:
+                    seen.add(place.doc.id)
+                    pool.append(place)
     return pool
 
 
@@ -251,60 +261,325 @@ class QuestionInfo:
         return cls(question, question.lower(), joined, _content(question), wh)
 
 
-def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc]) -> np.ndarray:
-    """One row of `DOC_FEATURES` per pool document."""
-    qw, ql, wh = question.content, question.joined, question.wh
-    titles = [_joined(p.doc.title).strip() for p in pool]
-    body_words = [_words(p.doc.text) for p in pool]
-    bodies = [f" {' '.join(words)} " for words in body_words]  # _joined, from the words read once
-    title_words = [_content(p.doc.title) for p in pool]
-    title_in_q = [len(tw & qw) / max(1, len(tw)) for tw in title_words]
-    anchors = [j for j in range(len(pool)) if titles[j] and (f" {titles[j]} " in ql or title_in_q[j] >= 0.99)]
-    window = range(min(LINK_WINDOW, len(pool)))
-    cores = [_joined(title_core(p.doc.title)).strip() for p in pool]
-    heads = [_joined(title_head(p.doc.title)).strip() for p in pool]
-    core_words = [_content(title_core(p.doc.title)) for p in pool]
-    core_in_q = [len(c) > 3 and f" {c} " in ql for c in cores]
-    core_cov = [len(w & qw) / max(1, len(w)) for w in core_words]
-    core_anchors = [j for j in range(len(pool)) if core_in_q[j] or core_cov[j] >= 0.99]
-    top3 = range(min(3, len(pool)))
+_NON_WORD_ASCII = str.maketrans({c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")})
+_YEARS = frozenset(str(year) for year in range(1000, 2100))
+"""The words `_YEAR` matches: a text has a year when one of its words is one."""
+
+
+def _lower_words(text: str) -> list[str]:
+    """`_words(text)`, cheaper: an ASCII text lower-cased, its non-word characters made spaces and split; another
+    lower-cased whole before the split (the same words: lower-casing keeps every character a word character or
+    not, and one character, except "İ", and "Σ" depends on its neighbours), else word by word."""
+    if text.isascii():
+        return text.lower().translate(_NON_WORD_ASCII).split()
+    if "\u0130" not in text and "\u03a3" not in text:
+        return _WORD.findall(text.lower())
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+class TextFacts(NamedTuple):
+    """What the features read of a document's title and text, whatever the search (`TextFacts.of`; kept across
+    searches by `TextCache`)."""
+
+    raw_title: str
+    raw_text: str
+    title: str
+    """The title's lower-cased words joined by single spaces ("machine head band")."""
+    core: str
+    """`title_core`'s words, likewise ("machine head")."""
+    head: str
+    """`title_head`'s words, likewise ("davenport" for "Davenport, Florida")."""
+    title_words: frozenset[str]
+    """The title's content words (`_content`)."""
+    core_words: frozenset[str]
+    words: frozenset[str]
+    """The text's distinct lower-cased words."""
+    body: str
+    """The text's words joined and padded (`_joined`): `f" {phrase} " in body` matches whole words."""
+    caps: list[str]
+    """Capitalised words of the text (`_CAP`)."""
+    own: tuple[float, float, float]
+    """`TEXT_COLUMNS` of the document."""
+
+    @classmethod
+    def of(cls, title: str, text: str) -> TextFacts:
+        words = _lower_words(text)
+        distinct = frozenset(words)
+        title_list = _lower_words(title)
+        title_words = frozenset(title_list) - _STOP
+        title_joined = " ".join(title_list)
+        core = title_core(title)
+        if core == title:
+            core_joined, core_words = title_joined, title_words
+        else:
+            core_list = _lower_words(core)
+            core_joined, core_words = " ".join(core_list), frozenset(core_list) - _STOP
+        head = core.split(",")[0].strip()  # title_head
+        head_joined = core_joined if head == core else " ".join(_lower_words(head))
+        caps = (_CAP_ASCII if text.isascii() else _CAP).findall(text)
+        # _YEAR and _NUM match whole words: a year, a word of decimal digits
+        own = (float(not distinct.isdisjoint(_YEARS)), float(any(map(str.isdecimal, distinct))),
+               len(caps) / max(1, len(words)))
+        return cls(title, text, title_joined, core_joined, head_joined, title_words, core_words, distinct,
+                   f" {' '.join(words)} ", caps, own)
+
+
+class TextCache:
+    """A bounded least-recently-used cache of `TextFacts` by document id (checked against the title and text),
+    shared by the searches of a process: a document many searches retrieve (a popular passage, the pool of every
+    rollout of an RL group, an evaluation run again) is read once. ~8 kB a document; `size` 0: off."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._facts: OrderedDict[str, TextFacts] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+    def facts(self, doc: SearchedDocument) -> TextFacts:
+        known = self._facts.get(doc.id) if self.size else None
+        if known is not None and known.raw_text == doc.text and known.raw_title == doc.title:
+            self._facts.move_to_end(doc.id)
+            self.hits += 1
+            return known
+        self.misses += 1
+        facts = TextFacts.of(doc.title, doc.text)
+        if self.size:
+            self._facts[doc.id] = facts
+            self._facts.move_to_end(doc.id)
+            if len(self._facts) > self.size:
+                self._facts.popitem(last=False)
+        return facts
+
+
+@dataclass(slots=True)
+class DocText:
+    """A document of one search (`PoolTexts`): its `TextFacts` and its bit in the search's masks."""
+
+    doc: SearchedDocument
+    number: int
+    """Its bit in `PoolTexts`'s masks (`1 << number`)."""
+    facts: TextFacts
+
+
+TEXT_COLUMNS = ("has_year", "has_number", "cap_density")
+"""Document features of the text alone (`DocText.own`)."""
+QUESTION_COLUMNS = ("title_in_q", "title_full_in_q", "q_coverage", "has_new_name", "is_anchor", "core_in_q",
+                    "core_coverage", "is_core_anchor")
+"""Document features of the text and the question (`PoolTexts.asked`)."""
+
+
+class PoolTexts:
+    """The documents of one search as the features read them, each text tokenised once however many steps
+    the policy takes (`CompactPolicy.decide` keeps one per search; `cache`: texts read by earlier searches), with
+    what depends on the question (for one question at a time) and which documents' texts hold a phrase (a title,
+    as whole words) as a mask of their bits (`DocText.number`), each kept and grown as blocks arrive."""
+
+    def __init__(self, cache: TextCache | None = None) -> None:
+        self.cache = cache
+        self._texts: dict[str, DocText] = {}
+        self._docs: list[DocText] = []
+        self._postings: dict[str, int] = {}
+        """word of `_vocabulary` -> the mask of the documents (the first `_indexed`) whose text has it"""
+        self._vocabulary: set[str] = set()
+        self._indexed = 0
+        self._phrases: dict[str, tuple[int, int]] = {}
+        """phrase -> (mask of the documents whose text holds it, how many documents it has looked at)"""
+        self._question: str | None = None
+        self._asked: dict[int, tuple[float, ...]] = {}
+        self._places: dict[int, tuple[InfoBlock, list[PoolDoc]]] = {}
+
+    def places(self, b: int, block: InfoBlock) -> list[PoolDoc]:
+        """`block_places(b, block)`, worked out once per block of the search."""
+        known = self._places.get(b)
+        if known is not None and known[0] is block:
+            return known[1]
+        docs = block_places(b, block)
+        self._places[b] = (block, docs)
+        return docs
+
+    def text(self, doc: SearchedDocument, key: str | None = None) -> DocText:
+        """`doc`'s `DocText`, under `key` (default: its id); a key seen before with the same title and text
+        gives the one worked out then."""
+        key = doc.id if key is None else key
+        known = self._texts.get(key)
+        if known is not None and (known.doc is doc or (known.doc.title == doc.title and known.doc.text == doc.text)):
+            return known
+        facts = self.cache.facts(doc) if self.cache is not None else TextFacts.of(doc.title, doc.text)
+        text = DocText(doc, len(self._docs), facts)
+        self._texts[key] = text
+        self._docs.append(text)
+        return text
+
+    def asked(self, question: QuestionInfo, doc: DocText) -> tuple[float, ...]:
+        """`QUESTION_COLUMNS` of `doc` for `question`."""
+        if question.text != self._question:
+            self._question, self._asked = question.text, {}
+        known = self._asked.get(doc.number)
+        if known is not None:
+            return known
+        qw, ql, f = question.content, question.joined, doc.facts
+        title_in_q = len(f.title_words & qw) / max(1, len(f.title_words))
+        title_full_in_q = bool(f.title) and f" {f.title} " in ql
+        # the question's content words are no stop words: those of the text, or of the title
+        coverage = (len(qw & f.words) + len((qw - f.words) & f.title_words)) / max(1, len(qw))
+        core_in_q = len(f.core) > 3 and f" {f.core} " in ql
+        core_cov = len(f.core_words & qw) / max(1, len(f.core_words))
+        new_name = any(c.lower() not in qw for c in f.caps)
+        row = (title_in_q, float(title_full_in_q), coverage, float(new_name),
+               float(title_full_in_q or (bool(f.title) and title_in_q >= 0.99)), float(core_in_q), core_cov,
+               float(core_in_q or core_cov >= 0.99))
+        self._asked[doc.number] = row
+        return row
+
+    def index(self, phrases: Iterable[str] = ()) -> None:
+        """Get ready to find the titles, cores and heads of the documents read so far, and `phrases`
+        (`bodies_with`): which documents have each of their words. Only such words are indexed: per document,
+        its words among them (a set intersection), and a word new to them in the documents indexed before."""
+        postings, docs, vocabulary = self._postings, self._docs, self._vocabulary
+        fresh = docs[self._indexed:]
+        new = {w for d in fresh for phrase in (d.facts.title, d.facts.core, d.facts.head) if len(phrase) > 3
+               for w in phrase.split(" ")}
+        new.update(w for phrase in phrases for w in phrase.split(" "))
+        new -= vocabulary
+        if new:
+            for doc in docs[:self._indexed]:
+                for word in doc.facts.words & new:
+                    postings[word] = postings.get(word, 0) | (1 << doc.number)
+            vocabulary |= new
+        for doc in fresh:
+            for word in doc.facts.words & vocabulary:
+                postings[word] = postings.get(word, 0) | (1 << doc.number)
+        self._indexed = len(docs)
+
+    def bodies_with(self, phrase: str) -> int:
+        """The mask of the documents whose text holds `phrase` (words joined by single spaces) as whole words:
+        `f" {phrase} " in body`, looked for only in the texts that have each of its words."""
+        n = len(self._docs)
+        mask, seen = self._phrases.get(phrase, (0, 0))
+        if seen == n:
+            return mask
+        words = phrase.split(" ")
+        if self._indexed < n or not self._vocabulary.issuperset(words):
+            self.index([phrase])
+        found = (1 << n) - (1 << seen)
+        for word in words:
+            found &= self._postings.get(word, 0)
+            if not found:
+                break
+        if len(words) > 1:
+            padded, left = f" {phrase} ", found
+            while left:
+                low = left & -left
+                if padded not in self._docs[low.bit_length() - 1].facts.body:
+                    found ^= low
+                left ^= low
+        mask |= found
+        self._phrases[phrase] = (mask, n)
+        return mask
+
+
+_LOG_RANK = [math.log1p(r) / math.log(51) for r in range(ABSENT_RANK + 1)]
+
+
+def _log_rank(rank: int) -> float:
+    return _LOG_RANK[rank] if 0 <= rank <= ABSENT_RANK else math.log1p(rank) / math.log(51)
+
+
+def _incoming(masks: Sequence[int], bits: Sequence[int], size: int) -> list[int]:
+    """Per document number, the mask of the documents whose phrase (`masks[j]`: the bodies holding
+    document j's phrase) its body holds."""
+    out = [0] * size
+    for mask, bit in zip(masks, bits, strict=True):
+        while mask:
+            low = mask & -mask
+            out[low.bit_length() - 1] |= bit
+            mask ^= low
+    return out
+
+
+LINK_COLUMNS = ("mentioned_by", "mentions", "linked_from_anchor", "links_to_anchor", "core_linked_from_anchor",
+                "head_linked_from_anchor", "core_links_to_anchor", "head_links_to_anchor", "head_linked_from_top3",
+                "head_linked_in_top10", "same_title_above")
+"""Document features of the links between the pool's documents (`doc_columns`)."""
+POOL_COLUMNS = ("score_rel", "inv_rank", "log_rank", "follow_up", "score_z")
+"""Document features of its place in the pool (`PoolDoc`)."""
+
+
+def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolTexts | None = None
+                ) -> dict[str, np.ndarray]:
+    """`DOC_FEATURES` of the pool by name, one float64 array (a value per pool document) each. `texts`: the
+    search's `PoolTexts` (what its earlier steps read is not read again); without it, a new one."""
+    if texts is None:
+        texts = PoolTexts()
+    docs = [texts.text(p.doc) for p in pool]
+    bits = [1 << d.number for d in docs]
+    if len(set(bits)) != len(bits):  # one id twice in the pool (not a `pool_of` pool): a bit per position
+        texts = PoolTexts()
+        docs = [texts.text(p.doc, key=str(i)) for i, p in enumerate(pool)]
+        bits = [1 << d.number for d in docs]
+    n = len(pool)
+    asked = [texts.asked(question, d) for d in docs]
+    is_anchor, is_core_anchor = QUESTION_COLUMNS.index("is_anchor"), QUESTION_COLUMNS.index("is_core_anchor")
+    everyone = anchors = core_anchors = window = top3 = 0
+    for i, (bit, row) in enumerate(zip(bits, asked, strict=True)):
+        everyone |= bit
+        anchors |= bit if row[is_anchor] else 0
+        core_anchors |= bit if row[is_core_anchor] else 0
+        window |= bit if i < LINK_WINDOW else 0
+        top3 |= bit if i < 3 else 0
+    # which bodies hold each document's title, core and head (only those longer than 3 characters link), and
+    # whose title, core and head each body holds
+    texts.index()
+    facts = [d.facts for d in docs]
+    title_in = [texts.bodies_with(f.title) & everyone if len(f.title) > 3 else 0 for f in facts]
+    core_in = [texts.bodies_with(f.core) & everyone if len(f.core) > 3 else 0 for f in facts]
+    head_in = [texts.bodies_with(f.head) & everyone if len(f.head) > 3 else 0 for f in facts]
+    size = max(d.number for d in docs) + 1 if docs else 0
+    holds_title, holds_core, holds_head = (_incoming(m, bits, size) for m in (title_in, core_in, head_in))
     first_of_core: dict[str, int] = {}
-    rows = []
-    for i, p in enumerate(pool):
-        text = p.doc.text
-        words = body_words[i]
-        title_ok = len(titles[i]) > 3
-        mentioned_by = sum(1 for j in window if j != i and title_ok and f" {titles[i]} " in bodies[j])
-        mentions = sum(1 for j in window if j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i])
-        linked_from = float(any(j != i and title_ok and f" {titles[i]} " in bodies[j] for j in anchors))
-        links_to = float(any(j != i and len(titles[j]) > 3 and f" {titles[j]} " in bodies[i] for j in anchors))
-        caps = _CAP.findall(text)
-        cap_density = len(caps) / max(1, len(words))
-        has_year = float(bool(_YEAR.search(text)))
-        has_number = float(bool(_NUM.search(text)))
-        new_name = float(any(c.lower() not in qw for c in caps))
-        coverage = len(qw & ((set(words) - _STOP) | title_words[i])) / max(1, len(qw))
-        core_ok, head_ok = len(cores[i]) > 3, len(heads[i]) > 3
-        same_above = first_of_core.setdefault(cores[i], i) != i
-        linked = [
-            float(i in core_anchors),
-            float(any(j != i and core_ok and f" {cores[i]} " in bodies[j] for j in core_anchors)),
-            float(any(j != i and head_ok and f" {heads[i]} " in bodies[j] for j in core_anchors)),
-            float(any(j != i and len(cores[j]) > 3 and f" {cores[j]} " in bodies[i] for j in core_anchors)),
-            float(any(j != i and len(heads[j]) > 3 and f" {heads[j]} " in bodies[i] for j in core_anchors)),
-            float(any(j != i and head_ok and f" {heads[i]} " in bodies[j] for j in top3)),
-            float(same_above),
-            min(sum(1 for j in window if j != i and head_ok and f" {heads[i]} " in bodies[j]), 3) / 3,
-        ]
-        rows.append([
-            p.score_rel, 1.0 / (p.rank + 1), math.log1p(p.rank) / math.log(51), float(p.block > 0),
-            title_in_q[i], float(bool(titles[i]) and f" {titles[i]} " in ql), coverage,
-            min(mentioned_by, 3) / 3, min(mentions, 3) / 3, has_year, has_number, cap_density,
-            wh[0] * has_year, wh[7] * has_year, wh[2] * cap_density, wh[5] * has_number, wh[6] * has_number,
-            linked_from, links_to, new_name, max(-3.0, min(3.0, p.score_z)), float(i in anchors),
-            float(core_in_q[i]), core_cov[i], *linked, float(bool(core_anchors)), min(len(core_anchors), 3) / 3,
-        ])
-    return np.asarray(rows, dtype=np.float32).reshape(len(pool), len(DOC_FEATURES))
+    links = []
+    for i, (d, bit) in enumerate(zip(docs, bits, strict=True)):
+        other = ~bit
+        t_in, c_in, h_in = title_in[i] & other, core_in[i] & other, head_in[i] & other
+        t_holds, c_holds, h_holds = (holds_title[d.number] & other, holds_core[d.number] & other,
+                                     holds_head[d.number] & other)
+        links.append((min((t_in & window).bit_count(), 3) / 3, min((t_holds & window).bit_count(), 3) / 3,
+                      float(t_in & anchors != 0), float(t_holds & anchors != 0), float(c_in & core_anchors != 0),
+                      float(h_in & core_anchors != 0), float(c_holds & core_anchors != 0),
+                      float(h_holds & core_anchors != 0), float(h_in & top3 != 0),
+                      min((h_in & window).bit_count(), 3) / 3,
+                      float(first_of_core.setdefault(d.facts.core, i) != i)))
+    places = np.array([(p.score_rel, 1.0 / (p.rank + 1), _log_rank(p.rank), float(p.block > 0),
+                        max(-3.0, min(3.0, p.score_z))) for p in pool], dtype=np.float64).reshape(n, len(POOL_COLUMNS))
+    columns: dict[str, np.ndarray] = {}
+    for names, values in ((TEXT_COLUMNS, [f.own for f in facts]), (QUESTION_COLUMNS, asked), (LINK_COLUMNS, links)):
+        table = np.array(values, dtype=np.float64).reshape(n, len(names))
+        columns.update((name, table[:, j]) for j, name in enumerate(names))
+    columns.update((name, places[:, j]) for j, name in enumerate(POOL_COLUMNS))
+    has_year, has_number, cap_density = columns["has_year"], columns["has_number"], columns["cap_density"]
+    wh = question.wh
+    n_core_anchors = core_anchors.bit_count()
+    columns.update({
+        "when_year": wh[0] * has_year,
+        "year_year": wh[7] * has_year,
+        "who_names": wh[2] * cap_density,
+        "how_many_number": wh[5] * has_number,
+        "how_much_number": wh[6] * has_number,
+        "has_core_anchor": np.full(n, float(n_core_anchors > 0)),
+        "core_anchor_count": np.full(n, min(n_core_anchors, 3) / 3),
+    })
+    return {name: columns[name] for name in DOC_FEATURES}
+
+
+def doc_features(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolTexts | None = None) -> np.ndarray:
+    """One row of `DOC_FEATURES` per pool document (`doc_columns` in that order)."""
+    columns = doc_columns(question, pool, texts)
+    if not pool:
+        return np.zeros((0, len(DOC_FEATURES)), dtype=np.float32)
+    return np.stack([columns[name] for name in DOC_FEATURES], axis=1).astype(np.float32)
 
 
 @dataclass
@@ -397,6 +672,11 @@ class CompactPolicy:
     digest: str = ""
     manifest: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
+    text_cache: TextCache = field(default_factory=TextCache, repr=False, compare=False)
+    """Documents' texts as the features read them, across searches (`TextCache(0)`: off)."""
+    _texts: weakref.WeakKeyDictionary[SearchEnv, PoolTexts] = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False)
+    """Each running search's `PoolTexts`: its documents read once, whatever the number of steps."""
 
     @property
     def model(self) -> str:
@@ -510,11 +790,11 @@ class CompactPolicy:
         h = np.maximum(h @ w[pre + "w2"] + w[pre + "b2"], 0)
         return (h @ w[pre + "w3"] + w[pre + "b3"]).reshape(-1)
 
-    def features(self, question: QuestionInfo, pool: Sequence[PoolDoc], blocks: Sequence[InfoBlock]
-                 ) -> tuple[np.ndarray, np.ndarray, str]:
+    def features(self, question: QuestionInfo, pool: Sequence[PoolDoc], blocks: Sequence[InfoBlock],
+                 texts: PoolTexts | None = None) -> tuple[np.ndarray, np.ndarray, str]:
         """(lexical features, scoring features, scorer): the scoring features add the dense evidence when
-        the search has a dense block and the policy its scorer."""
-        doc_x = doc_features(question, pool)
+        the search has a dense block and the policy its scorer. `texts`: the search's (`doc_columns`)."""
+        doc_x = doc_features(question, pool, texts)
         dense_x = dense_features(pool, blocks) if self.has_dense else None
         if dense_x is None:
             return doc_x, doc_x, LEXICAL_SCORER
@@ -527,21 +807,29 @@ class CompactPolicy:
                ) -> Decision:
         """The next action in `env`: a follow-up search or the end with the selection. Greedy without `rng`;
         with one, the query is drawn from the candidates' softmax and the selection by Plackett-Luce."""
+        texts = self._texts.get(env)
+        if texts is None:
+            texts = self._texts[env] = PoolTexts(self.text_cache)
         question = QuestionInfo.of(env.question)
-        pool = pool_of(env.blocks)
-        doc_x, score_x, scorer = self.features(question, pool, env.blocks)
+        pool = pool_of(env.blocks, texts)
+        doc_x, score_x, scorer = self.features(question, pool, env.blocks, texts)
         logits = self.doc_logits(score_x, scorer) if len(pool) else np.zeros(0, dtype=np.float32)
         cand_x, choice = None, None
         if env.can_search and len(pool):
             cands, cand_x = candidates(question, pool, softmax(logits), env.seen_queries, doc_x)
             q_logits = self.query_logits(cand_x)
+            prefetch: tuple[str, ...] = ()
             if rng is None:
                 choice = int(np.argmax(q_logits))
+                if env.searches_left > 1:  # the next search is nearly always this step's runner-up: ask for it now
+                    runner_up = next((int(i) for i in np.argsort(-q_logits, kind="stable")
+                                      if i != choice and cands[i].kind != "stop"), None)
+                    prefetch = (cands[runner_up].query,) if runner_up is not None else ()
             else:
                 choice = int(rng.choice(len(cands), p=softmax(q_logits, temperature)))
             if cands[choice].kind != "stop":
-                return Decision(Action("search", query=cands[choice].query), score_x, cand_x, choice,
-                                scorer=scorer)
+                return Decision(Action("search", query=cands[choice].query, prefetch=prefetch), score_x, cand_x,
+                                choice, scorer=scorer)
         k = min(env.params.select_k, len(pool))
         if rng is None:
             chosen = [int(i) for i in np.argsort(-logits, kind="stable")[:k]]

@@ -81,6 +81,58 @@ async def test_every_method_returns_ranked_documents(client: httpx.AsyncClient, 
         assert top["title"] == corpus.titles[target] and top["text"] == corpus.texts[target]
 
 
+async def test_a_method_per_query_answers_as_separate_requests_would(client: httpx.AsyncClient) -> None:
+    """`methods`: the same question with bm25 and with dense (the compact searcher's pool) in one round trip,
+    each ranking the one its own request gets."""
+    queries = ["Nobel prize in physics", "Nobel prize in physics", "history of film", "history of film"]
+    methods = ["bm25", "dense", "hybrid", "bm25"]
+    response = await client.post("/retrieve", json={"queries": queries, "k": 4, "methods": methods})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["methods"] == methods and body["method"] == "bm25"
+    for query, method, ranked in zip(queries, methods, body["results"], strict=True):
+        alone = await client.post("/retrieve", json={"queries": [query], "k": 4, "method": method})
+        assert ranked == alone.json()["results"][0], method
+    assert "methods" not in (await client.post("/retrieve", json={"queries": ["film"]})).json()
+    default = await client.post("/retrieve", json={"queries": ["film"], "k": 2, "methods": [None]})
+    assert default.status_code == 200 and default.json()["methods"] == ["bm25"]  # the service's default
+
+
+async def test_repeated_dense_queries_are_encoded_once(tiny: RetrieverSettings) -> None:
+    """The encoder's query-vector cache: a query asked again (alone, or twice in one batch) gives the same
+    ranking without being encoded again; with the cache off, the same rankings."""
+    from services.retriever.dense import DenseRetriever
+
+    body = {"queries": ["who founded the film studio", "who founded the film studio", "a new question"], "k": 5,
+            "method": "dense"}
+    app = create_app(tiny)
+    async with app_client(app) as c:
+        await wait_ready(c)
+        dense = app.state.retriever.retrievers["dense"]
+        assert isinstance(dense, DenseRetriever) and dense.encoder.query_cache is not None
+        cache = dense.encoder.query_cache
+        size, misses = len(cache), cache.misses
+        first = (await c.post("/retrieve", json=body)).json()["results"]
+        assert first[0] == first[1] and len(cache) == size + 2  # the repeat in the batch: encoded once
+        again = (await c.post("/retrieve", json={**body, "queries": body["queries"][:1]})).json()["results"]
+        assert again == first[:1] and cache.misses == misses + 3 and cache.hits == 1
+    off = tiny.model_copy(update={"encoder": tiny.encoder.model_copy(update={"query_cache": 0})})
+    app = create_app(off)
+    async with app_client(app) as c:
+        await wait_ready(c)
+        assert app.state.retriever.retrievers["dense"].encoder.query_cache is None
+        assert (await c.post("/retrieve", json=body)).json()["results"] == first
+
+
+async def test_one_query_and_a_large_batch_rank_alike(client: httpx.AsyncClient) -> None:
+    """A small batch searches on one OpenMP thread, a large one on every thread: the same rankings."""
+    queries = [f"question {i} about the history of film and music" for i in range(40)]
+    batch = (await client.post("/retrieve", json={"queries": queries, "k": 5, "method": "dense"})).json()["results"]
+    for i in (0, 17, 39):
+        alone = (await client.post("/retrieve", json={"queries": [queries[i]], "k": 5, "method": "dense"})).json()
+        assert [d["id"] for d in alone["results"][0]] == [d["id"] for d in batch[i]]
+
+
 async def test_default_method_and_k_larger_than_corpus(client: httpx.AsyncClient, tiny: RetrieverSettings) -> None:
     response = await client.post("/retrieve", json={"queries": ["Nobel prize physics"]})
     assert response.status_code == 200
@@ -149,6 +201,9 @@ BAD_INPUTS: list[tuple[str, Any, int]] = [
     ("k as a boolean", {"queries": ["q"], "k": True}, 422),
     ("queries x k over the response bound", {"queries": ["q"] * 4096, "k": 1000}, 422),
     ("41 queries at k 1000", {"queries": ["q"] * 41, "k": 1000}, 422),
+    ("method and methods", {"queries": ["q"], "method": "bm25", "methods": ["dense"]}, 422),
+    ("a method per query, one short", {"queries": ["q", "r"], "methods": ["bm25"]}, 422),
+    ("unknown method in methods", {"queries": ["q"], "methods": ["splade"]}, 422),
 ]
 
 
@@ -179,6 +234,9 @@ async def test_method_not_loaded_is_400(tiny: RetrieverSettings) -> None:
         for method in ("dense", "hybrid"):
             error = assert_envelope(await c.post("/retrieve", json={"queries": ["q"], "method": method}), 400)
             assert error["param"] == "method" and error["type"] == "bad_request"
+            error = assert_envelope(await c.post("/retrieve", json={"queries": ["q", "q"],
+                                                                    "methods": ["bm25", method]}), 400)
+            assert error["param"] == "methods" and error["type"] == "bad_request"
         version = (await c.get("/version")).json()
         assert version["details"]["methods"] == ["bm25"]
         assert version["details"]["encoder_backend"] is None  # no dense index, no encoder

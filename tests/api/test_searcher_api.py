@@ -36,7 +36,9 @@ def fake_retriever_app() -> FastAPI:
         app.state.requests.append(body)
         results = [[Document(id=f"{q}#{i}", title=f"T{i}", text=f"passage {i} for {q}", score=1.0 / i)
                     for i in range(1, body.k + 1)] for q in body.queries]
-        return RetrieveResponse(method=body.method or "bm25", results=results, took_ms=0.1)
+        methods = [m or "bm25" for m in body.methods] if body.methods is not None else None
+        return RetrieveResponse(method=methods[0] if methods else body.method or "bm25", methods=methods,
+                                results=results, took_ms=0.1)
 
     return app
 

@@ -137,7 +137,8 @@ async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_t
     assert [(b["turn"], b["method"]) for b in body["trace"]["blocks"]] == [(0, "bm25"), (0, "dense")]
     assert body["queries"] == [] and body["timings"]["retrieval_calls"] == 2
     assert [e["method"] for name, e in streamed if name == "retrieval"] == ["bm25", "dense"]
-    assert sorted(r.method for r in retriever.state.requests) == ["bm25", "bm25", "dense", "dense"]
+    requests = retriever.state.requests
+    assert [r.methods for r in requests] == [["bm25", "dense"]] * 2  # each search's pool: one request
     from services.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
 
     dense = retrieval_cost(Retrieval("dense", len(Q), 5))  # it encodes the question: dearer than BM25's
@@ -194,6 +195,12 @@ async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy
 
 
 # ------------------------------------------------------------------ the policy carries its setting (issue 38)
+def sent(requests: list) -> list[tuple[int, str | None]]:
+    """(k, method) of every query the fake retriever was asked, however the searcher merged them into requests
+    (a request's `methods`, one per query, or its one `method`)."""
+    return [(r.k, m) for r in requests for m in (r.methods or [r.method] * len(r.queries))]
+
+
 def searcher(settings: SearcherSettings, policy: CompactPolicy | None = None) -> tuple[object, FastAPI,
                                                                                        RetrieverClient]:
     """The searcher app on a fake retriever (no `/version`: the pool is `method` alone, bm25), its policy the
@@ -230,7 +237,7 @@ async def test_the_service_applies_the_setting_of_the_policys_manifest(searching
     # the pool of 5, two follow-up searches, 2 documents: the manifest's setting, not the service's defaults
     assert [len(b["document_ids"]) for b in body["trace"]["blocks"]] == [5, 5, 5], body["trace"]
     assert len(body["queries"]) == 2 and len(body["documents"]) == 2 and body["stop_reason"] == "complete"
-    assert [(r.k, r.method) for r in retriever.state.requests] == [(5, "bm25")] * 3
+    assert sent(retriever.state.requests) == [(5, "bm25")] * 3
     assert version["defaults"]["s3"] == {"retrieve_k": 5, "select_k": 2, "max_turns": 2, "method": "bm25",
                                          "constrained": False}
     assert version["policy_setting"]["pool_methods"] == ["bm25"]
@@ -289,7 +296,7 @@ async def test_follow_up_searches_use_the_trained_method_and_other_methods_are_r
         assert error["param"] == "method" and f"'{method}'" in error["message"] and "bm25" in error["message"]
     assert batch.status_code == 400 and batch.json()["error"]["param"] == "method"
     assert same.status_code == 200 and len(same.json()["queries"]) == 2
-    assert [r.method for r in retriever.state.requests[:3]] == ["bm25", "bm25", "bm25"]  # pool + 2 follow-ups
+    assert [m for _, m in sent(retriever.state.requests[:-1])] == ["bm25", "bm25", "bm25"]  # pool + 2 follow-ups
     # naive top-k is not the policy's: any method the retriever serves
     assert naive_dense.status_code == 200 and retriever.state.requests[-1].method == "dense"
 
@@ -321,7 +328,7 @@ async def test_the_follow_up_method_does_not_follow_the_retrievers_default(searc
     finally:
         await client.aclose()
     assert len(response.queries) == 2
-    assert [r.method for r in retriever.state.requests] == ["bm25", "bm25", "bm25"]
+    assert [m for _, m in sent(retriever.state.requests)] == ["bm25", "bm25", "bm25"]
 
 
 # ------------------------------------------------------------------------------------ degrade, never fail

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.common.errors import BadRequest, UpstreamTimeout
+from services.common.errors import BadRequest, UpstreamTimeout, ValidationFailed
 from services.common.http import UpstreamUnavailable
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import RetrieveResponse
@@ -21,25 +21,36 @@ class FakeClient:
     """Records each request; answers one document per query whose id names the query and k. With `hold`,
     a request is answered only once `release` is set (`sent` says one arrived)."""
 
-    def __init__(self, *, fail: Exception | None = None, hold: bool = False) -> None:
-        self.calls: list[tuple[list[str], int, str | None]] = []
+    def __init__(self, *, fail: Exception | None = None, hold: bool = False, knows_methods: bool = True,
+                 serves: tuple[str | None, ...] = (None, "bm25", "dense")) -> None:
+        self.calls: list[tuple[list[str], int, Any]] = []
         self.fail = fail
+        self.knows_methods = knows_methods
+        self.serves = serves
         self.sent = asyncio.Event()
         self.release = asyncio.Event()
         if not hold:
             self.release.set()
 
-    async def retrieve(self, queries: list[str], k: int = 10, method: Any = None) -> RetrieveResponse:
-        self.calls.append((list(queries), k, method))
+    async def retrieve(self, queries: list[str], k: int = 10, method: Any = None, *,
+                       methods: list[Any] | None = None) -> RetrieveResponse:
+        self.calls.append((list(queries), k, method if methods is None else tuple(methods)))
         self.sent.set()
         await asyncio.sleep(0)
         await self.release.wait()
         if self.fail is not None:
             raise self.fail
+        if methods is not None and not self.knows_methods:  # a retriever from before `methods`
+            raise ValidationFailed("retriever: methods: Extra inputs are not permitted", param="methods")
+        if methods is None and method not in self.serves:
+            raise BadRequest(f"retriever: method {method!r} is not served here", param="method")
+        if methods is not None and not set(methods) <= set(self.serves):
+            raise BadRequest("retriever: a method is not served here", param="methods")
         if BAD in queries:
             raise BadRequest("retriever: query too long")  # what decode_error gives for a 400
+        each = methods if methods is not None else [method] * len(queries)
         return RetrieveResponse.model_construct(
-            results=[[Document(id=f"{q}|{k}|{method}", title="t", text="x", score=1.0)] for q in queries])
+            results=[[Document(id=f"{q}|{k}|{m}", title="t", text="x", score=1.0)] for q, m in zip(queries, each, strict=True)])
 
 
 def ids(results: list[list[Document]]) -> list[str]:
@@ -55,13 +66,45 @@ async def test_concurrent_calls_go_out_as_one_request_and_each_caller_gets_its_o
     assert [ids(r) for r in results] == [["a|8|bm25"], ["b|8|bm25", "c|8|bm25"], ["d|8|bm25"]]
 
 
-async def test_calls_with_another_k_or_method_are_separate_requests() -> None:
+async def test_calls_with_another_k_are_separate_requests_other_methods_go_along_one_per_query() -> None:
     client = FakeClient()
     retriever = ServiceRetriever(client)  # type: ignore[arg-type]
     results = await asyncio.gather(retriever.retrieve(["a"], 8, "bm25"), retriever.retrieve(["b"], 3, "bm25"),
-                                   retriever.retrieve(["c"], 8, "dense"), retriever.retrieve(["d"], 8, "bm25"))
-    assert sorted(client.calls) == sorted([(["a", "d"], 8, "bm25"), (["b"], 3, "bm25"), (["c"], 8, "dense")])
-    assert [ids(r) for r in results] == [["a|8|bm25"], ["b|3|bm25"], ["c|8|dense"], ["d|8|bm25"]]
+                                   retriever.retrieve(["a"], 8, "dense"), retriever.retrieve(["d"], 8, "bm25"))
+    assert sorted(client.calls, key=str) == sorted([(["a", "a", "d"], 8, ("bm25", "dense", "bm25")),
+                                                    (["b"], 3, "bm25")], key=str)
+    assert [ids(r) for r in results] == [["a|8|bm25"], ["b|3|bm25"], ["a|8|dense"], ["d|8|bm25"]]
+
+
+async def test_without_mixed_methods_each_method_is_its_own_request() -> None:
+    client = FakeClient()
+    retriever = ServiceRetriever(client, mixed_methods=False)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["a"], 8, "bm25"), retriever.retrieve(["c"], 8, "dense"),
+                                   retriever.retrieve(["d"], 8, "bm25"))
+    assert sorted(client.calls, key=str) == sorted([(["a", "d"], 8, "bm25"), (["c"], 8, "dense")], key=str)
+    assert [ids(r) for r in results] == [["a|8|bm25"], ["c|8|dense"], ["d|8|bm25"]]
+
+
+async def test_a_retriever_that_refuses_methods_gets_one_request_per_method_from_then_on() -> None:
+    client = FakeClient(knows_methods=False)
+    retriever = ServiceRetriever(client)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["q"], 8, "bm25"), retriever.retrieve(["q"], 8, "dense"))
+    assert [ids(r) for r in results] == [["q|8|bm25"], ["q|8|dense"]]
+    assert client.calls[0] == (["q", "q"], 8, ("bm25", "dense")) and not retriever.mixed_methods
+    assert sorted(client.calls[1:], key=str) == [(["q"], 8, "bm25"), (["q"], 8, "dense")]
+    client.calls.clear()
+    await asyncio.gather(retriever.retrieve(["r"], 8, "bm25"), retriever.retrieve(["r"], 8, "dense"))
+    assert sorted(client.calls, key=str) == [(["r"], 8, "bm25"), (["r"], 8, "dense")]  # no second try
+
+
+async def test_an_unserved_method_fails_only_its_caller_with_the_retrievers_400() -> None:
+    client = FakeClient(serves=(None, "bm25"))
+    retriever = ServiceRetriever(client)  # type: ignore[arg-type]
+    results = await asyncio.gather(retriever.retrieve(["q"], 8, "bm25"), retriever.retrieve(["q"], 8, "dense"),
+                                   return_exceptions=True)
+    assert ids(results[0]) == ["q|8|bm25"]  # type: ignore[arg-type]
+    assert isinstance(results[1], BadRequest) and results[1].param == "method"
+    assert retriever.mixed_methods  # a method not served is no reason to stop merging
 
 
 async def test_a_full_batch_is_sent_and_the_rest_start_another() -> None:
@@ -115,8 +158,9 @@ async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
 
 async def test_an_answer_with_the_wrong_number_of_lists_is_an_upstream_error() -> None:
     class Short(FakeClient):
-        async def retrieve(self, queries: list[str], k: int = 10, method: Any = None) -> RetrieveResponse:
-            response = await super().retrieve(queries, k, method)
+        async def retrieve(self, queries: list[str], k: int = 10, method: Any = None, *,
+                           methods: list[Any] | None = None) -> RetrieveResponse:
+            response = await super().retrieve(queries, k, method, methods=methods)
             return RetrieveResponse.model_construct(results=response.results[:-1])
 
     retriever = ServiceRetriever(Short())  # type: ignore[arg-type]

@@ -350,3 +350,19 @@ def test_hits_helpers() -> None:
     assert Hits.empty(1, 4).ids.tolist() == [[-1, -1, -1, -1]]
     with pytest.raises(ValueError):
         Hits(np.zeros((1, 2), dtype=np.int64), np.zeros((1, 3), dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- query vectors
+def test_query_vector_cache_is_a_bounded_lru_keyed_by_encoder_and_text() -> None:
+    from services.retriever.dense import QueryVectorCache
+
+    cache = QueryVectorCache(2)
+    vec = np.eye(3, dtype=np.float32)
+    cache.put("minilm", ["a", "b"], vec[:2])
+    assert [v is not None for v in cache.get("minilm", ["a", "b", "c"])] == [True, True, False]
+    assert cache.get("e5", ["a"]) == [None]  # another encoder's vector is not this one's
+    found = cache.get("minilm", ["a"])[0]  # "a" is now the most recent: "b" goes first
+    assert found is not None and np.array_equal(found, vec[0])
+    cache.put("minilm", ["c"], vec[2:])
+    assert [v is not None for v in cache.get("minilm", ["a", "b", "c"])] == [True, False, True]
+    assert len(cache) == 2 and (cache.hits, cache.misses) == (5, 3)

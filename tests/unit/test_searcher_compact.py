@@ -21,9 +21,11 @@ from services.searcher.compact import (
     CompactPolicy,
     CompactPolicyError,
     QuestionInfo,
+    candidates,
     dense_features,
     doc_features,
     pool_of,
+    softmax,
     title_core,
     title_head,
 )
@@ -154,6 +156,62 @@ async def test_a_repeated_search_action_ends_the_search_on_every_block() -> None
     await env.act(Action("search", query=QUESTION.upper()))  # the question itself: a repeat
     assert env.done and env.stop_reason == "invalid_actions" and env.invalid == 1
     assert [d.id for d in env.documents()] == ["d1", "d2", "d3"]  # s3's rule: a block with no tag counts whole
+
+
+class CountingRetriever(MemoryRetriever):
+    """Also records each call's queries (one call: one retriever request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        self.calls.append(list(queries))
+        return await super().retrieve(queries, k, method)
+
+
+async def test_a_prefetched_query_is_retrieved_with_the_search_before_and_searched_from_there() -> None:
+    retriever = CountingRetriever()
+    env = SearchEnv(QUESTION, params(max_turns=2), retriever)
+    await env.reset()
+    await env.act(Action("search", query="big stone gap film", prefetch=("Adriana  Trigiani", "big stone gap film")))
+    assert retriever.calls[-1] == ["big stone gap film", "Adriana Trigiani"]  # one request; the repeat left out
+    await env.act(Action("search", query="Adriana Trigiani"))
+    assert len(retriever.calls) == 2  # no request: its documents came with the first search
+    plain = SearchEnv(QUESTION, params(max_turns=2), MemoryRetriever())
+    await plain.reset()
+    await plain.act(Action("search", query="big stone gap film"))
+    await plain.act(Action("search", query="Adriana Trigiani"))
+    assert [[(d.id, d.turn, d.query) for d in b.documents] for b in env.blocks] == \
+           [[(d.id, d.turn, d.query) for d in b.documents] for b in plain.blocks]
+    assert env.queries == plain.queries and not env.can_search
+
+
+async def test_a_prefetch_is_only_asked_with_a_search_left_after_it_and_a_wrong_guess_costs_a_request() -> None:
+    retriever = CountingRetriever()
+    env = SearchEnv(QUESTION, params(max_turns=2), retriever)
+    await env.reset()
+    await env.act(Action("search", query="big stone gap film", prefetch=("pebble",)))
+    await env.act(Action("search", query="Adriana Trigiani", prefetch=("gap",)))  # the last search: no prefetch
+    assert retriever.calls[1:] == [["big stone gap film", "pebble"], ["Adriana Trigiani"]]
+
+
+async def test_the_greedy_policy_prefetches_its_runner_up_while_a_search_is_left_after_and_samples_never_do(
+        ) -> None:
+    env = SearchEnv(QUESTION, params(max_turns=2), MemoryRetriever())
+    await env.reset()
+    decision = NAME_SEEKER.decide(env)
+    pool = pool_of(env.blocks)
+    cands, _ = candidates(QuestionInfo.of(QUESTION), pool, softmax(NAME_SEEKER.doc_logits(decision.doc_x)),
+                          env.seen_queries, decision.doc_x)
+    assert decision.cand_x is not None
+    q_logits = NAME_SEEKER.query_logits(decision.cand_x)
+    ranked = [cands[i].query for i in np.argsort(-q_logits, kind="stable") if cands[i].kind != "stop"]
+    assert decision.action.query == ranked[0] and decision.action.prefetch == (ranked[1],)
+    assert NAME_SEEKER.decide(env, rng=np.random.default_rng(0)).action.prefetch == ()  # training: as sampled
+    last = SearchEnv(QUESTION, params(max_turns=1), MemoryRetriever())
+    await last.reset()
+    assert NAME_SEEKER.decide(last).action.prefetch == ()  # no search after this one
 
 
 async def test_selection_outside_the_blocks_is_ignored() -> None:

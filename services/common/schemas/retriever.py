@@ -47,15 +47,26 @@ class RetrieveRequest(StrictModel):
                                  description="a batch of queries, searched together")
     k: int = Field(10, ge=1, le=MAX_K, description="results per query")
     method: Method | None = Field(None, description="bm25 | dense | hybrid; default: the service's")
+    methods: list[Method | None] | None = Field(None, max_length=MAX_BATCH, description=(
+        "instead of `method`: one method per query (null: the service's default; a query may come twice, e.g. "
+        "with bm25 and with dense: both rankings in one round trip); the response then says each query's in "
+        "`methods`"))
 
     @model_validator(mode="after")
     def _check_size(self) -> RetrieveRequest:
         check_results(len(self.queries), self.k)
+        if self.methods is not None:
+            if self.method is not None:
+                raise ValueError("set method or methods, not both")
+            if len(self.methods) != len(self.queries):
+                raise ValueError(f"methods has {len(self.methods)} entries for {len(self.queries)} queries: "
+                                 "one per query")
         return self
 
 
 class RetrieveResponse(BaseModel):
-    method: Method
+    method: Method = Field(..., description="the method searched (with `methods` in the request: the first query's)")
+    methods: list[Method] | None = Field(None, description="each query's method, when the request set `methods`")
     results: list[list[Document]]
     took_ms: float
 
