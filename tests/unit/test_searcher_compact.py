@@ -29,9 +29,10 @@ from services.searcher.compact import (
 )
 from services.searcher.env import Action, InfoBlock, SearchEnv, SearchEvent
 from services.searcher.loop import run_search
-from trainer.compact import Episode, LabeledItem, run_episode
-from trainer.data import QAItem
-from trainer.rewards import documents_hit
+from trainer.common.data import QAItem
+from trainer.common.rewards import documents_hit
+from trainer.compact.data import LabeledItem
+from trainer.compact.rl import Episode, run_episode
 
 QUESTION = "Which city is the director of Big Stone Gap based in?"
 CORPUS = {
@@ -184,7 +185,7 @@ async def test_training_episode_reward_reads_the_environments_documents() -> Non
 
 async def test_sampled_log_probability_matches_the_trainers() -> None:
     torch = pytest.importorskip("torch")
-    from trainer.compact import _log_prob
+    from trainer.compact.model import log_prob, norms_of, torch_model
 
     policy = CompactPolicy(weights(doc={"score_rel": 2.0, "title_in_q": 1.0}, query={"name_query": 0.5}))
     item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
@@ -199,10 +200,9 @@ async def test_sampled_log_probability_matches_the_trainers() -> None:
         for i in step.selected:
             expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
             left.remove(i)
-    from trainer.compact import _norms, _torch_model
 
-    model = _torch_model((2, 2), ["lexical"], policy.weights)
-    got = _log_prob(model, ep, _norms(policy.weights), 1.0)
+    model = torch_model((2, 2), ["lexical"], policy.weights)
+    got = log_prob(model, ep, norms_of(policy.weights), 1.0)
     assert got.requires_grad  # the gradient reaches both heads
     assert float(got.detach()) == pytest.approx(expected, abs=1e-4)
     assert torch.is_tensor(got)
@@ -330,7 +330,7 @@ def test_titles_link_without_their_disambiguation() -> None:
 
 async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainers() -> None:
     pytest.importorskip("torch")
-    from trainer.compact import _log_prob, _norms, _torch_model
+    from trainer.compact.model import log_prob, norms_of, torch_model
 
     item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
     ep = await run_episode(DENSE_READER, item, MemoryRetriever(), params(pool_methods=["bm25", "dense"], select_k=2),
@@ -344,5 +344,5 @@ async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainer
     for i in step.selected:
         expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
         left.remove(i)
-    model = _torch_model((2, 2), ["lexical", "dense"], DENSE_READER.weights)
-    assert float(_log_prob(model, ep, _norms(DENSE_READER.weights), 1.0).detach()) == pytest.approx(expected, abs=1e-4)
+    model = torch_model((2, 2), ["lexical", "dense"], DENSE_READER.weights)
+    assert float(log_prob(model, ep, norms_of(DENSE_READER.weights), 1.0).detach()) == pytest.approx(expected, abs=1e-4)

@@ -11,19 +11,21 @@ import pytest
 
 from services.searcher.compact import CompactPolicy
 from services.stack import index_dir_for
-from trainer import compact
-from trainer.cli import compact_beats_naive, main
+from trainer.cli import main
+from trainer.common.evaluation import beats_naive
+from trainer.compact.config import CompactConfig
+from trainer.compact.data import load_items
 
 
 def test_training_rows_start_at_200_and_never_use_the_evaluation_only_sets(data_dir: Path) -> None:
-    train, dev = compact.load_items(data_dir, compact.CompactConfig(datasets=("nq",), per_dataset=5,
+    train, dev = load_items(data_dir, CompactConfig(datasets=("nq",), per_dataset=5,
                                                                     dev_per_dataset=2))
     assert [i.item.id for i in train] == [f"nq-lim-{n:04d}" for n in range(200, 205)]
     assert [i.item.id for i in dev] == ["nq-lim-0205", "nq-lim-0206"]
     with pytest.raises(ValueError, match="never trained on"):
-        compact.load_items(data_dir, compact.CompactConfig(datasets=("musique",)))
+        load_items(data_dir, CompactConfig(datasets=("musique",)))
     with pytest.raises(ValueError, match="reserved"):
-        compact.load_items(data_dir, compact.CompactConfig(offset=100))
+        load_items(data_dir, CompactConfig(offset=100))
 
 
 def test_compact_training_run_resumes_and_exports(data_dir: Path, var_dir: Path, tmp_path: Path,
@@ -70,7 +72,7 @@ def test_the_verdict_needs_a_positive_interval_and_no_set_losing() -> None:
         return {"datasets": {n: {"budget3": {"answer_recall": {"compact_rl_minus_naive": g}}} for n, g in gains.items()},
                 "all": {"budget3": {"answer_recall": {"compact_rl_minus_naive_ci95": [low, 0.1]}}}}
 
-    assert compact_beats_naive(evaluation(0.01, {"a": 0.1, "b": -0.02}))
-    assert not compact_beats_naive(evaluation(0.0, {"a": 0.1}))
-    assert not compact_beats_naive(evaluation(0.02, {"a": 0.1, "b": -0.03}))
-    assert not compact_beats_naive(evaluation(0.02, {}))
+    assert beats_naive(evaluation(0.01, {"a": 0.1, "b": -0.02}))
+    assert not beats_naive(evaluation(0.0, {"a": 0.1}))
+    assert not beats_naive(evaluation(0.02, {"a": 0.1, "b": -0.03}))
+    assert not beats_naive(evaluation(0.02, {}))

@@ -11,10 +11,10 @@ import pytest
 
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import Method
-from trainer.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
-from trainer.data import QAItem, s3_filter, train_split
-from trainer.rewards import RewardComputer, Trajectory, format_score
-from trainer.upstreams import Answered
+from trainer.common.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
+from trainer.common.data import QAItem, s3_filter, train_split
+from trainer.common.rewards import RewardComputer, Trajectory, format_score
+from trainer.common.upstreams import Answered
 
 
 class FakeStack:
@@ -138,7 +138,7 @@ def test_train_split_holds_out_eval_questions_and_interleaves(data_dir: Path) ->
 
 
 def test_resume_picks_the_newest_complete_checkpoint(tmp_path: Path) -> None:
-    from trainer.grpo import last_checkpoint
+    from trainer.llm.grpo import last_checkpoint
 
     assert last_checkpoint(tmp_path / "missing") is None
     for step, complete in ((2, True), (4, True), (6, False)):

@@ -21,12 +21,12 @@ from pydantic import BaseModel, Field, model_validator
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchOutcome
 from services.searcher.prompts import PromptSet
-from trainer.baseline import BaselineStore
-from trainer.data import QAItem, append_durable, read_jsonl
-from trainer.rewards import RewardComputer, Trajectory, format_score
-from trainer.rollout import SearchRollout
-from trainer.runner import AsyncRunner
-from trainer.upstreams import QAServices
+from trainer.common.baseline import BaselineStore
+from trainer.common.data import QAItem, append_durable, read_jsonl
+from trainer.common.rewards import Baseline, RewardComputer, Trajectory, format_score
+from trainer.common.upstreams import QAServices
+from trainer.llm.rollout import SearchRollout
+from trainer.llm.runner import AsyncRunner
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def load_model(config: TrainConfig, device: str, precision: str) -> tuple[Any, A
     """The policy in the run's precision (moved to the device by the Trainer), with its LoRA if any."""
     import torch
 
-    from trainer.model import load_policy
+    from trainer.llm.model import load_policy
 
     model, tokenizer = load_policy(config.model_path, threads=config.threads,
                                    dtype=getattr(torch, TORCH_DTYPES[precision]))
@@ -219,14 +219,14 @@ def load_model(config: TrainConfig, device: str, precision: str) -> tuple[Any, A
 
 def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: AsyncRunner, services: QAServices,
                   retriever: Any, baselines: BaselineStore | None, reward_kind: str = "gbr",
-                  extra_reward_funcs: Sequence[Any] = (), extra_reward_weights: Sequence[float] = ()) -> Any:
+                  baseline: Baseline | None = None, extra_reward_funcs: Sequence[Any] = (), extra_reward_weights: Sequence[float] = ()) -> Any:
     """A ready `GRPOTrainer`: the model from `config.model_path` on `config.device` in `config.precision`
     (a LoRA when asked), rollouts through the search environment (vLLM ones when `config.vllm` is on), the
-    log-probability pass reading each group's shared prompt once (`trainer.shared_prefix`)."""
+    log-probability pass reading each group's shared prompt once (`trainer.llm.shared_prefix`)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from trainer.shared_prefix import trainer_class
+    from trainer.llm.shared_prefix import trainer_class
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -239,8 +239,8 @@ def build_trainer(config: TrainConfig, items: Sequence[QAItem], *, runner: Async
     rollout = SearchRollout(runner, retriever, params, prompts=prompts,
                             max_completion_tokens=config.max_completion_tokens)
     config.output_dir.mkdir(parents=True, exist_ok=True)
-    computer = RewardComputer(services, kind=reward_kind, baselines=baselines,  # type: ignore[arg-type]
-                              method=params.method)
+    computer = RewardComputer(services, kind=reward_kind, baseline=baseline,  # type: ignore[arg-type]
+                              baselines=baselines, method=params.method)
     reward_funcs: list[Any] = [ServiceReward(runner, computer, config.output_dir / REWARD_LOG)]
     weights = [1.0]
     if config.format_lambda > 0:

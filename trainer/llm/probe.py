@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainer.episode import Episode
+from trainer.llm.episode import Episode
 
 
 def final_norm(model: Any) -> Any:

@@ -1,5 +1,5 @@
 """TRL `rollout_func`: the searcher's own environment (`services.searcher.env.SearchEnv`) driven at the
-token level by the model being trained (`trainer.episode.run_episode`).
+token level by the model being trained (`trainer.llm.episode.run_episode`).
 
 All episodes of a batch run concurrently on one event loop; the sampler batches their policy calls
 (`HFSampler`, or `VLLMSampler` over TRL's own vLLM when `use_vllm` is on); retrievals go to the retriever
@@ -20,9 +20,9 @@ from typing import Any
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import RetrieverBackend
 from services.searcher.prompts import PromptSet
-from trainer.episode import ChatTokens, Episode, TokenSampler, run_episode
-from trainer.runner import AsyncRunner
-from trainer.samplers import BatchingSampler, HFSampler, VLLMSampler
+from trainer.llm.episode import ChatTokens, Episode, TokenSampler, run_episode
+from trainer.llm.runner import AsyncRunner
+from trainer.llm.samplers import BatchingSampler, HFSampler, VLLMSampler
 
 logger = logging.getLogger(__name__)
 

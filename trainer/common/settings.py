@@ -11,11 +11,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.http import ClientSettings
 from services.common.schemas.retriever import Method
-from trainer.data import default_data_dir
+from trainer.common.data import default_data_dir
 
 RewardKind = Literal["gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
 RewardSetting = Literal["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
-"""The kinds are described in `trainer.rewards`; `auto` is resolved by `TrainerSettings.reward_kind`."""
+"""The kinds are described in `trainer.common.rewards`; `auto` is resolved by `TrainerSettings.reward_kind`."""
 
 
 def _client(url: str, timeout_s: float) -> ClientSettings:
@@ -33,7 +33,7 @@ class TrainerSettings(BaseSettings):
     redis_url: str | None = Field(None, description="baselines are mirrored here as well as in the JSONL file")
 
     data_dir: Path = Field(default_factory=default_data_dir)
-    var_dir: Path = Field(default_factory=lambda: Path(__file__).resolve().parent.parent / "var")
+    var_dir: Path = Field(default_factory=lambda: Path(__file__).resolve().parents[2] / "var")
 
     method: Method | None = Field(None, description="retrieval method; None = the retriever's default")
     baseline_k: int = Field(3, ge=1, le=64, description="naive-RAG top-k of the GBR baseline (s3: 3)")

@@ -1,4 +1,4 @@
-"""Token samplers for `trainer.episode.run_episode`: the policy being trained, continuing exact id sequences.
+"""Token samplers for `trainer.llm.episode.run_episode`: the policy being trained, continuing exact id sequences.
 
 Concurrent `sample` calls are batched per sampling setting and run in a worker thread, so the event loop
 keeps serving the episodes' retrievals. `HFSampler`: a KV-cached loop over a Hugging Face causal LM that
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.searcher.env import PolicyCall
-from trainer.episode import Sampled
-from trainer.kv_cache import cache_keyword, output_cache
+from trainer.llm.episode import Sampled
+from trainer.llm.kv_cache import cache_keyword, output_cache
 
 
 @dataclass

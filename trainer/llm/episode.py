@@ -3,19 +3,21 @@
 The policy continues the exact token sequence so far and its sampled ids are kept as they are (mask 1);
 what the environment answers is rendered with the policy's chat template and appended as ids (mask 0).
 Nothing is re-tokenised after the fact, so the ids trained on are the ids that were sampled, and the
-reward reads the documents from the environment's state, exactly what the searcher service returns.
+reward reads the documents from the environment's state, exactly what the searcher service returns. The
+episode is driven by the searcher's own driver (`services.searcher.loop.drive`): the policy being trained is
+a chat backend to it (`TokenPolicy`) that keeps the token sequence.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.common.llm import ChatMessage
+from services.common.llm import ChatMessage, ChatResult
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import PolicyCall, RetrieverBackend, SearchEnv, SearchOutcome
+from services.searcher.loop import drive
 from services.searcher.prompts import PromptSet
 
 _MARK = "\u2063PLUGSEARCH\u2063"  # an assistant content no template rewrites, to find where content ends
@@ -100,46 +102,77 @@ class Episode:
         return [t for t, m in zip(self.completion_ids, self.env_mask, strict=True) if m]
 
 
+class TokenPolicy:
+    """The policy being trained as the chat backend the searcher's driver (`services.searcher.loop.drive`)
+    asks: each call continues the exact token sequence so far with `sampler`, after appending as ids (mask 0)
+    what the environment added since the last call (its turn rendered with the chat template). The ids
+    sampled are kept as they are (mask 1); `episode` returns them with the outcome."""
+
+    model = "trainee"
+
+    def __init__(self, env: SearchEnv, sampler: TokenSampler, chat: ChatTokens) -> None:
+        self.env = env
+        self.sampler = sampler
+        self.tokens = chat
+        self.prompt_ids: list[int] | None = None
+        self.completion: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.have_logprobs = True
+        self.sampled: list[list[int]] = []
+        self._history: list[ChatMessage] = []
+        self._sampled_eos = False
+
+    async def chat(self, messages: list[ChatMessage], *, temperature: float = 0.0, max_tokens: int = 256,
+                   stop: list[str] | None = None, extra: dict[str, Any] | None = None) -> ChatResult:
+        call = self.env.next_call()  # the sampler reads the environment's call (its grammar too), not `extra`
+        if self.prompt_ids is None:
+            self.prompt_ids = self.tokens.prompt(messages)
+        else:  # the environment's turn since our last output: the messages after it
+            added = messages[len(self._history) + 1:]
+            inserted = self.tokens.after_turn(self._history, added, sampled_eos=self._sampled_eos)
+            self.completion += inserted
+            self.mask += [0] * len(inserted)
+            self.logprobs += [0.0] * len(inserted)
+        self._history = list(messages)
+        out = await self.sampler.sample(self.prompt_ids + self.completion, call)
+        self.sampled.append(list(out.ids))
+        self.completion += out.ids
+        self.mask += [1] * len(out.ids)
+        if out.logprobs is None or len(out.logprobs) != len(out.ids):
+            self.have_logprobs = False
+        else:
+            self.logprobs += out.logprobs
+        self._sampled_eos = bool(out.ids) and out.ids[-1] == self.tokens.eos_id
+        return ChatResult(text=out.text, finish_reason="stop" if out.stopped else "length", model=self.model)
+
+    async def check_health(self) -> str:
+        return "ok"
+
+    async def aclose(self) -> None:
+        return None
+
+    def episode(self, outcome: SearchOutcome, max_completion_tokens: int | None = None) -> Episode:
+        truncated = max_completion_tokens is not None and len(self.completion) > max_completion_tokens
+        cut = max_completion_tokens if truncated else None
+        return Episode(outcome=outcome, prompt_ids=self.prompt_ids or [], completion_ids=self.completion[:cut],
+                       env_mask=self.mask[:cut],
+                       logprobs=self.logprobs[:cut] if self.have_logprobs and self.sampled else None,
+                       sampled=self.sampled, truncated=truncated)
+
+
 async def run_episode(question: str, params: SearchParams, *, sampler: TokenSampler, chat: ChatTokens,
                       retriever: RetrieverBackend, prompts: PromptSet | None = None,
                       max_completion_tokens: int | None = None) -> Episode:
     """One search, token level. The completion is cut at `max_completion_tokens` (`truncated`); the search
     itself always runs to its end, so the reward sees the documents the service would return."""
     env = SearchEnv(question, params, retriever, prompts=prompts)
-    return await drive(env, sampler, chat, max_completion_tokens=max_completion_tokens)
+    return await episode_in(env, sampler, chat, max_completion_tokens=max_completion_tokens)
 
 
-async def drive(env: SearchEnv, sampler: TokenSampler, chat: ChatTokens, *,
-                max_completion_tokens: int | None = None) -> Episode:
-    """`run_episode` on a given (fresh) environment."""
-    prompt_ids = chat.prompt(await env.reset())
-    completion: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    have_logprobs = True
-    sampled_turns: list[list[int]] = []
-    while not env.done:
-        history = list(env.messages)
-        t0 = time.perf_counter()
-        out = await sampler.sample(prompt_ids + completion, env.next_call())
-        env.record_policy_call(time.perf_counter() - t0)
-        sampled_turns.append(list(out.ids))
-        completion += out.ids
-        mask += [1] * len(out.ids)
-        if out.logprobs is None or len(out.logprobs) != len(out.ids):
-            have_logprobs = False
-        else:
-            logprobs += out.logprobs
-        added = await env.step(out.text, stopped=out.stopped)
-        if env.done:
-            break
-        inserted = chat.after_turn(history, added, sampled_eos=bool(out.ids) and out.ids[-1] == chat.eos_id)
-        completion += inserted
-        mask += [0] * len(inserted)
-        logprobs += [0.0] * len(inserted)
-    outcome = await env.finish()
-    truncated = max_completion_tokens is not None and len(completion) > max_completion_tokens
-    cut = max_completion_tokens if truncated else None
-    return Episode(outcome=outcome, prompt_ids=prompt_ids, completion_ids=completion[:cut], env_mask=mask[:cut],
-                   logprobs=logprobs[:cut] if have_logprobs and sampled_turns else None, sampled=sampled_turns,
-                   truncated=truncated)
+async def episode_in(env: SearchEnv, sampler: TokenSampler, chat: ChatTokens, *,
+                     max_completion_tokens: int | None = None) -> Episode:
+    """`run_episode` on a given (fresh) environment, driven by the searcher's own driver."""
+    policy = TokenPolicy(env, sampler, chat)
+    outcome = await drive(env, policy)
+    return policy.episode(outcome, max_completion_tokens)

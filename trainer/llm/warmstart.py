@@ -1,5 +1,5 @@
 """Supervised warm start before RL: behaviour cloning of an answer-aware demonstrator, through the same
-search environment and token path as RL (`trainer.episode.drive`).
+search environment and token path as RL (`trainer.llm.episode.episode_in`).
 
 A 135M instruct model neither follows the s3 action format nor knows a useful selection, so GRPO from it
 sees almost no reward variance. The demonstrator (training questions only):
@@ -34,9 +34,9 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher import parsing
 from services.searcher.env import InfoBlock, PolicyCall, RetrieverBackend, SearchEnv
 from services.searcher.prompts import PromptSet
-from trainer.data import QAItem, append_durable, read_jsonl
-from trainer.episode import ChatTokens, Episode, Sampled, drive
-from trainer.grpo import TORCH_DTYPES, RunConfig, resolve_device, resolve_precision
+from trainer.common.data import QAItem, append_durable, read_jsonl
+from trainer.llm.episode import ChatTokens, Episode, Sampled, episode_in
+from trainer.llm.grpo import TORCH_DTYPES, RunConfig, resolve_device, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Demonstrator:
 async def demonstrate(item: QAItem, params: SearchParams, *, retriever: RetrieverBackend, chat: ChatTokens,
                       prompts: PromptSet | None = None) -> Episode:
     env = SearchEnv(item.question, params, retriever, prompts=prompts)
-    return await drive(env, Demonstrator(env, item, retriever, chat.tokenizer), chat)
+    return await episode_in(env, Demonstrator(env, item, retriever, chat.tokenizer), chat)
 
 
 def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: Any, model_path: Path, path: Path, *,
@@ -144,7 +144,7 @@ def collect_examples(items: Sequence[QAItem], params: SearchParams, settings: An
 
     from services.common.clients import RetrieverClient
     from services.searcher.retrieval import ServiceRetriever
-    from trainer.model import load_tokenizer
+    from trainer.llm.model import load_tokenizer
 
     done: dict[str, dict[str, Any]] = {row["id"]: row for row in read_jsonl(path, json.loads)[0]}
     todo = [it for it in items if it.id not in done]
@@ -253,14 +253,14 @@ LOSS_LOG = "loss.jsonl"
 
 def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora: Any, *,
                      resume: bool = True, progress: bool = True) -> dict[str, Any]:
-    """LoRA fine-tuning on the examples' mask-1 tokens; `lora` is a `trainer.grpo.LoraSettings`. Writes
+    """LoRA fine-tuning on the examples' mask-1 tokens; `lora` is a `trainer.llm.grpo.LoraSettings`. Writes
     `<output_dir>/adapter` (the latest weights), checkpoints under `<output_dir>/checkpoint` every
     `save_steps` steps, and `loss.jsonl` (one line per step); a rerun resumes from the checkpoint."""
     import torch
     from peft import PeftModel
     from tqdm import tqdm
 
-    from trainer.model import load_policy
+    from trainer.llm.model import load_policy
 
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.kv_cache import cache_keyword, output_cache
+from trainer.llm.kv_cache import cache_keyword, output_cache
 
 
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *,

@@ -1,4 +1,5 @@
-"""Naive-RAG baselines: GenAcc(generator(q, top-k of q)) per question, the subtrahend of GBR.
+"""Naive-RAG baselines: GenAcc(generator(q, top-k of q)) per question, the subtrahend of GBR (the reward
+computer's `top_k` baseline reads the store's k; `same_n` one store per n, `BaselineStore.with_k`).
 
 Stored in an append-only JSONL file (one fsync'd line per question: a SIGKILL loses at most the one in
 flight) and optionally Redis (shared with other jobs). Resumable: what the file holds is skipped.
@@ -19,8 +20,9 @@ from pydantic import BaseModel
 
 from services.common.cache import ResultCache, cache_key, make_cache
 from services.common.schemas.retriever import Method
-from trainer.data import QAItem, append_durable, read_jsonl
-from trainer.upstreams import QAServices
+from services.searcher.env import RetrieverBackend
+from trainer.common.data import QAItem, append_durable, read_jsonl
+from trainer.common.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +61,23 @@ class BaselineStore:
 
     def __init__(self, directory: Path, config: BaselineConfig, *, redis_url: str | None = None) -> None:
         self.config = config
+        self.directory = directory
+        self.redis_url = redis_url
         self.path = directory / f"baseline-{config.digest()}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._cache: ResultCache | None = make_cache(redis_url, name="baseline") if redis_url else None
         self._records: dict[str, BaselineRecord] = {}
         self._lock = asyncio.Lock()
+        self._siblings: dict[int, BaselineStore] = {config.k: self}
         self._load()
+
+    def with_k(self, k: int) -> BaselineStore:
+        """The store of the same config at naive top-`k` (itself at its own k), kept beside it."""
+        if k not in self._siblings:
+            sibling = BaselineStore(self.directory, self.config.model_copy(update={"k": k}), redis_url=self.redis_url)
+            sibling._siblings = self._siblings
+            self._siblings[k] = sibling
+        return self._siblings[k]
 
     def _load(self) -> None:
         records, bad = read_jsonl(self.path, BaselineRecord.model_validate_json)
@@ -112,16 +125,19 @@ class BaselineStore:
             self._records[record.id] = record
 
     async def aclose(self) -> None:
-        if self._cache is not None:
-            await self._cache.aclose()
+        for store in self._siblings.values():
+            if store._cache is not None:
+                await store._cache.aclose()
+                store._cache = None
 
 
-async def compute_baselines(services: QAServices, items: Sequence[QAItem], config: BaselineConfig
-                            ) -> list[BaselineRecord]:
-    """Naive RAG for a batch: one batched retrieval, then generator + judge (chunked, concurrent)."""
+async def compute_baselines(services: QAServices, items: Sequence[QAItem], config: BaselineConfig, *,
+                            retriever: RetrieverBackend | None = None) -> list[BaselineRecord]:
+    """Naive RAG for a batch: one batched retrieval (`retriever`, else the services'), then generator + judge
+    (chunked, concurrent)."""
     if not items:
         return []
-    docs = await services.retrieve([it.question for it in items], config.k, config.method)
+    docs = await (retriever or services).retrieve([it.question for it in items], config.k, config.method)
     answered = await services.answer_and_judge(
         [(it.question, d, it.golden_answers) for it, d in zip(items, docs, strict=True)])
     return [BaselineRecord(id=it.id, question=it.question, golden_answers=it.golden_answers, dataset=it.dataset,
@@ -145,7 +161,8 @@ async def _stored(store: BaselineStore, items: Sequence[QAItem]
 
 
 async def ensure_baselines(services: QAServices, store: BaselineStore, items: Sequence[QAItem], *,
-                           batch: int = 8, progress: Callable[[int], Any] | None = None) -> dict[str, int]:
+                           batch: int = 8, progress: Callable[[int], Any] | None = None,
+                           retriever: RetrieverBackend | None = None) -> dict[str, int]:
     """Compute every missing baseline, `batch` questions per round; each finished record is durable
     before the next round starts. Returns counts: already done, computed now."""
     _, todo = await _stored(store, items)
@@ -153,21 +170,21 @@ async def ensure_baselines(services: QAServices, store: BaselineStore, items: Se
     logger.info("baselines: %s done already, %s to compute", done, len(todo))
     for start in range(0, len(todo), batch):
         chunk = todo[start:start + batch]
-        for record in await compute_baselines(services, chunk, store.config):
+        for record in await compute_baselines(services, chunk, store.config, retriever=retriever):
             await store.put(record)
         if progress is not None:
             progress(len(chunk))
     return {"done_before": done, "computed": len(todo), "total": len(items)}
 
 
-async def baselines_for(services: QAServices, store: BaselineStore, items: Sequence[QAItem]
-                        ) -> dict[str, BaselineRecord]:
+async def baselines_for(services: QAServices, store: BaselineStore, items: Sequence[QAItem], *,
+                        retriever: RetrieverBackend | None = None) -> dict[str, BaselineRecord]:
     """Baselines of a batch (ids may repeat: GRPO samples each question several times). Missing ones
     are computed together, once per question, and stored."""
     found, missing = await _stored(store, list({it.id: it for it in items}.values()))
     if missing:
         logger.warning("no naive-RAG baseline for %s question(s): computing them now", len(missing))
-        for record in await compute_baselines(services, missing, store.config):
+        for record in await compute_baselines(services, missing, store.config, retriever=retriever):
             await store.put(record)
             found[record.id] = record
     return found

@@ -18,7 +18,7 @@ from services.common.schemas.base import Document
 from services.common.schemas.generator import MAX_DOCS, GenDocument, GenerateRequest
 from services.common.schemas.judge import JudgeRequest, JudgeResult
 from services.common.schemas.retriever import Method
-from trainer.settings import TrainerSettings
+from trainer.common.settings import TrainerSettings
 
 
 @dataclass(frozen=True)

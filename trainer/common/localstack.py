@@ -1,7 +1,9 @@
 """The services a local training/eval run needs, as real processes on free ports: Redis (when
 `redis-server` exists), the retriever (BM25, index built once under `var/indexes/`, keyed by the corpus
-content), the generator and judge (on an OpenAI-compatible LLM: a given URL, else a llama.cpp SmolLM2
-server started here) and optionally the searcher. `plugsearch-stack` is the user-facing way to run them.
+content; not for the compact trainer, which retrieves in-process), the generator and judge (on an
+OpenAI-compatible LLM: a given URL, else a llama.cpp SmolLM2 server started here) and optionally the
+searcher. `plugsearch-stack` is the user-facing way to run them; `services_for` is the trainer commands'
+`--local`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ import os
 import secrets
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from services.common.http import ClientSettings
 from services.common.llama_server import DEFAULT_MODEL_ALIAS, llama_spec
@@ -18,20 +23,23 @@ from services.common.procgroup import ProcessExited, ProcessGroup, ProcessGroupE
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port
 from services.stack import StackError, index_dir_for, service_spec
-from trainer.settings import TrainerSettings
+from trainer.common.settings import TrainerSettings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class LocalServices:
     def __init__(self, var_dir: Path, *, corpus: Path, llm_url: str | None = None, searcher: bool = False,
-                 llm_threads: int = 1, log_dir: Path | None = None, answering: bool = True) -> None:
-        """`answering=False`: no LLM, generator or judge (the LLM-free `recall` reward needs only retrieval)."""
+                 llm_threads: int = 1, log_dir: Path | None = None, answering: bool = True,
+                 retriever: bool = True) -> None:
+        """`answering=False`: no LLM, generator or judge (the LLM-free `recall` reward needs only retrieval);
+        `retriever=False`: no retriever service (a caller that retrieves in-process)."""
         self.var_dir = var_dir.resolve()
         self.corpus = corpus.resolve()
         self.llm_url = llm_url
         self.with_searcher = searcher
         self.answering = answering or searcher
+        self.with_retriever = retriever or searcher
         self.llm_threads = llm_threads
         self.ready_timeout_s = 300.0
         self.urls: dict[str, str] = {}
@@ -64,17 +72,21 @@ class LocalServices:
             self.group.up(llama_spec("llm", port, self._llm_key, threads=self.llm_threads), timeout_s=self.ready_timeout_s)
             self.llm_url = llm["BASE_URL"] = f"http://127.0.0.1:{port}/v1"
             llm["API_KEY"] = self._llm_key
-        index_dir = index_dir_for(self.corpus, self.var_dir)
-        if self.group.run(ProcessSpec("index", [sys.executable, "-m", "services.retriever.cli", "build",
-                                                "--corpus", str(self.corpus), "--index-dir", str(index_dir),
-                                                "--bm25", "bm25s", "--no-dense", "--quiet"])) != 0:
-            raise StackError(f"index build failed: {self.group.tail('index')}")
+        services: dict[str, dict[str, str]] = {}
+        if self.with_retriever:
+            index_dir = index_dir_for(self.corpus, self.var_dir)
+            if self.group.run(ProcessSpec("index", [sys.executable, "-m", "services.retriever.cli", "build",
+                                                    "--corpus", str(self.corpus), "--index-dir", str(index_dir),
+                                                    "--bm25", "bm25s", "--no-dense", "--quiet"])) != 0:
+                raise StackError(f"index build failed: {self.group.tail('index')}")
+            services["retriever"] = {"CORPUS": str(self.corpus), "INDEX_DIR": str(index_dir),
+                                     "BM25_BACKEND": "bm25s", "BM25_THREADS": "1"}
         answer = {f"LLM__{k}": v for k, v in llm.items()}
-        self._start_services({
-            "retriever": {"CORPUS": str(self.corpus), "INDEX_DIR": str(index_dir), "BM25_BACKEND": "bm25s",
-                          "BM25_THREADS": "1"},
-            **({"generator": {**answer, "TOKENIZER_CACHE_DIR": str(self.var_dir / "tokenizers")},
-                "judge": answer} if self.answering else {})})
+        if self.answering:
+            services.update({"generator": {**answer, "TOKENIZER_CACHE_DIR": str(self.var_dir / "tokenizers")},
+                             "judge": answer})
+        if services:
+            self._start_services(services)
         if self.with_searcher:
             searcher = {"RETRIEVER__URL": self.urls["retriever"], "SEARCH_TIMEOUT_S": "800",
                         **{f"POLICY__{k}": v for k, v in llm.items()}}
@@ -127,3 +139,20 @@ class LocalServices:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+KEPT_SETTINGS = ("baseline_k", "method", "reward", "format_lambda", "var_dir", "data_dir")
+
+
+@contextmanager
+def services_for(settings: TrainerSettings, local: bool, *, corpus: Path | None = None, **options: Any
+                 ) -> Iterator[TrainerSettings]:
+    """`settings` (the `TRAINER_*` services); with `local`, the same pointing at services started here
+    (`LocalServices(**options)`, over `corpus`, default the shared combined corpus) for as long as the block
+    runs."""
+    if not local:
+        yield settings
+        return
+    corpus = corpus or settings.data_dir / "corpus" / "combined.jsonl"
+    with LocalServices(settings.var_dir, corpus=corpus, **options) as stack:
+        yield stack.settings(**{k: getattr(settings, k) for k in KEPT_SETTINGS})
