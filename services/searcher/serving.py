@@ -23,6 +23,7 @@ from services.common.errors import (
     CostLimitExceeded,
     ErrorDetail,
     ErrorEnvelope,
+    NotReady,
     RateLimited,
     ServiceError,
 )
@@ -47,6 +48,7 @@ from services.searcher.compact import CompactPolicy
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import ActingPolicy, run_search
+from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
 
@@ -167,6 +169,7 @@ class SearchService:
         dense scorer was trained with (`SEARCHER_COMPACT_DENSE`: auto reads the retriever's `/version`)."""
         if params.mode != "s3" or not isinstance(self.policy, CompactPolicy):
             return params
+        await self._check_corpus(self.policy)
         setting = self.settings.compact_dense
         served: list[str] | None
         if setting == "off":
@@ -178,6 +181,25 @@ class SearchService:
         else:
             return params
         return params.model_copy(update={"pool_methods": self.policy.pool_methods(served, encoder)})
+
+    async def _check_corpus(self, policy: CompactPolicy) -> None:
+        """A compact policy bound to the corpus it was trained on (`services.searcher.policy_corpus`) refuses to
+        search another one: 503 with what differs, read from the retriever's `/version`."""
+        if self.index_identity is None or bound_corpus(policy.manifest) is None:
+            return
+        details = await self.index_identity.details()
+        if not details:
+            return  # not known yet: the next search asks again
+        methods = details.get("methods")
+        dense = isinstance(methods, list) and "dense" in methods
+        encoder, index, checksum = details.get("encoder"), details.get("dense_index"), details.get("corpus_checksum")
+        try:
+            check_corpus(policy.manifest, corpus_sha256=checksum if isinstance(checksum, str) else None,
+                         encoder=encoder if dense and isinstance(encoder, str) else None,
+                         dense_index=index if dense and isinstance(index, str) else None,
+                         name=f"the compact policy {policy.model}")
+        except CorpusMismatch as exc:
+            raise NotReady(str(exc)) from exc
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
         """Cost units of these searches (`_cost`); bad parameters raise `BadRequest`."""
