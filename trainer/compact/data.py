@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,11 +101,13 @@ def _sha256(path: Path) -> str:
 
 
 def user_split(qa_files: Sequence[Path], corpus: Path, *, seed: int, out: Path, progress: bool = True,
-               eval_fraction: float = 0.2, dev_fraction: float = 0.05) -> UserData:
+               eval_fraction: float = 0.2, dev_fraction: float = 0.05,
+               check: Callable[[Sequence[QAItem]], None] | None = None) -> UserData:
     """Read and check the question files (every bad row refused with its line, before any work), leave out the
     yes/no questions (the span check cannot judge them) and those whose answers occur in no passage of the
     corpus (no searcher can find them: counted and reported), and split the rest by `seed`. The split is
-    recorded in `<out>/split.json`; a rerun with the same files and seed reuses it, other files are refused."""
+    recorded in `<out>/split.json`; a rerun with the same files and seed reuses it, other files are refused.
+    `check` sees every row first (and raises to refuse them)."""
     from tqdm import tqdm
 
     from services.retriever.corpus import CorpusError, iter_corpus
@@ -113,6 +115,8 @@ def user_split(qa_files: Sequence[Path], corpus: Path, *, seed: int, out: Path, 
     per_file = read_qa_files(list(qa_files))
     files = [{"name": p.name, "sha256": _sha256(p), "rows": len(rows)} for p, rows in zip(qa_files, per_file, strict=True)]
     items = [item for rows in per_file for item in rows]
+    if check is not None:
+        check(items)
     saved = out / SPLIT_FILE
     if saved.is_file():
         old = json.loads(saved.read_text())

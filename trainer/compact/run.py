@@ -102,8 +102,8 @@ def run(job: CompactRun) -> dict[str, Any]:
         if not corpus.is_file():
             raise QAFileError(f"--corpus {corpus} is not a file")
         out.mkdir(parents=True, exist_ok=True)
-        user = user_split(list(job.qa), corpus, seed=job.split_seed, out=out, progress=job.progress)
-        check_user_questions([*user.split.train, *user.split.dev, *user.split.eval], data_dir)
+        user = user_split(list(job.qa), corpus, seed=job.split_seed, out=out, progress=job.progress,
+                          check=lambda rows: check_user_questions(rows, data_dir))
         logger.info("questions: %s", user.summary())
         train, dev = labeled(user.split.train), labeled(user.split.dev)
         rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
