@@ -346,3 +346,22 @@ async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainer
         left.remove(i)
     model = torch_model((2, 2), ["lexical", "dense"], DENSE_READER.weights)
     assert float(log_prob(model, ep, norms_of(DENSE_READER.weights), 1.0).detach()) == pytest.approx(expected, abs=1e-4)
+
+
+def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
+    from services.searcher.compact import _names
+
+    # the served searcher's follow-ups of 2026-11-27: "European Union. Tickets", "Although", "October"
+    eiffel = ("The Eiffel Tower is in Paris. Although it was criticised, it became a symbol of France. Tickets are "
+              "sold by the European Union. Tickets went on sale in October.")
+    assert _names(eiffel, "what is the capital of the country where the eiffel tower is") == [
+        "Paris", "France", "European Union"]
+    derrickson = "In October 1998 he met Ed Wood. On Monday, the 3rd, During the war he moved."
+    assert _names(derrickson, "") == ["Ed Wood"]
+    # initials and abbreviations do not end a sentence; connectors join; function words are cut off the ends
+    assert _names("J. R. R. Tolkien moved to St. Louis with the U.S. Army. In 1990 the University of California at "
+                  "Berkeley hired John von Neumann.", "") == [
+        "J. R. R. Tolkien", "St. Louis", "U.S. Army", "University of California", "Berkeley", "John von Neumann"]
+    # a lone word capitalised only where its sentence starts is a common word; inside a sentence, a name
+    assert _names("Critics praised it. Critics in Rome too.", "") == ["Rome"]
+    assert _names("Madonna sang. Fans cheered for Madonna.", "") == ["Madonna"]
