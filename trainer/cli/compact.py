@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.cli.common import command_line, settings_from
+from trainer.cli.common import LLM_THREADS_DEFAULT, command_line, positive, settings_from
 from trainer.common.data import QAFileError
 from trainer.common.rewards import BASELINES
 from trainer.compact.config import CompactConfig, default
@@ -47,7 +47,8 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
                      corpus=Path(args.corpus) if args.corpus else None, qa=[Path(q) for q in args.qa or ()],
                      index_dir=Path(args.index_dir) if args.index_dir else None, var_dir=Path(args.var_dir),
                      resume=not args.no_resume, progress=not args.quiet, split_seed=args.split_seed,
-                     local=args.local or bool(args.llm_url), llm_url=args.llm_url, settings=settings_from(args))
+                     local=args.local or bool(args.llm_url), llm_url=args.llm_url, llm_threads=args.llm_threads,
+                     settings=settings_from(args))
     try:
         return run(job)
     except QAFileError as exc:
@@ -118,6 +119,8 @@ def add_parsers(sub: Any) -> None:
                    "and judge here")
     c.add_argument("--llm-url", help="with --reward gbr: start generator and judge here on this OpenAI-compatible "
                    "endpoint instead of llama.cpp (e.g. vLLM's .../v1)")
+    c.add_argument("--llm-threads", type=positive, default=LLM_THREADS_DEFAULT,
+                   help="with --local and no --llm-url: llama.cpp threads (default %(default)s, as plugsearch-stack)")
     c.add_argument("--out", default="var/runs/compact")
     c.add_argument("--no-resume", action="store_true", help="redo the warm start even when it is there")
     c.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -56,6 +56,7 @@ class CompactRun:
     split_seed: int = 0
     local: bool = False
     llm_url: str | None = None
+    llm_threads: int = 1
     settings: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
@@ -173,7 +174,7 @@ def _reinforce(job: CompactRun, warm: CompactPolicy, train: list[LabeledItem], d
     t = time.perf_counter()
     answering = config.reward != "recall"
     with services_for(job.settings, job.local and answering, corpus=corpus, answering=True, retriever=False,
-                      llm_url=job.llm_url) as settings:
+                      llm_url=job.llm_url, llm_threads=job.llm_threads) as settings:
         def make_reward() -> RewardComputer:
             if not answering:
                 return RewardComputer(None, kind="recall", baseline=config.baseline, method="bm25",
