@@ -2,8 +2,9 @@
 rows (rows 0-99 of hotpotqa, 2wikimultihopqa, nq and popqa, yes/no left out), with the policy's own pool (the
 BM25 + dense blocks when it has the dense scorer), in-process over the stack's indexes.
 
-The rule (applied to what a query adds to the question: a `name` query's whole text, a `title` query's title;
-its own code, not the candidate code it judges). A follow-up query is junk when that text
+The rule (its own code, not the candidate code it judges). A `title` query (the question with a document's
+title) adds a title: a person accepts it as such. A `name` query (a name a passage introduces) is junk when
+its text
   (a) spans a sentence boundary: ".", "!" or "?" followed by another word ("European Union. Tickets"), except
       after an initial or an abbreviation ("J. R. R. Tolkien", "St. Louis", "U.S. Army");
   (b) has no word that names anything: every word is a function word (articles, prepositions, conjunctions,
@@ -86,8 +87,8 @@ def sentence_initial_only(word: str, passage: str) -> bool:
     """Rule (c): `word` occurs in `passage` only where a sentence starts (never capitalised inside one)."""
     starts = inside = 0
     for m in re.finditer(rf"(?<![\w'-]){re.escape(word)}(?![\w'-])", passage):
-        head = passage[:m.start()].rstrip()
-        if not head or head[-1] in ".!?\"'(" or head.endswith(":"):
+        head = passage[:m.start()].rstrip().rstrip("\"'(\u201c\u2018").rstrip()  # an opening quote starts no sentence
+        if not head or head[-1] in ".!?:" or head.endswith((".\"", ".'", ".\u201d")):
             starts += 1
         else:
             inside += 1
@@ -132,8 +133,9 @@ class Recorder:
                     continue
                 passage = pool[cand.source].doc.text if cand.source >= 0 else ""
                 added = cand.query if cand.kind == "name" else pool[cand.source].doc.title
+                rules = junk_rules(added, passage) if cand.kind == "name" else []  # a title is a title
                 self.sink.append({"id": self.question_id, "kind": cand.kind, "query": cand.query, "added": added,
-                                  "issued": i == decision.choice, "rules": junk_rules(added, passage)})
+                                  "issued": i == decision.choice, "rules": rules})
         return decision.action
 
 

@@ -332,13 +332,14 @@ def _names(text: str, known: str) -> list[str]:
                 i += 1
                 continue
             parts, end, k = [word], tokens[i].end(), i + 1
-            while k < len(tokens) and not sentence[end:tokens[k].start()].strip():
+            while k < len(tokens) and sentence[end:tokens[k].start()].strip() in ("", "&"):
                 nxt = _word(tokens[k].group(0))
                 if _capitalised(nxt):
-                    parts.append(nxt)
+                    parts += ["&", nxt] if sentence[end:tokens[k].start()].strip() == "&" else [nxt]
                     end, k = tokens[k].end(), k + 1
                 elif nxt.lower() in _CONNECT and k + 1 < len(tokens) and _capitalised(_word(tokens[k + 1].group(0))) \
-                        and not sentence[tokens[k].end():tokens[k + 1].start()].strip():
+                        and not sentence[tokens[k].end():tokens[k + 1].start()].strip() \
+                        and not sentence[end:tokens[k].start()].strip():
                     parts += [nxt, _word(tokens[k + 1].group(0))]
                     end, k = tokens[k + 1].end(), k + 2
                 else:

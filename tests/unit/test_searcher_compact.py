@@ -365,3 +365,4 @@ def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
     # a lone word capitalised only where its sentence starts is a common word; inside a sentence, a name
     assert _names("Critics praised it. Critics in Rome too.", "") == ["Rome"]
     assert _names("Madonna sang. Fans cheered for Madonna.", "") == ["Madonna"]
+    assert _names('It is an alternative to "Dungeons & Dragons".', "") == ["Dungeons & Dragons"]
