@@ -1,5 +1,7 @@
-"""The local searcher recipe: the search setting, prompts and adapter shape the shipped searcher is
-trained with (`plugsearch-train warmstart` / `train` defaults) and served with (`plugsearch-stack`).
+"""The local LLM searcher recipe: the search setting, prompts and adapter shape the shipped LoRA searcher
+(`services/searcher/trained/smollm2-s3`) is trained with (`plugsearch-train warmstart` / `train` defaults on the
+CPU) and served with (`plugsearch-stack --policy trained`; the stack's default searcher is the compact policy,
+`trainer.compact`).
 
 Sized for two CPU cores: SmolLM2-135M reads ~190 tokens/s and trains on ~85 tokens/s here, so every
 token of the prompt costs. s3 with one extra search (T=1), 5 documents per block cut to 200 characters
