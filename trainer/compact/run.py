@@ -19,7 +19,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,8 @@ def run(job: CompactRun) -> dict[str, Any]:
     folder with its verdict. Every bad input is refused before any index is built or any model trained."""
     t0 = time.perf_counter()
     config = job.config
+    if job.user_data:  # the shipped sets' rows are not what it trains on
+        config = replace(config, datasets=())
     data_dir = default_data_dir()
     out = job.out
     user: UserData | None = None
@@ -118,7 +120,10 @@ def run(job: CompactRun) -> dict[str, Any]:
     from services.stack import index_dir_for
 
     index_dir = job.index_dir or index_dir_for(corpus, job.var_dir)
+    stages = {"questions": round(time.perf_counter() - t0, 1)}
+    t = time.perf_counter()
     retriever = IndexRetriever(corpus, index_dir, dense=config.dense, progress=job.progress)
+    stages["indexes"] = round(time.perf_counter() - t, 1)
     record: dict[str, Any] = {"command": job.command, "config": config_dict(config), "rows": rows,
                               "train_questions": len(train), "dev_questions": len(dev)}
     if user is not None:
@@ -132,16 +137,23 @@ def run(job: CompactRun) -> dict[str, Any]:
     search = config.search_setting()
     params = config.search_params()
 
+    t = time.perf_counter()
     warm, warm_info = _warm_start(job, train, dev, retriever, record, search, identity)
+    stages["warm_start"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
     final, rl_info = _reinforce(job, warm, train, dev, retriever, corpus)
+    stages["rl"] = round(time.perf_counter() - t, 1)
     final.save(out / "final", {**record, "stage": "warm start + RL", "warm_start": warm_info, "rl": rl_info,
                                "search": search, "corpus": identity})
     result: dict[str, Any] = {"out": str(out / "final"), "warm_dev": warm_info.get("dev"), "rl_dev": rl_info["dev"],
                               "rl_reward_first_10": rl_info["first_10_mean_reward"],
                               "rl_reward_last_10": rl_info["last_10_mean_reward"], "rl_timing": rl_info.get("timing")}
     if user is not None:
+        t = time.perf_counter()
         result.update(_evaluate_and_export(job, user, warm, final, retriever, params, identity))
+        stages["evaluation"] = round(time.perf_counter() - t, 1)
     result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["stage_seconds"] = stages
     return result
 
 
