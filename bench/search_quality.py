@@ -9,8 +9,9 @@ answer (`span_match`), averaged. matched: each policy's documents against naive 
 budget3 / budget5: the first 3 / 5 documents against naive top-3 / top-5; ci95: 95% bootstrap intervals over
 questions (2,000 resamples, fixed seed) for every figure and for the paired difference trained - naive.
 
-`--compact FOLDER` (and `--compact-warm FOLDER`) compares the compact policy instead, in-process over the
-retriever's own backends and the stack's indexes (bm25s and the MiniLM flat FAISS index, built when missing),
+`--compact FOLDER` (and `--compact-warm FOLDER`) compares the compact policy instead, with the trainer's
+equal-budget evaluation (`trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports),
+in-process over the retriever's own backends and the stack's indexes (bm25s and the MiniLM flat FAISS index, built when missing),
 per set (hotpotqa, 2wikimultihopqa, nq, popqa): naive bm25, dense and hybrid (RRF) top-n, the untrained
 MiniLM re-ranking the policy's own pool (cosine), and the policy as served (a BM25 + dense pool) and on a BM25
 pool alone; answer recall and all-supporting-passages recall at 3 and 5 documents (the policy's own n is 3:
