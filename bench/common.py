@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from services.common.procgroup import ProcessSpec
-from trainer.data import QAItem, default_data_dir, load_qa
+from trainer.common.data import QAItem, default_data_dir, load_qa
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = default_data_dir()

@@ -77,7 +77,7 @@ async def in_process(policy_dir: Path, questions: list[tuple[str, str, str]], no
     from services.searcher.compact import CompactPolicy
     from services.searcher.loop import run_search
     from services.stack import index_dir_for
-    from trainer.compact import IndexRetriever
+    from trainer.common.retrieval import IndexRetriever
 
     policy = CompactPolicy.load(policy_dir)
     retriever = IndexRetriever(CORPUS, index_dir_for(CORPUS, REPO / "var"), dense=not no_dense)

@@ -164,8 +164,7 @@ def heavy_batch(args: argparse.Namespace) -> None:
     seconds = 10.0 if args.quick else args.seconds
     compact = CompactPolicy.load(COMPACT_DIR)
     searcher_env = {"SEARCHER_API_KEYS": f"{FLOOD_KEY},{ORDINARY_KEY}", "SEARCHER_CACHE_ENABLED": "false",
-                    "SEARCHER_COMPACT_POLICY": str(COMPACT_DIR), "SEARCHER_COMPACT_DENSE": "auto",
-                    **{f"SEARCHER_{k.upper()}": str(v) for k, v in compact.search_setting().items()}}
+                    "SEARCHER_COMPACT_POLICY": str(COMPACT_DIR), "SEARCHER_COMPACT_DENSE": "auto"}
     stack, questions = bench_stack(args, searcher_env, "bench_fairness_heavy", dense=True)
     ordinary = {"Authorization": f"Bearer {ORDINARY_KEY}"}
     attacker = {"Authorization": f"Bearer {FLOOD_KEY}"}

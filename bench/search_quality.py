@@ -9,8 +9,9 @@ answer (`span_match`), averaged. matched: each policy's documents against naive 
 budget3 / budget5: the first 3 / 5 documents against naive top-3 / top-5; ci95: 95% bootstrap intervals over
 questions (2,000 resamples, fixed seed) for every figure and for the paired difference trained - naive.
 
-`--compact FOLDER` (and `--compact-warm FOLDER`) compares the compact policy instead, in-process over the
-retriever's own backends and the stack's indexes (bm25s and the MiniLM flat FAISS index, built when missing),
+`--compact FOLDER` (and `--compact-warm FOLDER`) compares the compact policy instead, with the trainer's
+equal-budget evaluation (`trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports),
+in-process over the retriever's own backends and the stack's indexes (bm25s and the MiniLM flat FAISS index, built when missing),
 per set (hotpotqa, 2wikimultihopqa, nq, popqa): naive bm25, dense and hybrid (RRF) top-n, the untrained
 MiniLM re-ranking the policy's own pool (cosine), and the policy as served (a BM25 + dense pool) and on a BM25
 pool alone; answer recall and all-supporting-passages recall at 3 and 5 documents (the policy's own n is 3:
@@ -30,7 +31,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import random
 import statistics
 import sys
 import time
@@ -44,7 +44,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
-from services.common.answers import is_yes_no, span_match  # noqa: E402
+from services.common.answers import is_yes_no  # noqa: E402
 from services.common.clients import RetrieverClient  # noqa: E402
 from services.common.http import ClientSettings  # noqa: E402
 from services.common.llm import LLMSettings, OpenAIChatClient  # noqa: E402
@@ -56,25 +56,13 @@ from services.searcher.retrieval import ServiceRetriever  # noqa: E402
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
 from services.searcher.trained import TrainedSearcher, sha256  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
+from trainer.common.evaluation import bootstrap  # noqa: E402
+from trainer.common.evaluation import documents_hit as hit  # noqa: E402
 
 VAR = REPO / "var"
 DATASETS = ("hotpotqa", "nq", "2wikimultihopqa")
 BUDGETS = (3, 5)
 POLICIES = ("s3_base", "s3_trained")
-
-
-def hit(docs: Sequence[Document] | Sequence[dict[str, Any]], answers: Sequence[str]) -> bool:
-    return any(span_match(d["text"] if isinstance(d, dict) else d.text, answers) for d in docs)
-
-
-def bootstrap(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> list[float]:
-    """95% percentile interval of the mean."""
-    if not values:
-        return [float("nan"), float("nan")]
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
 
 
 def results_path(args: argparse.Namespace, params: SearchParams, prompts: PromptSet, adapter_digest: str) -> Path:
@@ -191,21 +179,6 @@ def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
 
 
 COMPACT_SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
-
-
-def _metric_block(rows: Sequence[dict[str, Any]], systems: Sequence[str], key: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in systems:
-        values = [float(r[name][key]) for r in rows]
-        out[name] = round(statistics.fmean(values), 3) if values else None
-        out[f"{name}_ci95"] = bootstrap(values)
-        if name != "naive_bm25":
-            diff = [float(r[name][key]) - float(r["naive_bm25"][key]) for r in rows]
-            out[f"{name}_minus_naive"] = round(statistics.fmean(diff), 3) if diff else None
-            out[f"{name}_minus_naive_ci95"] = bootstrap(diff)
-    return out
-
-
 FULL_PARAGRAPH_CHARS = 400
 """A HotpotQA gold passage this long or longer counts as a full paragraph: in combined.jsonl most are only the
 supporting sentences (gold median ~170 characters, distractor paragraphs ~490; see ../shared/data/README.md)."""
@@ -215,12 +188,14 @@ def compact_main(args: argparse.Namespace) -> None:
     """The compact policy against naive BM25, dense and hybrid top-n and the untrained MiniLM re-ranking the
     policy's own pool, at 3 and 5 documents (the policy's own n is 3: `budget3` is the matched comparison),
     in-process over the retriever's own backends and indexes (the stack's: `var/indexes/<corpus>-<sha256>`,
-    built when missing); answer recall and all-supporting-passages recall with 95% intervals. Each policy
-    is served as the searcher serves it: a BM25 + dense pool where it has the dense scorer; the last one is
-    also run on a BM25 pool alone (`<name>_bm25_pool`, its lexical scorer: a retriever without dense)."""
+    built when missing); answer recall and all-supporting-passages recall with 95% intervals: the trainer's
+    evaluation (`trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports). Each
+    policy is served as the searcher serves it: a BM25 + dense pool where it has the dense scorer; the last one
+    is also run on a BM25 pool alone (`<name>_bm25_pool`, its lexical scorer: a retriever without dense)."""
     from services.searcher.compact import CompactPolicy
     from services.stack import index_dir_for
-    from trainer.compact import IndexRetriever
+    from trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
+    from trainer.common.retrieval import IndexRetriever
 
     t0 = time.perf_counter()
     policies = {name: CompactPolicy.load(Path(folder)) for name, folder in
@@ -232,70 +207,51 @@ def compact_main(args: argparse.Namespace) -> None:
     served_pool = pools[last] or []
     if len(served_pool) > 1:
         policies[f"{last}_bm25_pool"], pools[f"{last}_bm25_pool"] = policies[last], ["bm25"]
-    encoder = None
+    setting = policies[last].search_setting()
+    pool_k = setting.get("retrieve_k", 30)
+    rankers = {}
     if not args.no_minilm:
         from sentence_transformers import SentenceTransformer
 
         from services.retriever.dense import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
-    setting = policies[last].search_setting()
-    pool_k = setting.get("retrieve_k", 30)
-    naive_methods = [m for m in ("dense", "hybrid") if m in served]
-    systems = ["naive_bm25", *(f"naive_{m}" for m in naive_methods),
-               *(["minilm_rerank"] if encoder is not None else []), *policies]
 
-    async def one(question: str, answers: Sequence[str], gold: frozenset[str]) -> dict[int, dict[str, Any]]:
-        ranked: dict[str, list[Document]] = {"naive_bm25": (await retriever.retrieve([question], pool_k, "bm25"))[0]}
-        for method in naive_methods:
-            ranked[f"naive_{method}"] = (await retriever.retrieve([question], pool_k, method))[0]
-        if encoder is not None:  # the policy's first pool (BM25, with the dense top-k when it uses one)
+        async def minilm_rerank(item: Any) -> list[Document]:
+            """The untrained MiniLM re-ranking the policy's first pool (BM25, with the dense top-k when it uses
+            one) by cosine."""
             pool = list({d.id: d for m in (pools[last] or ["bm25"])
-                         for d in (await retriever.retrieve([question], pool_k, m))[0]}.values())
-            vecs = encoder.encode([question] + [f"{d.title}\n{d.text}" for d in pool], normalize_embeddings=True,
+                         for d in (await retriever.retrieve([item.question], pool_k, m))[0]}.values())
+            vecs = encoder.encode([item.question] + [f"{d.title}\n{d.text}" for d in pool], normalize_embeddings=True,
                                   batch_size=32)
             order = sorted(range(len(pool)), key=lambda i: -float(vecs[0] @ vecs[i + 1]))
-            ranked["minilm_rerank"] = [pool[i] for i in order]
-        out: dict[int, dict[str, Any]] = {}
-        for budget in BUDGETS:
-            row: dict[str, Any] = {}
-            for name, docs in ranked.items():
-                row[name] = _scores(docs[:budget], answers, gold)
-            for name, policy in policies.items():
-                params = SearchParams(mode="s3", method=args.compact_method, pool_methods=pools[name],
-                                      **{**policy.search_setting(), "select_k": budget})
-                outcome = await run_search(question, params, policy=policy, retriever=retriever)
-                row[name] = {**_scores(outcome.documents, answers, gold), "docs": len(outcome.documents),
-                             "searches": len(outcome.queries)}
-            out[budget] = row
-        return out
+            return [pool[i] for i in order]
 
-    def blocks(rows: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
-        return {f"budget{b}": {"answer_recall": _metric_block(rows[b], systems, "hit"),
-                               "all_supporting": _metric_block(rows[b], systems, "all_gold")} for b in BUDGETS}
-
+        rankers["minilm_rerank"] = minilm_rerank
+    runs = {name: PolicyRun(policy, SearchParams(mode="s3", method=args.compact_method, pool_methods=pools[name],
+                                                 **policy.search_setting()))
+            for name, policy in policies.items()}
+    evaluation = BudgetEval(retriever, naive=[m for m in ("bm25", "dense", "hybrid") if m in served],
+                            policies=runs, budgets=BUDGETS, rankers=rankers)
+    systems = evaluation.systems
     lengths = _gold_lengths()
-    all_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
+    all_rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"datasets": {}}
     for name in args.datasets:
         items = [q for q in load_questions(name, args.n) if not is_yes_no(q.golden_answers)]
-        rows: dict[int, list[dict[str, Any]]] = {b: [] for b in BUDGETS}
-        by_kind: dict[str, dict[int, list[dict[str, Any]]]] = {}
-        for q in tqdm(items, desc=name, disable=args.quiet):
-            titles = frozenset(q.supporting_titles)
-            per = asyncio.run(one(q.question, q.golden_answers, titles))
-            kind = "full_paragraph" if titles and all(lengths.get(t, 0) >= FULL_PARAGRAPH_CHARS for t in titles) \
-                else "short_extract"
-            for b in BUDGETS:
-                rows[b].append(per[b])
-                all_rows[b].append(per[b])
-                by_kind.setdefault(kind, {c: [] for c in BUDGETS})[b].append(per[b])
-        result["datasets"][name] = {"n": len(items), **blocks(rows)}
+        bar = tqdm(total=len(items), desc=name, disable=args.quiet)
+        rows = asyncio.run(evaluation.rows(items, progress=bar.update))
+        bar.close()
+        all_rows += rows
+        result["datasets"][name] = budget_summary(rows, systems, BUDGETS, sets=[name])["datasets"][name]
         if name == "hotpotqa":
-            result["datasets"][name]["by_gold_passage"] = {
-                kind: {"n": len(r[3]), **blocks(r)} for kind, r in sorted(by_kind.items())}
+            kinds = {q.id: "full_paragraph" if q.supporting_titles and all(
+                lengths.get(t, 0) >= FULL_PARAGRAPH_CHARS for t in q.supporting_titles) else "short_extract"
+                for q in items}
+            by_kind = [{**r, "dataset": kinds[r["id"]]} for r in rows]
+            result["datasets"][name]["by_gold_passage"] = budget_summary(by_kind, systems, BUDGETS)["datasets"]
         log(f"{name}: {json.dumps(result['datasets'][name]['budget3']['answer_recall'])}")
-    result["all"] = {f"budget{b}": {"answer_recall": _metric_block(all_rows[b], systems, "hit")} for b in BUDGETS}
+    result["all"] = budget_summary(all_rows, systems, BUDGETS, sets=[])["all"]
     result["settings"] = {"n_per_set": args.n, "yes_no": "left out", "pool_k": pool_k, "retriever": "bm25s",
                           "dense": retriever.encoder, "pool_methods": pools, "compact_method": args.compact_method,
                           "full_paragraph_chars": FULL_PARAGRAPH_CHARS,
@@ -314,11 +270,6 @@ def _gold_lengths() -> dict[str, int]:
             if str(row.get("id", "")).startswith("hotpotqa-"):
                 out[row["title"]] = max(out.get(row["title"], 0), len(row.get("text", "")))
     return out
-
-
-def _scores(docs: Sequence[Document], answers: Sequence[str], gold: frozenset[str]) -> dict[str, float]:
-    titles = {d.title for d in docs}
-    return {"hit": float(hit(docs, answers)), "all_gold": float(bool(gold) and gold <= titles)}
 
 
 def main() -> None:

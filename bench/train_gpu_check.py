@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from services.common.schemas.base import Document  # noqa: E402
 from services.common.schemas.searcher import SearchParams  # noqa: E402
-from trainer.data import QAItem, default_data_dir, load_qa  # noqa: E402
+from trainer.common.data import QAItem, default_data_dir, load_qa  # noqa: E402
 
 
 class MemoryBM25:
@@ -118,10 +118,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-    from trainer.grpo import TrainConfig, build_trainer, resolve_device, resolve_precision
-    from trainer.model import default_policy_path
-    from trainer.probe import GradientProbe
-    from trainer.runner import AsyncRunner
+    from trainer.llm.grpo import TrainConfig, build_trainer, resolve_device, resolve_precision
+    from trainer.llm.model import default_policy_path
+    from trainer.llm.probe import GradientProbe
+    from trainer.llm.runner import AsyncRunner
 
     data = Path(args.data) if args.data else default_data_dir()
     with (data / "corpus" / "combined.jsonl").open() as fh:

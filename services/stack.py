@@ -18,6 +18,7 @@ Once every readiness check passes, it prints the URL and a ready-to-copy `curl` 
     plugsearch-stack --base-port 9000        # searcher 9000, retriever 9001, ..., LLM 9004, Redis 9005
     plugsearch-stack --corpus my.jsonl       # any JSONL corpus (id + title/text, or id + contents)
     plugsearch-stack --chat                  # + llama.cpp, generator, judge and POST /v1/chat/completions
+    plugsearch-stack --corpus my.jsonl --policy var/runs/mine/policy   # a compact policy trained on it
 
 Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data beside the
 repository), else FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into `var/corpus/`.
@@ -54,6 +55,7 @@ from services.common.procgroup import (
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.compact import CompactPolicy, CompactPolicyError
+from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus
 from services.searcher.trained import COMPACT_DIR, TrainedSearcher, TrainedSearcherError
 from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
 
@@ -356,12 +358,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--llm-prompt-cache-mb", type=int, default=DEFAULT_PROMPT_CACHE_MB,
                         help="RAM for llama.cpp's cached states that concurrent multi-turn searches resume from "
                         "(0 = off; each state also holds a 96 MiB logits copy: ~2.7 GB peak RSS at the default)")
-    parser.add_argument("--policy", choices=["auto", "compact", "trained", "base"], default="auto",
+    parser.add_argument("--policy", default="auto", metavar="{auto,compact,trained,base,DIR}",
                         help="compact: the compact learned searcher (services/searcher/trained/compact), in the "
-                        "searcher's process, no LLM; trained: the SmolLM2 LoRA searcher, served by a second "
-                        "llama.cpp process with its adapter; base: the untrained SmolLM2; auto (default): compact "
-                        "when its recorded evaluation beat naive top-k, else trained when its evaluation beat the "
-                        "untrained policy, else base")
+                        "searcher's process, no LLM; DIR: a compact policy folder you trained (plugsearch-train "
+                        "compact --corpus ... --qa ...: <out>/policy; served only on the corpus and encoder it was "
+                        "trained on); trained: the SmolLM2 LoRA searcher, served by a second llama.cpp process with "
+                        "its adapter; base: the untrained SmolLM2; auto (default): compact when its recorded "
+                        "evaluation beat naive top-k, else trained when its evaluation beat the untrained policy, "
+                        "else base")
     parser.add_argument("--dense", choices=["auto", "on", "off"], default="auto",
                         help="the retriever's dense index (MiniLM + FAISS flat, built on the first run: minutes "
                         "on 2 cores, in the background while BM25 serves): auto (default) when the served compact "
@@ -411,12 +415,28 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--llm-threads must be >= 1")
     if args.llm_prompt_cache_mb < 0:
         parser.error("--llm-prompt-cache-mb must be >= 0")
+    if args.policy not in POLICY_CHOICES and not Path(args.policy).is_dir():
+        parser.error(f"--policy {args.policy}: one of {', '.join(POLICY_CHOICES)} or a compact policy folder")
     return args
+
+
+POLICY_CHOICES = ("auto", "compact", "trained", "base")
 
 
 def _compact_policy(args: argparse.Namespace, say: Callable[[str], None], folder: Path | None = None
                     ) -> CompactPolicy | None:
-    """The compact policy for `--policy compact`, or `auto` when its recorded evaluation beat naive top-k."""
+    """The compact policy for `--policy compact` or `--policy DIR`, or `auto` when its recorded evaluation beat
+    naive top-k."""
+    if args.policy not in POLICY_CHOICES:
+        try:
+            policy = CompactPolicy.load(Path(args.policy))
+        except CompactPolicyError as exc:
+            raise StackError(f"--policy {args.policy}: {exc}") from exc
+        evaluation = policy.manifest.get("evaluation") or {}
+        verdict = evaluation.get("beats_naive")
+        say(f"policy: the compact searcher {policy.model} from {args.policy} "
+            f"({evaluation.get('summary', 'no recorded evaluation')}; beats_naive: {verdict})")
+        return policy
     if args.policy not in ("auto", "compact"):
         return None
     folder = folder or COMPACT_DIR
@@ -461,6 +481,24 @@ def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder
         return None
     say(f"policy: the trained searcher ({trained.folder.name}: {trained.manifest.get('summary', 'see its manifest')})")
     return trained
+
+
+def check_policy_corpus(compact: CompactPolicy | None, corpus: Path, dense: bool,
+                        environ: Mapping[str, str] | None = None) -> None:
+    """A compact policy bound to the corpus it was trained on (`services.searcher.policy_corpus`) is served on
+    that corpus, with its dense encoder and index type, or refused here, before anything starts."""
+    if compact is None or bound_corpus(compact.manifest) is None:
+        return
+    from services.retriever.corpus import file_checksum
+    from services.retriever.settings import DEFAULT_ENCODER
+
+    environ = os.environ if environ is None else environ
+    encoder = environ.get("RETRIEVER_ENCODER__NAME") or DEFAULT_ENCODER
+    try:
+        check_corpus(compact.manifest, corpus_sha256=file_checksum(corpus), encoder=encoder if dense else None,
+                     dense_index="flat" if dense else None, name=f"the compact policy {compact.model}")
+    except CorpusMismatch as exc:
+        raise StackError(str(exc)) from exc
 
 
 def serve_dense(setting: str, compact: CompactPolicy | None) -> bool:
@@ -526,6 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say("redis-server not found: the services use their in-process caches")
         # asked for: the answering proxy, an LLM policy, an LLM endpoint to use, or --with-llm
         llm_services = args.chat or args.with_llm or compact is None or args.llm_url is not None
+        check_policy_corpus(compact, corpus, serve_dense(args.dense, compact))
         options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,

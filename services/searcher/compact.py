@@ -60,7 +60,6 @@ _NUM = re.compile(r"\b\d+\b")
 _CAP = re.compile(r"\b[A-Z][a-z]+")
 _CAP_ASCII = re.compile(r"\b[A-Z][a-z]+", re.ASCII)
 """`_CAP` for an ASCII text (the same matches; faster)."""
-_NAME = re.compile(r"\b[A-Z][\w'.-]*(?:\s+(?:of|de|the|von|van|du|la|and)?\s*[A-Z][\w'.-]*)*")
 _STOP = frozenset(
     "a an the of in on at to for and or is was were are be been by with from as that this which who what when "
     "where how did does do whose whom why it its his her their he she they than then there".split())
@@ -590,11 +589,101 @@ class Candidate:
     source: int = -1
 
 
+# A name candidate is a name or a title a person would search: capitalised words (joined by "of", "de", ...)
+# within one sentence, without leading or trailing function words; never only function words and date parts;
+# a lone word only when the passage also capitalises it inside a sentence (not "Although", "Tickets").
+_FUNCTION = _STOP | frozenset(
+    "but nor so yet these those also although though however therefore thus hence meanwhile moreover furthermore "
+    "nevertheless nonetheless after before during while since until unless because despite following according "
+    "about above across against along among around between beyond into onto over through throughout toward "
+    "towards under upon within without both each either neither every all any some many most other such only not "
+    "no born died later early late former currently today now once if whether instead besides we i you our your "
+    "my me him them us here".split())
+_DATE_PARTS = frozenset(
+    "january february march april may june july august september october november december jan feb mar apr jun "
+    "jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday first second third "
+    "fourth fifth sixth seventh eighth ninth tenth century".split())
+_CONNECT = frozenset("of de the von van du la and del der da di le".split())
+_ABBREVIATIONS = frozenset("st mt mr mrs ms dr jr sr co inc ltd vs ft gen col lt sgt capt rev prof no".split())
+_SENTENCE_END = re.compile(r"([.!?])\s+(?=\S)")
+_NAME_WORD = re.compile(r"[^\W_][\w'&.-]*")
+_NUMBER = re.compile(r"^\d+(st|nd|rd|th|s)?$")
+
+
+def _sentences(text: str) -> list[str]:
+    """`text` cut at sentence ends (".", "!", "?" then a space), not after an initial or an abbreviation."""
+    out, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        before = text[start:m.start()].split()
+        last = (before[-1] if before else "").rstrip(".")
+        if m.group(1) == "." and (len(last) <= 1 or last.lower() in _ABBREVIATIONS or "." in last):
+            continue  # "J. R. R. Tolkien", "St. Louis", "U.S. Army"
+        out.append(text[start:m.start(1)])
+        start = m.end()
+    out.append(text[start:])
+    return out
+
+
+def _word(token: str) -> str:
+    """A token without its trailing punctuation (an initial's or an abbreviation's full stop kept)."""
+    token = token.rstrip("'-&")
+    bare = token.rstrip(".")
+    return token if token.endswith(".") and (len(bare) <= 1 or "." in bare or bare.lower() in _ABBREVIATIONS) \
+        else bare
+
+
+def _capitalised(word: str) -> bool:
+    return word[:1].isupper()
+
+
+def _names_nothing(words: Sequence[str]) -> bool:
+    return all(w.lower().rstrip(".") in _FUNCTION or w.lower() in _DATE_PARTS or _NUMBER.match(w) for w in words)
+
+
 def _names(text: str, known: str) -> list[str]:
-    """Capitalised names in `text` that `known` (question and title, lower-cased) does not contain."""
+    """Names and titles in `text` that `known` (question and title, lower-cased) does not contain: runs of
+    capitalised words inside one sentence, cut of leading and trailing function words; a run of only function
+    words and date parts ("Although", "October", "In 1990") is none, and a lone word the passage capitalises only
+    where a sentence starts ("Tickets") is a common word, not a name."""
+    runs: list[tuple[list[str], bool]] = []
+    inside: set[str] = set()  # words the text capitalises inside a sentence
+    for sentence in _sentences(text):
+        tokens = list(_NAME_WORD.finditer(sentence))
+        i = 0
+        while i < len(tokens):
+            word = _word(tokens[i].group(0))
+            if not _capitalised(word):
+                i += 1
+                continue
+            parts, end, k = [word], tokens[i].end(), i + 1
+            while k < len(tokens) and sentence[end:tokens[k].start()].strip() in ("", "&"):
+                nxt = _word(tokens[k].group(0))
+                if _capitalised(nxt):
+                    parts += ["&", nxt] if sentence[end:tokens[k].start()].strip() == "&" else [nxt]
+                    end, k = tokens[k].end(), k + 1
+                elif nxt.lower() in _CONNECT and k + 1 < len(tokens) and _capitalised(_word(tokens[k + 1].group(0))) \
+                        and not sentence[tokens[k].end():tokens[k + 1].start()].strip() \
+                        and not sentence[end:tokens[k].start()].strip():
+                    parts += [nxt, _word(tokens[k + 1].group(0))]
+                    end, k = tokens[k + 1].end(), k + 2
+                else:
+                    break
+            initial = i == 0
+            while parts and (parts[0].lower().rstrip(".") in _FUNCTION or parts[0].lower() in _CONNECT):
+                parts.pop(0)
+                initial = False
+            while parts and (parts[-1].lower().rstrip(".") in _FUNCTION or parts[-1].lower() in _CONNECT):
+                parts.pop()
+            if parts:
+                if not initial:
+                    inside.add(parts[0])
+                runs.append((parts, initial))
+            i = k
     out: list[str] = []
-    for match in _NAME.finditer(text):
-        name = match.group(0).strip(" .-'")
+    for parts, initial in runs:
+        if _names_nothing(parts) or (len(parts) == 1 and initial and parts[0] not in inside):
+            continue
+        name = " ".join(parts).strip(" -'")
         if len(name) < 4 or name.lower() in known or name.lower() in _STOP or name in out:
             continue
         out.append(name)
@@ -687,6 +776,14 @@ class CompactPolicy:
     def setting(self) -> PolicySetting | None:
         """The setting it was trained in, from its manifest (`read_setting`); None when it records none."""
         return read_setting(self.manifest, has_dense=self.has_dense, encoder=self.dense_encoder)
+
+    def search_setting(self) -> dict[str, int]:
+        """`retrieve_k`, `select_k` and `max_turns` of its trained setting (what the benches and tools that drive
+        it in-process build their `SearchParams` from; empty when it records none)."""
+        setting = self.setting
+        if setting is None:
+            return {}
+        return {"retrieve_k": setting.retrieve_k, "select_k": setting.select_k, "max_turns": setting.max_turns}
 
     # ------------------------------------------------------------------------------------ weights
     @classmethod

@@ -1,7 +1,7 @@
 """One search as an environment: s3, QAgent and naive top-k behind `reset()` / `step(output)`.
 
 Every driver uses this one object: the searcher service (`services.searcher.loop.run_search`, a chat
-policy over HTTP), TRL rollouts and veRL's agent loop (`trainer.episode`, a token-level policy). The
+policy over HTTP), TRL rollouts and veRL's agent loop (`trainer.llm.episode`, a token-level policy). The
 environment never calls the policy: the driver samples as `next_call()` says and hands the raw output to
 `step`; the documents come from the state (`documents()`), never parsed back out of a transcript.
 

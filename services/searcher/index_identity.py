@@ -48,6 +48,12 @@ class IndexIdentity:
         return ([str(m) for m in methods] if isinstance(methods, list) else None,
                 encoder if isinstance(encoder, str) else None)
 
+    async def details(self) -> dict[str, object]:
+        """Everything the retriever's `/version` last said of its index ({} while unknown): `corpus_checksum`,
+        `methods`, `encoder`, `dense_index`, ..."""
+        await self.current()
+        return dict(self._details)
+
     async def _refresh(self) -> None:
         try:
             response = await self.client.request("GET", "/version", timeout=self.timeout_s, retries=0)

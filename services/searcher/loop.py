@@ -1,6 +1,8 @@
-"""The chat driver of the search environment: `run_search` drives a `SearchEnv` (`services.searcher.env`)
-with any `services.common.llm.LLMBackend` as the policy (the trainer drives it token by token instead:
-`trainer.episode`).
+"""The driver of the search environment: `run_search` drives a `SearchEnv` (`services.searcher.env`) with any
+`services.common.llm.LLMBackend` as the policy, or an `ActingPolicy` (the compact policy). It is the one
+driver: the trainers drive their episodes through `drive` too (the LLM trainer with a chat backend that
+samples token ids, `trainer.llm.episode`; the compact trainer with its sampling policy and its demonstrator,
+`trainer.compact`), so what they reward and evaluate is what the service returns.
 
 `SearchOutcome.messages` is the exact transcript: the i-th message, when an assistant one, came from
 `policy.chat(messages[:i], ...)`. A policy failure or timeout, or the time budget (`params.timeout_s`) spent,
@@ -98,6 +100,12 @@ async def run_search(question: str, params: SearchParams, *, policy: LLMBackend 
                                  "plugsearch.queries": len(outcome.queries),
                                  "plugsearch.documents": len(outcome.documents), "plugsearch.degraded": outcome.degraded})
     return outcome
+
+
+async def drive(env: SearchEnv, policy: LLMBackend | ActingPolicy | None) -> SearchOutcome:
+    """Drive a fresh environment (`env.params`) to its end with `policy`: `run_search` without its span, for
+    callers that hold the environment (the trainers' episodes, whose policies read its state)."""
+    return await _drive(env, env.params, policy)
 
 
 async def _drive(env: SearchEnv, params: SearchParams, policy: LLMBackend | ActingPolicy | None) -> SearchOutcome:

@@ -14,7 +14,7 @@ the methods of its first retrieval given what the retriever serves (`first_retri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, model_validator
@@ -84,6 +84,12 @@ class SearcherPolicy(Protocol):
         ...
 
     @property
+    def manifest(self) -> Mapping[str, Any]:
+        """How it was trained (empty when unknown): the corpus it is bound to, if any, is checked against the
+        retriever's (`services.searcher.policy_corpus`)."""
+        ...
+
+    @property
     def acting(self) -> LLMBackend | ActingPolicy:
         """What `services.searcher.loop.run_search` drives."""
         ...
@@ -119,6 +125,7 @@ class ChatPolicy:
 
     modes: tuple[SearchMode, ...] = ("s3", "qagent")
     setting: PolicySetting | None = None
+    manifest: Mapping[str, Any] = {}
 
     def __init__(self, llm: LLMBackend) -> None:
         self.llm = llm

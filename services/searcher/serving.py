@@ -24,6 +24,7 @@ from services.common.errors import (
     CostLimitExceeded,
     ErrorDetail,
     ErrorEnvelope,
+    NotReady,
     RateLimited,
     ServiceError,
 )
@@ -48,6 +49,7 @@ from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, Sear
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import run_search
 from services.searcher.policy import PolicyRefusal, SearcherPolicy, as_searcher_policy
+from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
 
@@ -214,6 +216,7 @@ class SearchService:
         pool; off: its pool without the dense block)."""
         if params.mode != "s3":
             return params
+        await self._check_corpus()
         setting = self.settings.compact_dense
         trained = self.policy.setting
         served: list[str] | None
@@ -229,6 +232,26 @@ class SearchService:
             return params
         pool = self.policy.first_retrieval(served, encoder)
         return params if pool is None else params.model_copy(update={"pool_methods": pool})
+
+    async def _check_corpus(self) -> None:
+        """A policy bound to the corpus it was trained on (its manifest: `services.searcher.policy_corpus`)
+        refuses to search another one: 503 with what differs, read from the retriever's `/version`."""
+        policy = self.policy
+        if self.index_identity is None or bound_corpus(policy.manifest) is None:
+            return
+        details = await self.index_identity.details()
+        if not details:
+            return  # not known yet: the next search asks again
+        methods = details.get("methods")
+        dense = isinstance(methods, list) and "dense" in methods
+        encoder, index, checksum = details.get("encoder"), details.get("dense_index"), details.get("corpus_checksum")
+        try:
+            check_corpus(policy.manifest, corpus_sha256=checksum if isinstance(checksum, str) else None,
+                         encoder=encoder if dense and isinstance(encoder, str) else None,
+                         dense_index=index if dense and isinstance(index, str) else None,
+                         name=f"the policy {policy.model}")
+        except CorpusMismatch as exc:
+            raise NotReady(str(exc)) from exc
 
     def cost(self, requests: Sequence[SearchRequest]) -> float:
         """Cost units of these searches (`_cost`: what each encodes and returns, and its LLM calls); bad

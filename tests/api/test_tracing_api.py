@@ -123,8 +123,8 @@ async def test_the_trainers_generator_and_judge_calls_are_one_trace() -> None:
     from services.generator.settings import GeneratorSettings
     from services.judge.api import create_app as judge_app
     from services.judge.settings import JudgeSettings
-    from trainer.settings import TrainerSettings
-    from trainer.upstreams import ServiceStack
+    from trainer.common.settings import TrainerSettings
+    from trainer.common.upstreams import ServiceStack
 
     llm = LLMSettings(base_url="http://fake-llm/v1", model="fake-gen", max_retries=0)
     generator = generator_app(GeneratorSettings(llm=llm, tokenizer_from_gguf=False),

@@ -35,7 +35,7 @@ import pytest
 
 from tests.e2e.test_stack import alive, descendants, log_tail
 from tests.e2e.test_stack_failures import REPO
-from trainer.data import load_qa
+from trainer.common.data import load_qa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")]
 

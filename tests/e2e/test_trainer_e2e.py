@@ -24,7 +24,7 @@ import pytest
 
 from services.common.procgroup import ProcessGroup, ProcessSpec
 from tests.conftest import REPO
-from trainer.localstack import LocalServices
+from trainer.common.localstack import LocalServices
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
@@ -41,7 +41,7 @@ def stack(llama_url: str, data_dir: Path, var_dir: Path) -> Iterator[LocalServic
 
 @pytest.fixture(scope="module")
 def policy_path(var_dir: Path) -> Path:
-    from trainer.model import default_policy_path
+    from trainer.llm.model import default_policy_path
 
     return default_policy_path(var_dir)
 
@@ -71,12 +71,12 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
     import torch
 
     from services.common.schemas.searcher import SearchParams
-    from trainer.baseline import BaselineConfig, BaselineStore
-    from trainer.data import train_split
-    from trainer.grpo import TrainConfig, build_trainer, read_reward_log, train
-    from trainer.probe import GradientProbe
-    from trainer.runner import AsyncRunner
-    from trainer.upstreams import ServiceStack
+    from trainer.common.baseline import BaselineConfig, BaselineStore
+    from trainer.common.data import train_split
+    from trainer.common.upstreams import ServiceStack
+    from trainer.llm.grpo import TrainConfig, build_trainer, read_reward_log, train
+    from trainer.llm.probe import GradientProbe
+    from trainer.llm.runner import AsyncRunner
 
     items = train_split(data_dir, ("nq",), per_dataset=2)
     config = TrainConfig(output_dir=tmp_path / "run", model_path=policy_path, max_steps=2, questions_per_step=2,

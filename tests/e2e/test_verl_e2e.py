@@ -24,7 +24,7 @@ from tests.unit.test_trainer_verl import (
     run,
     tokenizer,  # noqa: F401 - fixture: SmolLM2's tokenizer
 )
-from trainer.localstack import LocalServices
+from trainer.common.localstack import LocalServices
 from trainer.verl import reward
 from trainer.verl.agent_loop import OUTCOME_FIELD
 

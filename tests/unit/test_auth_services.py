@@ -111,7 +111,7 @@ async def test_without_keys_services_are_open(service: str) -> None:
 def test_services_and_trainer_read_the_internal_token_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the stack and the deployments set: each caller's upstream token, each callee's accepted token."""
     from services.searcher.settings import SearcherSettings
-    from trainer.settings import TrainerSettings
+    from trainer.common.settings import TrainerSettings
 
     monkeypatch.setenv("SEARCHER_RETRIEVER__TOKEN", INTERNAL)
     monkeypatch.setenv("SEARCHER_API_KEYS", f"{KEY_A},{KEY_B}")

@@ -705,7 +705,7 @@ def test_k8s_jobs_run_real_cli_commands(rendered: tuple[str, list[dict[str, Any]
 
 
 def test_k8s_trainer_job_matches_trainer_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.settings import TrainerSettings
+    from trainer.common.settings import TrainerSettings
 
     docs = kustomize("gpu")
     services = objects(docs, "Service")

@@ -265,7 +265,7 @@ def pods(train: list[dict[str, Any]], rayjob: dict[str, Any]) -> Iterator[tuple[
 
 def test_pods_reach_the_services_with_the_internal_token_and_use_existing_volumes(
         train: list[dict[str, Any]], rayjob: dict[str, Any]) -> None:
-    from trainer.settings import TrainerSettings
+    from trainer.common.settings import TrainerSettings
 
     gpu = kustomize("gpu")
     services = objects(gpu, "Service")
@@ -320,7 +320,7 @@ def test_accelerate_configs_load_with_accelerates_own_loader(name: str) -> None:
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
 
-    path = REPO / "trainer" / "accelerate" / f"{name}.yaml"
+    path = REPO / "trainer" / "llm" / "accelerate" / f"{name}.yaml"
     config = ClusterConfig.from_yaml_file(str(path))  # refuses unknown keys
     assert config.num_processes == 8 and config.num_machines == 1 and config.mixed_precision == "bf16"
     assert str(config.distributed_type) == {"ddp": "DistributedType.MULTI_GPU", "fsdp": "DistributedType.FSDP"}[name]
@@ -337,7 +337,7 @@ def test_accelerate_job_runs_trainer_cli_on_every_gpu(train: list[dict[str, Any]
     args = launch_command_parser().parse_args(command[2:])
     config_file = Path(args.config_file)
     assert str(config_file.parent) == ACCELERATE_DIR
-    local = REPO / "trainer" / "accelerate" / config_file.name
+    local = REPO / "trainer" / "llm" / "accelerate" / config_file.name
     args.config_file = str(local)  # the image's copy of this file (checked below)
     args, _, _ = _validate_launch_command(args)
     gpus = container["resources"]["limits"]["nvidia.com/gpu"]
@@ -352,7 +352,7 @@ def test_accelerate_job_runs_trainer_cli_on_every_gpu(train: list[dict[str, Any]
     # the trainer image ships the configs at that path
     (stage,) = [s for s in parse_dockerfile(REPO / "docker" / "Dockerfile")[1] if s.name == "trainer"]
     copies = [tuple(c.value) for c in stage.commands if c.cmd.upper() == "COPY" and not c.flags]
-    assert ("trainer/accelerate", ACCELERATE_DIR) in copies
+    assert ("trainer/llm/accelerate", ACCELERATE_DIR) in copies
     assert entrypoint(stage) == ["plugsearch-train"]
 
 

@@ -31,9 +31,10 @@ from services.searcher.compact import (
 )
 from services.searcher.env import Action, InfoBlock, SearchEnv, SearchEvent
 from services.searcher.loop import run_search
-from trainer.compact import Episode, LabeledItem, run_episode
-from trainer.data import QAItem
-from trainer.rewards import documents_hit
+from trainer.common.data import QAItem
+from trainer.common.rewards import documents_hit
+from trainer.compact.data import LabeledItem
+from trainer.compact.rl import Episode, run_episode
 
 QUESTION = "Which city is the director of Big Stone Gap based in?"
 CORPUS = {
@@ -242,7 +243,7 @@ async def test_training_episode_reward_reads_the_environments_documents() -> Non
 
 async def test_sampled_log_probability_matches_the_trainers() -> None:
     torch = pytest.importorskip("torch")
-    from trainer.compact import _log_prob
+    from trainer.compact.model import log_prob, norms_of, torch_model
 
     policy = CompactPolicy(weights(doc={"score_rel": 2.0, "title_in_q": 1.0}, query={"name_query": 0.5}))
     item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
@@ -257,10 +258,9 @@ async def test_sampled_log_probability_matches_the_trainers() -> None:
         for i in step.selected:
             expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
             left.remove(i)
-    from trainer.compact import _norms, _torch_model
 
-    model = _torch_model((2, 2), ["lexical"], policy.weights)
-    got = _log_prob(model, ep, _norms(policy.weights), 1.0)
+    model = torch_model((2, 2), ["lexical"], policy.weights)
+    got = log_prob(model, ep, norms_of(policy.weights), 1.0)
     assert got.requires_grad  # the gradient reaches both heads
     assert float(got.detach()) == pytest.approx(expected, abs=1e-4)
     assert torch.is_tensor(got)
@@ -389,7 +389,7 @@ def test_titles_link_without_their_disambiguation() -> None:
 
 async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainers() -> None:
     pytest.importorskip("torch")
-    from trainer.compact import _log_prob, _norms, _torch_model
+    from trainer.compact.model import log_prob, norms_of, torch_model
 
     item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
     ep = await run_episode(DENSE_READER, item, MemoryRetriever(), params(pool_methods=["bm25", "dense"], select_k=2),
@@ -403,5 +403,25 @@ async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainer
     for i in step.selected:
         expected += logits[i] - math.log(sum(math.exp(logits[j]) for j in left))
         left.remove(i)
-    model = _torch_model((2, 2), ["lexical", "dense"], DENSE_READER.weights)
-    assert float(_log_prob(model, ep, _norms(DENSE_READER.weights), 1.0).detach()) == pytest.approx(expected, abs=1e-4)
+    model = torch_model((2, 2), ["lexical", "dense"], DENSE_READER.weights)
+    assert float(log_prob(model, ep, norms_of(DENSE_READER.weights), 1.0).detach()) == pytest.approx(expected, abs=1e-4)
+
+
+def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
+    from services.searcher.compact import _names
+
+    # the served searcher's follow-ups of 2026-11-27: "European Union. Tickets", "Although", "October"
+    eiffel = ("The Eiffel Tower is in Paris. Although it was criticised, it became a symbol of France. Tickets are "
+              "sold by the European Union. Tickets went on sale in October.")
+    assert _names(eiffel, "what is the capital of the country where the eiffel tower is") == [
+        "Paris", "France", "European Union"]
+    derrickson = "In October 1998 he met Ed Wood. On Monday, the 3rd, During the war he moved."
+    assert _names(derrickson, "") == ["Ed Wood"]
+    # initials and abbreviations do not end a sentence; connectors join; function words are cut off the ends
+    assert _names("J. R. R. Tolkien moved to St. Louis with the U.S. Army. In 1990 the University of California at "
+                  "Berkeley hired John von Neumann.", "") == [
+        "J. R. R. Tolkien", "St. Louis", "U.S. Army", "University of California", "Berkeley", "John von Neumann"]
+    # a lone word capitalised only where its sentence starts is a common word; inside a sentence, a name
+    assert _names("Critics praised it. Critics in Rome too.", "") == ["Rome"]
+    assert _names("Madonna sang. Fans cheered for Madonna.", "") == ["Madonna"]
+    assert _names('It is an alternative to "Dungeons & Dragons".', "") == ["Dungeons & Dragons"]

@@ -11,19 +11,21 @@ import pytest
 
 from services.searcher.compact import CompactPolicy
 from services.stack import index_dir_for
-from trainer import compact
-from trainer.cli import compact_beats_naive, main
+from trainer.cli import main
+from trainer.common.evaluation import beats_naive
+from trainer.compact.config import CompactConfig
+from trainer.compact.data import load_items
 
 
 def test_training_rows_start_at_200_and_never_use_the_evaluation_only_sets(data_dir: Path) -> None:
-    train, dev = compact.load_items(data_dir, compact.CompactConfig(datasets=("nq",), per_dataset=5,
+    train, dev = load_items(data_dir, CompactConfig(datasets=("nq",), per_dataset=5,
                                                                     dev_per_dataset=2))
     assert [i.item.id for i in train] == [f"nq-lim-{n:04d}" for n in range(200, 205)]
     assert [i.item.id for i in dev] == ["nq-lim-0205", "nq-lim-0206"]
     with pytest.raises(ValueError, match="never trained on"):
-        compact.load_items(data_dir, compact.CompactConfig(datasets=("musique",)))
+        load_items(data_dir, CompactConfig(datasets=("musique",)))
     with pytest.raises(ValueError, match="reserved"):
-        compact.load_items(data_dir, compact.CompactConfig(offset=100))
+        load_items(data_dir, CompactConfig(offset=100))
 
 
 def test_compact_training_run_resumes_and_exports(data_dir: Path, var_dir: Path, tmp_path: Path,
@@ -70,7 +72,93 @@ def test_the_verdict_needs_a_positive_interval_and_no_set_losing() -> None:
         return {"datasets": {n: {"budget3": {"answer_recall": {"compact_rl_minus_naive": g}}} for n, g in gains.items()},
                 "all": {"budget3": {"answer_recall": {"compact_rl_minus_naive_ci95": [low, 0.1]}}}}
 
-    assert compact_beats_naive(evaluation(0.01, {"a": 0.1, "b": -0.02}))
-    assert not compact_beats_naive(evaluation(0.0, {"a": 0.1}))
-    assert not compact_beats_naive(evaluation(0.02, {"a": 0.1, "b": -0.03}))
-    assert not compact_beats_naive(evaluation(0.02, {}))
+    assert beats_naive(evaluation(0.01, {"a": 0.1, "b": -0.02}))
+    assert not beats_naive(evaluation(0.0, {"a": 0.1}))
+    assert not beats_naive(evaluation(0.02, {"a": 0.1, "b": -0.03}))
+    assert not beats_naive(evaluation(0.02, {}))
+
+
+def user_files(data_dir: Path, folder: Path, rows: range = range(200, 280), distractors: int = 40) -> tuple[Path, Path]:
+    """A user's corpus and questions, as plain files: 2WikiMultihopQA rows 200+ (never the evaluation rows) and
+    their supporting passages plus a few others."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (data_dir / "qa" / "2wikimultihopqa.jsonl").open() as fh:
+        questions = [json.loads(line) for i, line in enumerate(fh) if i in rows]
+    titles = {t for q in questions for t in q["supporting_titles"]}
+    passages, other = [], 0
+    with (data_dir / "corpus" / "2wikimultihopqa.jsonl").open() as fh:
+        for line in fh:
+            title = json.loads(line)["title"]
+            if title in titles or other < distractors:
+                passages.append(line)
+                other += title not in titles
+    corpus, qa = folder / "my-corpus.jsonl", folder / "my-questions.jsonl"
+    corpus.write_text("".join(passages))
+    qa.write_text("".join(json.dumps({k: q[k] for k in ("id", "question", "golden_answers", "supporting_titles")})
+                          + "\n" for q in questions))
+    return corpus, qa
+
+
+def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus_only(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from services import stack
+
+    corpus, qa = user_files(data_dir, tmp_path / "mine")
+    out, var = tmp_path / "run", tmp_path / "var"
+    argv = ["compact", "--corpus", str(corpus), "--qa", str(qa), "--warm-epochs", "1", "--steps", "2",
+            "--questions-per-step", "2", "--group", "2", "--out", str(out), "--var-dir", str(var), "--quiet"]
+    main(argv)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    split = json.loads((out / "split.json").read_text())
+    assert set(split["eval"]).isdisjoint(split["train"] + split["dev"]) and split["seed"] == 0
+    assert result["questions"] == split["sizes"] and split["sizes"]["eval"] >= 20
+    assert result["left_out"]["yes_no"] == split["left_out"]["yes_no"]["count"]
+    # the policy folder: weights, manifest with its setting, corpus identity and verdict, the report beside it
+    policy = CompactPolicy.load(Path(result["policy"]))
+    manifest = policy.manifest
+    assert manifest["search"] == {"mode": "s3", "retrieve_k": 30, "select_k": 3, "max_turns": 2, "method": "bm25",
+                                  "pool_methods": ["bm25", "dense"]}
+    assert manifest["corpus"]["bound"] and manifest["corpus"]["file"] == "my-corpus.jsonl"
+    assert manifest["corpus"]["encoder"] == policy.dense_encoder == "all-MiniLM-L6-v2"
+    assert manifest["evaluation"]["beats_naive"] == result["beats_naive"]
+    evaluated = manifest["evaluation"]["bench"]["all"]["budget3"]["answer_recall"]
+    assert {"naive_bm25", "naive_dense", "naive_hybrid", "compact_warm", "compact_rl"} <= set(evaluated)
+    assert manifest["evaluation"]["bench"]["all"]["n"] == split["sizes"]["eval"]
+    report = (out / "report" / "report.md").read_text()
+    assert "naive BM25 top-3" in report and f"beats_naive: {str(result['beats_naive']).lower()}" in report
+    assert (out / "policy" / "report.png").stat().st_size > 10_000
+    # resumed with more steps: the warm start and the split are reused, only the new RL step runs
+    warm = CompactPolicy.load(out / "warmstart").digest
+    more = list(argv)
+    more[more.index("--steps") + 1] = "3"
+    main(more)
+    capsys.readouterr()
+    assert CompactPolicy.load(out / "warmstart").digest == warm
+    assert json.loads((out / "split.json").read_text())["eval"] == split["eval"]
+    assert [json.loads(line)["step"] for line in (out / "rl" / "rewards.jsonl").read_text().splitlines()] == [0, 1, 2]
+    # served on its own corpus only
+    served = CompactPolicy.load(out / "policy")
+    stack.check_policy_corpus(served, corpus, True, environ={})
+    with pytest.raises(stack.StackError, match="trained on my-corpus.jsonl"):
+        stack.check_policy_corpus(served, data_dir / "corpus" / "2wikimultihopqa.jsonl", True, environ={})
+
+
+def test_bad_user_data_is_refused_before_any_work(data_dir: Path, tmp_path: Path) -> None:
+    corpus, qa = user_files(data_dir, tmp_path / "mine", rows=range(200, 230), distractors=0)
+    var = tmp_path / "var"
+    base = ["compact", "--corpus", str(corpus), "--out", str(tmp_path / "run"), "--var-dir", str(var), "--quiet"]
+    with pytest.raises(SystemExit, match="too few questions to split"):
+        main([*base, "--qa", str(qa)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "Who?", "golden_answers": []}) + "\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl: 1 bad row\(s\): line 1: `golden_answers` must be a non-empty"):
+        main([*base, "--qa", str(bad)])
+    with pytest.raises(SystemExit, match="--datasets choose rows of the shipped sets"):
+        main([*base, "--qa", str(qa), "--datasets", "nq"])
+    # the shipped evaluation rows cannot come in through a user's file
+    held = tmp_path / "held.jsonl"
+    with (data_dir / "qa" / "nq.jsonl").open() as fh:
+        held.write_text("".join(line for _, line in zip(range(60), fh, strict=False)))
+    with pytest.raises(SystemExit, match="held-out rows of the shipped sets"):
+        main(["compact", "--qa", str(held), "--out", str(tmp_path / "held"), "--var-dir", str(var), "--quiet"])
+    assert not (var / "indexes").exists()  # refused before any index was built

@@ -16,12 +16,12 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher.env import PolicyCall
 from services.searcher.loop import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
-from trainer.episode import ChatTokens, Sampled, run_episode
+from trainer.llm.episode import ChatTokens, Sampled, run_episode
 
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.model import default_policy_path, load_tokenizer
+    from trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 

@@ -1,10 +1,10 @@
-"""trainer.kv_cache: the KV cache's keyword read from the model's own forward, through wrappers."""
+"""trainer.llm.kv_cache: the KV cache's keyword read from the model's own forward, through wrappers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.kv_cache import cache_keyword, output_cache
+from trainer.llm.kv_cache import cache_keyword, output_cache
 
 
 class New:

@@ -11,10 +11,10 @@ import pytest
 
 from services.common.schemas.base import Document
 from services.common.schemas.retriever import Method
-from trainer.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
-from trainer.data import QAItem, s3_filter, train_split
-from trainer.rewards import RewardComputer, Trajectory, format_score
-from trainer.upstreams import Answered
+from trainer.common.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
+from trainer.common.data import QAItem, s3_filter, train_split
+from trainer.common.rewards import RewardComputer, Trajectory, format_score
+from trainer.common.upstreams import Answered
 
 
 class FakeStack:
@@ -138,7 +138,7 @@ def test_train_split_holds_out_eval_questions_and_interleaves(data_dir: Path) ->
 
 
 def test_resume_picks_the_newest_complete_checkpoint(tmp_path: Path) -> None:
-    from trainer.grpo import last_checkpoint
+    from trainer.llm.grpo import last_checkpoint
 
     assert last_checkpoint(tmp_path / "missing") is None
     for step, complete in ((2, True), (4, True), (6, False)):
@@ -191,3 +191,66 @@ async def test_recall_reward_adds_the_format_term() -> None:
     result = (await computer.score([Trajectory(item=_item("1", "q", ["Oslo"]), documents=[],
                                                valid_actions=1, invalid_actions=1)]))[0]
     assert result.reward == 0.0 and result.total == 0.25
+
+
+async def test_gbr_at_the_same_budget_keeps_one_baseline_per_n_and_counts_service_time(tmp_path: Path) -> None:
+    stack = RankedStack({"q": {2}})  # naive finds the answer at rank 2 only
+
+    class Answering(RankedStack):
+        async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
+                                   ) -> list[Answered]:
+            out = []
+            for _, docs, gold in items:
+                ok = float(any("Oslo" in d.text for d in docs) and bool(gold))
+                out.append(Answered("Oslo" if ok else "no idea", ok, ok, ok, "span"))
+            return out
+
+    services = Answering({"q": {2}})
+    store = BaselineStore(tmp_path, BaselineConfig(k=3))
+    computer = RewardComputer(services, kind="gbr", baseline="same_n", baselines=store, retriever=stack)
+    item = _item("1", "q", ["Oslo"])
+    hit = Document(id="x", text="the answer is Oslo")
+    miss = Document(id="y", text="no")
+    scores = await computer.score([Trajectory(item, [hit]), Trajectory(item, [miss, miss]), Trajectory(item, [])])
+    # GenAcc of the searched documents minus naive RAG's at the same n (top-1 misses, top-2 has it; nothing
+    # returned is compared with top-1: the baseline is never a no-retrieval answer)
+    assert [s.reward for s in scores] == [1.0, -1.0, 0.0] and [s.baseline_genacc for s in scores] == [0.0, 1.0, 0.0]
+    assert {store.with_k(n).config.k for n in (1, 2)} == {1, 2} and set(store.with_k(2).genacc_by_id()) == {"1"}
+    assert stack.depths == [1, 2]  # the naive documents came from the given retriever, not the services
+    assert computer.service_seconds > 0
+    with pytest.raises(ValueError, match="answers through the generator and judge"):
+        RewardComputer(None, kind="gbr", baselines=store, retriever=stack)
+    await computer.aclose()
+
+
+def test_the_compact_trainer_rewards_through_the_one_computer(tmp_path: Path) -> None:
+    """One RL step of the compact policy with `gbr` through (fake) services: the episodes are the searcher's,
+    the reward the computer's, the step's log says how long the services took."""
+    from tests.unit.test_searcher_compact import NAME_SEEKER, QUESTION, MemoryRetriever
+    from trainer.compact.config import CompactConfig
+    from trainer.compact.data import LabeledItem
+    from trainer.compact.rl import reinforce
+
+    answered: list[int] = []
+
+    class Services(FakeStack):
+        async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
+                                   ) -> list[Answered]:
+            answered.append(len(items))
+            return [Answered("Greenwich Village", float(any("Greenwich" in d.text for d in docs)), 0.0, 0.0, "span")
+                    for _, docs, _ in items]
+
+    retriever = MemoryRetriever()
+    train = [LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["Greenwich Village"]))]
+    config = CompactConfig(retrieve_k=3, select_k=2, max_turns=1, rl_steps=1, questions_per_step=1, group=2,
+                           hidden=(2, 2), dense=False, reward="gbr")
+    store = BaselineStore(tmp_path / "baselines", BaselineConfig(k=3, method="bm25"))
+    policy, entries = reinforce(NAME_SEEKER, train, retriever, config, tmp_path, lambda: RewardComputer(
+        Services({}), kind="gbr", baseline="same_n", baselines=store, method="bm25", retriever=retriever))
+    (entry,) = entries
+    # naive RAG's documents (the Big Stone Gap pool) never hold the answer: the reward is the searches' GenAcc
+    assert entry["kind"] == "gbr" and entry["mean_reward"] == entry["mean_genacc"]
+    assert answered == [2, 1]  # the group's two answers, and the naive baseline (computed once, then stored)
+    assert set(store.with_k(2).genacc_by_id()) == {"q"}
+    assert entry["service_seconds"] > 0 and 0 < entry["service_share"] <= 1
+    assert json.loads((tmp_path / "rewards.jsonl").read_text())["step"] == 0

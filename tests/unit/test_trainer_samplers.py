@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from services.searcher.env import PolicyCall
-from trainer.samplers import HFSampler, VLLMSampler
+from trainer.llm.samplers import HFSampler, VLLMSampler
 
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.model import default_policy_path, load_tokenizer
+    from trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 

@@ -20,8 +20,8 @@ from services.searcher.loop import run_search
 from services.searcher.prompts import PromptSet
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
 from tests.unit.test_trainer_episode import PARAMS, TWO_BLOCKS, Blocks
-from trainer.rewards import RewardComputer
-from trainer.upstreams import Answered
+from trainer.common.rewards import RewardComputer
+from trainer.common.upstreams import Answered
 from trainer.verl import reward
 from trainer.verl.agent_loop import OUTCOME_FIELD, PlugsearchAgentLoop, ServerSampler
 
@@ -31,7 +31,7 @@ SEARCH = {"mode": PARAMS.mode, "max_turns": PARAMS.max_turns, "retrieve_k": PARA
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.model import default_policy_path, load_tokenizer
+    from trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 

@@ -1,7 +1,7 @@
 """veRL's multi-turn rollout = the search environment the searcher service runs.
 
 `PlugsearchAgentLoop` (a veRL 0.9.1 agent loop, registered as `plugsearch_s3` / `plugsearch_qagent` by
-`agent_loop.yaml`) runs `trainer.episode.run_episode`, the same `SearchEnv` and prompts as `POST /search`,
+`agent_loop.yaml`) runs `trainer.llm.episode.run_episode`, the same `SearchEnv` and prompts as `POST /search`,
 sampled through veRL's rollout servers by `ServerSampler`: sampled ids mask 1, the environment's turns
 mask 0, so retrieved text carries no loss and no KL. The reward never reads the transcript: the episode's
 `SearchOutcome` travels in `extra_fields[OUTCOME_FIELD]` to `trainer.verl.reward.compute_score`. The
@@ -24,9 +24,9 @@ from services.common.schemas.searcher import SearchParams
 from services.searcher.env import PolicyCall, RetrieverBackend
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
-from trainer.episode import ChatTokens, Episode, Sampled, run_episode
-from trainer.samplers import engine_output
-from trainer.settings import TrainerSettings
+from trainer.common.settings import TrainerSettings
+from trainer.llm.episode import ChatTokens, Episode, Sampled, run_episode
+from trainer.llm.samplers import engine_output
 from trainer.verl.shared import per_loop
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
     python -m trainer.verl.data --out var/verl/data [--data-dir DIR] [--datasets nq hotpotqa]
         [--per-dataset N] [--val-per-dataset 100] [--agent plugsearch_s3] [--s3-filter]
 
-One row per question in veRL's RLHFDataset format. Splits are the trainer's (`trainer.data`): train never
+One row per question in veRL's RLHFDataset format. Splits are the trainer's (`trainer.common.data`): train never
 holds an evaluation question; val = the first `--val-per-dataset` held-out questions of each set.
 `prompt` is the environment's first observation without documents (the rollout rebuilds it with the
 naive top-k it retrieves then), for veRL's length filter and logs; `prompt_version` lets the agent loop
@@ -24,9 +24,9 @@ from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import SearchEnv
 from services.searcher.prompts import PromptSet
-from trainer.baseline import BaselineConfig, BaselineStore
-from trainer.data import TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
-from trainer.settings import TrainerSettings
+from trainer.common.baseline import BaselineConfig, BaselineStore
+from trainer.common.data import TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
+from trainer.common.settings import TrainerSettings
 from trainer.verl import CONFIG_DIR
 
 logger = logging.getLogger(__name__)

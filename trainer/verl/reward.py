@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.searcher.env import SearchOutcome
-from trainer.baseline import BaselineConfig, BaselineStore
-from trainer.data import QAItem
-from trainer.grpo import outcome_trajectory
-from trainer.rewards import RewardBreakdown, RewardComputer, Trajectory
-from trainer.settings import TrainerSettings
-from trainer.upstreams import ServiceStack
+from trainer.common.baseline import BaselineConfig, BaselineStore
+from trainer.common.data import QAItem
+from trainer.common.rewards import RewardBreakdown, RewardComputer, Trajectory
+from trainer.common.settings import TrainerSettings
+from trainer.common.upstreams import ServiceStack
+from trainer.llm.grpo import outcome_trajectory
 from trainer.verl.agent_loop import OUTCOME_FIELD
 from trainer.verl.shared import per_loop
 

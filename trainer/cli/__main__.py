@@ -1,0 +1,5 @@
+"""`python -m trainer.cli ...` = `plugsearch-train ...`."""
+
+from trainer.cli import main
+
+main()

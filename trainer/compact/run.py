@@ -1,0 +1,251 @@
+"""`plugsearch-train compact`: the compact policy's whole run, resumable (a finished stage is reused).
+
+- On the shipped data (no `--qa`): rows 200+ of the shipped sets over the shared corpus; warm start, RL, the
+  final policy folder (`<out>/final`). Its held-out evaluation is `bench/search_quality.py --compact` on rows
+  0-99, recorded by `plugsearch-train compact-export`.
+- On a user's data (`--corpus CORPUS.jsonl --qa QUESTIONS.jsonl [--qa ...]`): the questions are checked and
+  split by a recorded seed (`<out>/split.json`), the corpus's indexes built (bm25s and the MiniLM flat index,
+  as the stack's retriever does, into `var/indexes/<corpus>-<sha256>`), warm start and RL on the training
+  split, then the evaluation split (never trained or tuned on) against naive BM25, dense and hybrid top-k at
+  equal document budget with 95% intervals (`<out>/report/report.md`, `report.json`, `report.png`), and the
+  policy folder `<out>/policy` with its verdict (`beats_naive`), its setting and its corpus's identity:
+  `plugsearch-stack --corpus CORPUS.jsonl --policy <out>/policy` serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from services.searcher.compact import CompactPolicy
+from trainer.common.baseline import BaselineConfig, BaselineStore
+from trainer.common.data import QAFileError, QAItem, default_data_dir, load_qa
+from trainer.common.evaluation import BudgetEval, PolicyRun, beats_naive, dev_check, write_budget_report
+from trainer.common.localstack import services_for
+from trainer.common.retrieval import IndexRetriever
+from trainer.common.rewards import RewardComputer
+from trainer.common.settings import TrainerSettings
+from trainer.compact.config import NEVER_TRAIN, CompactConfig, config_dict
+from trainer.compact.data import LabeledItem, UserData, labeled, load_items, user_split
+
+logger = logging.getLogger(__name__)
+
+EVAL_BUDGETS = (3, 5)
+VERDICT_KEY = "compact_rl"
+
+
+@dataclass
+class CompactRun:
+    """Everything `plugsearch-train compact` was given."""
+
+    config: CompactConfig
+    out: Path
+    command: str
+    corpus: Path | None = None
+    qa: Sequence[Path] = ()
+    index_dir: Path | None = None
+    var_dir: Path = Path("var")
+    resume: bool = True
+    progress: bool = True
+    split_seed: int = 0
+    local: bool = False
+    llm_url: str | None = None
+    llm_threads: int = 1
+    settings: TrainerSettings = field(default_factory=TrainerSettings)
+
+    @property
+    def user_data(self) -> bool:
+        return bool(self.qa)
+
+
+def shipped_holdout(data_dir: Path) -> dict[str, str]:
+    """Question id -> the shipped set it is held out in: rows 0-199 of every shipped set (0-99 evaluate,
+    100-199 are reserved) and every row of the sets never trained on."""
+    out: dict[str, str] = {}
+    folder = data_dir / "qa"
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.jsonl")):
+        for item in load_qa(path, limit=None if path.stem in NEVER_TRAIN else 200):
+            out[item.id] = path.stem
+    return out
+
+
+def check_user_questions(items: Sequence[QAItem], data_dir: Path) -> None:
+    """A user's files must not smuggle in the shipped evaluation rows: refuse questions whose id is one of
+    them (train on the shipped sets with `--datasets`, which starts at row 200)."""
+    held = shipped_holdout(data_dir)
+    clash = [(q.id, held[q.id]) for q in items if q.id in held]
+    if clash:
+        sets = sorted({s for _, s in clash})
+        raise QAFileError(f"{len(clash)} question(s) are held-out rows of the shipped sets ({', '.join(sets)}; e.g. "
+                          f"{clash[0][0]}): rows 0-99 evaluate, 100-199 are reserved and musique, bamboogle and "
+                          "triviaqa are never trained on; give rows 200+ (or train on the shipped sets with "
+                          "--datasets)")
+
+
+def run(job: CompactRun) -> dict[str, Any]:
+    """Warm start, RL, the final policy; with a user's data also the evaluation, the report and the policy
+    folder with its verdict. Every bad input is refused before any index is built or any model trained."""
+    t0 = time.perf_counter()
+    config = job.config
+    if job.user_data:  # the shipped sets' rows are not what it trains on
+        config = replace(config, datasets=())
+    data_dir = default_data_dir()
+    out = job.out
+    user: UserData | None = None
+    if job.user_data:
+        corpus = (job.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
+        if not corpus.is_file():
+            raise QAFileError(f"--corpus {corpus} is not a file")
+        out.mkdir(parents=True, exist_ok=True)
+        user = user_split(list(job.qa), corpus, seed=job.split_seed, out=out, progress=job.progress,
+                          check=lambda rows: check_user_questions(rows, data_dir))
+        logger.info("questions: %s", user.summary())
+        train, dev = labeled(user.split.train), labeled(user.split.dev)
+        rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
+    else:
+        corpus = job.corpus or data_dir / "corpus" / "combined.jsonl"
+        train, dev = load_items(data_dir, config)
+        rows = (f"{config.offset}..{config.offset + config.per_dataset + config.dev_per_dataset - 1} of "
+                f"{', '.join(config.datasets)} (yes/no dropped); the last {config.dev_per_dataset} of each set held "
+                "out as the RL stage's dev check")
+    out.mkdir(parents=True, exist_ok=True)
+    from services.stack import index_dir_for
+
+    index_dir = job.index_dir or index_dir_for(corpus, job.var_dir)
+    stages = {"questions": round(time.perf_counter() - t0, 1)}
+    t = time.perf_counter()
+    retriever = IndexRetriever(corpus, index_dir, dense=config.dense, progress=job.progress)
+    stages["indexes"] = round(time.perf_counter() - t, 1)
+    record: dict[str, Any] = {"command": job.command, "config": config_dict(config), "rows": rows,
+                              "train_questions": len(train), "dev_questions": len(dev)}
+    if user is not None:
+        record["questions"] = {"files": user.files, "split_seed": job.split_seed,
+                               "sizes": {k: len(v) for k, v in user.split.ids().items()},
+                               "left_out": {k: len(v) for k, v in user.left_out.items()}}
+    if retriever.encoder is not None:
+        record["dense"] = {"encoder": retriever.encoder, "index": "flat (exact)"}
+    identity = {"file": corpus.name, **retriever.identity(), "bound": user is not None}
+    """The corpus's identity: a policy trained on a user's corpus (`bound`) is served on that corpus only."""
+    search = config.search_setting()
+    params = config.search_params()
+
+    t = time.perf_counter()
+    warm, warm_info = _warm_start(job, train, dev, retriever, record, search, identity)
+    stages["warm_start"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
+    final, rl_info = _reinforce(job, warm, train, dev, retriever, corpus)
+    stages["rl"] = round(time.perf_counter() - t, 1)
+    final.save(out / "final", {**record, "stage": "warm start + RL", "warm_start": warm_info, "rl": rl_info,
+                               "search": search, "corpus": identity})
+    result: dict[str, Any] = {"out": str(out / "final"), "warm_dev": warm_info.get("dev"), "rl_dev": rl_info["dev"],
+                              "rl_reward_first_10": rl_info["first_10_mean_reward"],
+                              "rl_reward_last_10": rl_info["last_10_mean_reward"], "rl_timing": rl_info.get("timing")}
+    if user is not None:
+        t = time.perf_counter()
+        result.update(_evaluate_and_export(job, user, warm, final, retriever, params, identity))
+        stages["evaluation"] = round(time.perf_counter() - t, 1)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["stage_seconds"] = stages
+    return result
+
+
+def _warm_start(job: CompactRun, train: list[LabeledItem], dev: list[LabeledItem], retriever: IndexRetriever,
+                record: dict[str, Any], search: dict[str, Any], identity: dict[str, Any]
+                ) -> tuple[CompactPolicy, dict[str, Any]]:
+    from trainer.compact.warmstart import warm_start
+
+    warm_dir = job.out / "warmstart"
+    if (warm_dir / "manifest.json").is_file() and job.resume:
+        warm = CompactPolicy.load(warm_dir)
+        return warm, warm.manifest.get("warm_start", {})
+    t = time.perf_counter()
+    warm, info = warm_start(train, retriever, job.config, progress=job.progress)
+    info["seconds"] = round(time.perf_counter() - t, 1)
+    info["dev"] = dev_check(warm, [d.item for d in dev], retriever, job.config.search_params())
+    warm.save(warm_dir, {**record, "stage": "warm start", "warm_start": info, "search": search, "corpus": identity})
+    return warm, info
+
+
+def _reinforce(job: CompactRun, warm: CompactPolicy, train: list[LabeledItem], dev: list[LabeledItem],
+               retriever: IndexRetriever, corpus: Path) -> tuple[CompactPolicy, dict[str, Any]]:
+    from trainer.common.plotting import plot_reward_curve
+    from trainer.common.upstreams import ServiceStack
+    from trainer.compact.rl import reinforce, timing
+
+    config = job.config
+    rl_dir = job.out / "rl"
+    rl_dir.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    answering = config.reward != "recall"
+    with services_for(job.settings, job.local and answering, corpus=corpus, answering=True, retriever=False,
+                      llm_url=job.llm_url, llm_threads=job.llm_threads) as settings:
+        def make_reward() -> RewardComputer:
+            if not answering:
+                return RewardComputer(None, kind="recall", baseline=config.baseline, method="bm25",
+                                      retriever=retriever)
+            store = BaselineStore(rl_dir / "baselines", BaselineConfig(k=3, method="bm25", tag="compact"),
+                                  redis_url=settings.redis_url)
+            return RewardComputer(ServiceStack(settings), kind=config.reward,  # type: ignore[arg-type]
+                                  baseline=config.baseline, baselines=store, method="bm25", retriever=retriever)
+
+        final, entries = reinforce(warm, train, retriever, config, rl_dir, make_reward, progress=job.progress)
+    first, last = entries[:10], entries[-10:]
+    info: dict[str, Any] = {
+        "seconds_this_run": round(time.perf_counter() - t, 1), "steps": len(entries), "reward": config.reward,
+        "baseline": config.baseline,
+        "first_10_mean_reward": round(float(sum(e["mean_reward"] for e in first) / max(1, len(first))), 4),
+        "last_10_mean_reward": round(float(sum(e["mean_reward"] for e in last) / max(1, len(last))), 4),
+        "timing": timing(entries), "dev": dev_check(final, [d.item for d in dev], retriever, config.search_params())}
+    if entries:
+        what = "recall: span check" if config.reward == "recall" else f"{config.reward}: generator + judge"
+        info["reward_curve"] = str(plot_reward_curve(entries, rl_dir / "reward_curve.png",
+                                                     title=f"compact policy: GBR ({what}) per RL step"))
+    return final, info
+
+
+def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, final: CompactPolicy,
+                         retriever: IndexRetriever, params: Any, identity: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation split against naive top-k at equal budgets, the report, and `<out>/policy`."""
+    served = list(retriever.methods)
+    naive = [m for m in ("bm25", "dense", "hybrid") if m in served]
+    policies = {name: PolicyRun(p, params.model_copy(update={"pool_methods": p.pool_methods(served, retriever.encoder)}))
+                for name, p in (("compact_warm", warm), (VERDICT_KEY, final))}
+    evaluation = BudgetEval(retriever, naive=naive, policies=policies, budgets=EVAL_BUDGETS)
+    by_set: dict[str, list[QAItem]] = {}
+    for item in user.split.eval:
+        by_set.setdefault(item.dataset, []).append(item)
+    t = time.perf_counter()
+    result = evaluation.run(by_set, progress=job.progress)
+    result["settings"] = {"questions": "the evaluation split (split.json), yes/no and unanswerable left out",
+                          "budgets": list(EVAL_BUDGETS), "pool_k": job.config.retrieve_k, "retriever": "bm25s",
+                          "dense": retriever.encoder, "policies": {k: p.policy.model for k, p in policies.items()},
+                          "seconds": round(time.perf_counter() - t, 1)}
+    systems = evaluation.systems
+    verdict = beats_naive(result, VERDICT_KEY)
+    gains = {name: d["budget3"]["answer_recall"].get(f"{VERDICT_KEY}_minus_naive")
+             for name, d in result["datasets"].items()}
+    notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
+             f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}",
+             f"serve it: plugsearch-stack --corpus {identity['file']} --policy {job.out / 'policy'}"]
+    report = write_budget_report(result, systems, job.out / "report", key=VERDICT_KEY,
+                                 title=f"compact searcher on {identity['file']}", notes=notes)
+    summary = ", ".join(f"{name} {g:+.3f}" for name, g in gains.items() if g is not None)
+    folder = job.out / "policy"
+    manifest = {**final.manifest, "evaluation": {
+        "summary": f"answer recall at 3 documents minus naive BM25 top-3 on the evaluation split: {summary}",
+        "beats_naive": verdict, "gains_at_3": gains, "bench": result}}
+    final.save(folder, manifest)
+    for name in ("report.md", "report.png"):
+        shutil.copyfile(job.out / "report" / name, folder / name)
+    shutil.copyfile(job.out / "split.json", folder / "split.json")
+    return {"policy": str(folder), "beats_naive": verdict, "gains_at_3": gains, "report": report["markdown"],
+            "png": report["png"], "questions": json.loads(json.dumps(user.record()["sizes"])),
+            "left_out": {k: len(v) for k, v in user.left_out.items()}}
