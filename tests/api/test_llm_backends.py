@@ -99,7 +99,7 @@ def test_local_default_matches_the_llama_server_alias() -> None:
     assert LLMSettings().model == DEFAULT_MODEL_ALIAS
     cmd = llama_server_command("/m.gguf", port=8080, n_threads=2, extra_args=["--n_batch", "256"])
     assert cmd[1:] == ["-m", "llama_cpp.server", "--model", "/m.gguf", "--host", "127.0.0.1", "--port", "8080",
-                       "--n_ctx", "8192", "--logits_all", "false", "--n_threads", "2",
+                       "--n_ctx", "8192", "--logits_all", "false", "--interrupt_requests", "false", "--n_threads", "2",
                        "--model_alias", DEFAULT_MODEL_ALIAS, "--cache", "true", "--cache_type", "ram",
                        "--cache_size", str(512 << 20),
                        "--n_batch", "256"]

@@ -5,6 +5,7 @@ retriever's `/version` names another corpus."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ def test_a_bound_policy_refuses_another_corpus_encoder_or_index() -> None:
 def policy_folder(tmp_path: Path, corpus: Path, policy: CompactPolicy = DENSE_READER) -> Path:
     sha = hashlib.sha256(corpus.read_bytes()).hexdigest()
     folder = tmp_path / "policy"
-    policy.save(folder, {**bound(sha256=sha, file=corpus.name), "dense": {"encoder": "all-MiniLM-L6-v2"},
+    # a copy: `save` records the folder and digest on the policy it saves, and the module's policies are shared
+    replace(policy).save(folder, {**bound(sha256=sha, file=corpus.name), "dense": {"encoder": "all-MiniLM-L6-v2"},
                          "search": {"retrieve_k": 3, "select_k": 2, "max_turns": 1},
                          "evaluation": {"summary": "tiny", "beats_naive": True}})
     return folder

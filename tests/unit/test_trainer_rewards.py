@@ -237,6 +237,7 @@ def test_the_compact_trainer_rewards_through_the_one_computer(tmp_path: Path) ->
         async def answer_and_judge(self, items: Sequence[tuple[str, Sequence[Document], Sequence[str]]]
                                    ) -> list[Answered]:
             answered.append(len(items))
+            await asyncio.sleep(0.05)  # the services' time, which the step's log must report
             return [Answered("Greenwich Village", float(any("Greenwich" in d.text for d in docs)), 0.0, 0.0, "span")
                     for _, docs, _ in items]
 
