@@ -14,6 +14,7 @@ lifespan built it); errors are documented only through route `responses` (`error
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import hmac
 import json
@@ -540,23 +541,43 @@ def document_auth(schema: dict[str, Any], open_paths: frozenset[str]) -> dict[st
     return schema
 
 
+def tune_gc(threshold: int) -> None:
+    """The garbage collector of a served process (`ServiceSettings.gc_threshold`), once it has started: what
+    startup built (modules, the app, indexes, policies) collected once and frozen out of later collections, and
+    the young generation collected every `threshold` net allocations instead of 700. 0: left as it is."""
+    if threshold <= 0:
+        return
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, middle, oldest)
+
+
 def _flushing_traces(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None
                      ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The service's lifespan, then the spans still pending exported (uvicorn ends on the signal that
-    stopped it, so the SDK's own exit hook never runs)."""
+    stopped it, so the SDK's own exit hook never runs). A served app (`entrypoint`: `app.state.tune_gc`) tunes
+    its process's garbage collector once the lifespan has started it (`tune_gc`)."""
     @asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[None]:
         try:
             if lifespan is None:
+                _tuned(app)
                 yield
             else:
                 async with lifespan(app):
+                    _tuned(app)
                     yield
         finally:
             if tracing.enabled():
                 await asyncio.to_thread(tracing.flush)
 
     return run
+
+
+def _tuned(app: FastAPI) -> None:
+    if getattr(app.state, "tune_gc", False):  # the process is the service's (not a test's, nor a bench's)
+        tune_gc(app.state.settings.gc_threshold)
 
 
 def build_app(
@@ -678,7 +699,9 @@ def entrypoint(service: str) -> tuple[Callable[[], FastAPI], Callable[[], None]]
         settings = settings_type()
         configure_logging(settings.log_level, service=service)
         tracing.setup_tracing(service)  # off unless OTEL_* variables switch it on
-        return importlib.import_module(f"services.{service}.api").create_app(settings), settings
+        app = importlib.import_module(f"services.{service}.api").create_app(settings)
+        app.state.tune_gc = True  # this process serves it: its garbage collector is the service's to set
+        return app, settings
 
     def worker_app() -> FastAPI:
         return build()[0]

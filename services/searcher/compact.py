@@ -35,6 +35,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -176,6 +177,12 @@ class PoolDoc:
     lexical: bool = True
     """Found by a lexical (BM25) block; False: only by the dense block."""
 
+    @cached_property
+    def place(self) -> tuple[float, float, float, float, float]:
+        """`POOL_COLUMNS` of the document: its place in the pool (worked out once, whatever the steps)."""
+        return (self.score_rel, 1.0 / (self.rank + 1), _log_rank(self.rank), float(self.block > 0),
+                max(-3.0, min(3.0, self.score_z)))
+
 
 def block_places(b: int, block: InfoBlock) -> list[PoolDoc]:
     """Every document of block `b` as a pool document: a lexical block's with its BM25 evidence relative to
@@ -260,20 +267,53 @@ class QuestionInfo:
         return cls(question, question.lower(), joined, _content(question), wh)
 
 
-_NON_WORD_ASCII = str.maketrans({c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")})
 _YEARS = frozenset(str(year) for year in range(1000, 2100))
 """The words `_YEAR` matches: a text has a year when one of its words is one."""
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_WORD_BYTES = bytes(c if chr(c).isalnum() or c == 95 else 32 for c in range(128)) + bytes(range(128, 256))
+"""A bytes table: an ASCII word character (`\\w`) kept, any other ASCII byte a space, a non-ASCII byte kept."""
+_CASE_BYTES = bytes(
+    ord("U") if "A" <= chr(c) <= "Z" else ord("l") if "a" <= chr(c) <= "z" else
+    ord("d") if chr(c).isalnum() or c == 95 or c >= 128 else 32 for c in range(256))
+"""A bytes table of character classes: `U` an ASCII capital, `l` an ASCII small letter, `d` another word character
+(a non-ASCII byte: part of a word character once `_spaced`), a space for a non-word character. A word `_CAP`
+matches starts where the classes read " Ul" (or "Ul" first)."""
 
 
-def _lower_words(text: str) -> list[str]:
-    """`_words(text)`, cheaper: an ASCII text lower-cased, its non-word characters made spaces and split; another
-    lower-cased whole before the split (the same words: lower-casing keeps every character a word character or
-    not, and one character, except "İ", and "Σ" depends on its neighbours), else word by word."""
+def _spaced(text: str) -> str:
+    """`text` with its non-ASCII characters that are no word characters (`\\w`: `str.isalnum()` or "_") made
+    spaces: then every non-ASCII character left is part of a word, which the bytes tables above rely on."""
     if text.isascii():
-        return text.lower().translate(_NON_WORD_ASCII).split()
-    if "\u0130" not in text and "\u03a3" not in text:
-        return _WORD.findall(text.lower())
-    return [w.lower() for w in _WORD.findall(text)]
+        return text
+    odd = {c for c in _NON_ASCII.findall(text) if not c.isalnum()}
+    if len(odd) > 8:  # one pass through a table rather than many replacements
+        return text.translate(dict.fromkeys(map(ord, odd), " "))
+    for c in odd:
+        text = text.replace(c, " ")
+    return text
+
+
+def _lower_words(text: str, spaced: str | None = None) -> list[str]:
+    """`_words(text)`, cheaper: the text `_spaced` (`spaced`, when the caller has it), lower-cased, its ASCII
+    non-word characters made spaces through a bytes table (C speed) and split: the same words for every character
+    (a test checks them all), except "İ", which lower-cases to two characters, and "Σ", whose small form depends
+    on its neighbours: texts with these are tokenised word by word."""
+    if "\u0130" in text or "\u03a3" in text:
+        return [w.lower() for w in _WORD.findall(text)]
+    return (_spaced(text) if spaced is None else spaced).lower().encode().translate(_WORD_BYTES).decode().split()
+
+
+def _cap_count(text: str, spaced: str | None = None) -> int:
+    """`len(_CAP.findall(text))` (capitalised words: an ASCII capital then small letters, at a word start),
+    counted on the text's character classes (`_CASE_BYTES`; `spaced`: `_spaced(text)`, when the caller has it)."""
+    classes = (_spaced(text) if spaced is None else spaced).encode().translate(_CASE_BYTES)
+    return classes.count(b" Ul") + classes.startswith(b"Ul")
+
+
+def _has_new_name(text: str, known: set[str] | frozenset[str]) -> bool:
+    """Whether a capitalised word of `text` (`_CAP`), lower-cased, is not in `known`; stops at the first."""
+    pattern = _CAP_ASCII if text.isascii() else _CAP
+    return any(m.group().lower() not in known for m in pattern.finditer(text))
 
 
 class TextFacts(NamedTuple):
@@ -295,14 +335,13 @@ class TextFacts(NamedTuple):
     """The text's distinct lower-cased words."""
     body: str
     """The text's words joined and padded (`_joined`): `f" {phrase} " in body` matches whole words."""
-    caps: list[str]
-    """Capitalised words of the text (`_CAP`)."""
     own: tuple[float, float, float]
     """`TEXT_COLUMNS` of the document."""
 
     @classmethod
     def of(cls, title: str, text: str) -> TextFacts:
-        words = _lower_words(text)
+        spaced = _spaced(text)
+        words = _lower_words(text, spaced)
         distinct = frozenset(words)
         title_list = _lower_words(title)
         title_words = frozenset(title_list) - _STOP
@@ -315,12 +354,11 @@ class TextFacts(NamedTuple):
             core_joined, core_words = " ".join(core_list), frozenset(core_list) - _STOP
         head = core.split(",")[0].strip()  # title_head
         head_joined = core_joined if head == core else " ".join(_lower_words(head))
-        caps = (_CAP_ASCII if text.isascii() else _CAP).findall(text)
         # _YEAR and _NUM match whole words: a year, a word of decimal digits
         own = (float(not distinct.isdisjoint(_YEARS)), float(any(map(str.isdecimal, distinct))),
-               len(caps) / max(1, len(words)))
+               _cap_count(text, spaced) / max(1, len(words)))
         return cls(title, text, title_joined, core_joined, head_joined, title_words, core_words, distinct,
-                   f" {' '.join(words)} ", caps, own)
+                   f" {' '.join(words)} ", own)
 
 
 class TextCache:
@@ -370,6 +408,24 @@ QUESTION_COLUMNS = ("title_in_q", "title_full_in_q", "q_coverage", "has_new_name
 """Document features of the text and the question (`PoolTexts.asked`)."""
 
 
+FIXED_COLUMNS = (*TEXT_COLUMNS, *QUESTION_COLUMNS)
+
+
+def _asked(question: QuestionInfo, f: TextFacts) -> tuple[float, ...]:
+    """`QUESTION_COLUMNS` of a document (its `TextFacts`) for `question`."""
+    qw, ql = question.content, question.joined
+    title_in_q = len(f.title_words & qw) / max(1, len(f.title_words))
+    title_full_in_q = bool(f.title) and f" {f.title} " in ql
+    # the question's content words are no stop words: those of the text, or of the title
+    coverage = (len(qw & f.words) + len((qw - f.words) & f.title_words)) / max(1, len(qw))
+    core_in_q = len(f.core) > 3 and f" {f.core} " in ql
+    core_cov = len(f.core_words & qw) / max(1, len(f.core_words))
+    new_name = _has_new_name(f.raw_text, qw)
+    return (title_in_q, float(title_full_in_q), coverage, float(new_name),
+            float(title_full_in_q or (bool(f.title) and title_in_q >= 0.99)), float(core_in_q), core_cov,
+            float(core_in_q or core_cov >= 0.99))
+
+
 class PoolTexts:
     """The documents of one search as the features read them, each text tokenised once however many steps
     the policy takes (`CompactPolicy.decide` keeps one per search; `cache`: texts read by earlier searches), with
@@ -387,7 +443,7 @@ class PoolTexts:
         self._phrases: dict[str, tuple[int, int]] = {}
         """phrase -> (mask of the documents whose text holds it, how many documents it has looked at)"""
         self._question: str | None = None
-        self._asked: dict[int, tuple[float, ...]] = {}
+        self._fixed = np.zeros((0, len(FIXED_COLUMNS)))
         self._places: dict[int, tuple[InfoBlock, list[PoolDoc]]] = {}
 
     def places(self, b: int, block: InfoBlock) -> list[PoolDoc]:
@@ -414,24 +470,18 @@ class PoolTexts:
 
     def asked(self, question: QuestionInfo, doc: DocText) -> tuple[float, ...]:
         """`QUESTION_COLUMNS` of `doc` for `question`."""
+        return tuple(self.fixed(question)[doc.number, len(TEXT_COLUMNS):])
+
+    def fixed(self, question: QuestionInfo) -> np.ndarray:
+        """`FIXED_COLUMNS` of every document read so far, a row per `DocText.number`: what depends on its text and
+        the question only (for one question at a time), worked out once per document however many steps read it."""
         if question.text != self._question:
-            self._question, self._asked = question.text, {}
-        known = self._asked.get(doc.number)
-        if known is not None:
-            return known
-        qw, ql, f = question.content, question.joined, doc.facts
-        title_in_q = len(f.title_words & qw) / max(1, len(f.title_words))
-        title_full_in_q = bool(f.title) and f" {f.title} " in ql
-        # the question's content words are no stop words: those of the text, or of the title
-        coverage = (len(qw & f.words) + len((qw - f.words) & f.title_words)) / max(1, len(qw))
-        core_in_q = len(f.core) > 3 and f" {f.core} " in ql
-        core_cov = len(f.core_words & qw) / max(1, len(f.core_words))
-        new_name = any(c.lower() not in qw for c in f.caps)
-        row = (title_in_q, float(title_full_in_q), coverage, float(new_name),
-               float(title_full_in_q or (bool(f.title) and title_in_q >= 0.99)), float(core_in_q), core_cov,
-               float(core_in_q or core_cov >= 0.99))
-        self._asked[doc.number] = row
-        return row
+            self._question, self._fixed = question.text, np.zeros((0, len(FIXED_COLUMNS)))
+        done = len(self._fixed)
+        if done < len(self._docs):
+            rows = [(*d.facts.own, *_asked(question, d.facts)) for d in self._docs[done:]]
+            self._fixed = np.concatenate([self._fixed, np.array(rows, dtype=np.float64)])
+        return self._fixed
 
     def index(self, phrases: Iterable[str] = ()) -> None:
         """Get ready to find the titles, cores and heads of the documents read so far, and `phrases`
@@ -487,16 +537,11 @@ def _log_rank(rank: int) -> float:
     return _LOG_RANK[rank] if 0 <= rank <= ABSENT_RANK else math.log1p(rank) / math.log(51)
 
 
-def _incoming(masks: Sequence[int], bits: Sequence[int], size: int) -> list[int]:
-    """Per document number, the mask of the documents whose phrase (`masks[j]`: the bodies holding
-    document j's phrase) its body holds."""
-    out = [0] * size
-    for mask, bit in zip(masks, bits, strict=True):
-        while mask:
-            low = mask & -mask
-            out[low.bit_length() - 1] |= bit
-            mask ^= low
-    return out
+def _bit_rows(masks: Sequence[int], size: int) -> np.ndarray:
+    """Masks as the rows of a 0/1 matrix of `size` columns (bit j of mask i at [i, j])."""
+    width = (size + 7) // 8
+    raw = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
+    return np.unpackbits(raw.reshape(len(masks), width), axis=1, count=size, bitorder="little")
 
 
 LINK_COLUMNS = ("mentioned_by", "mentions", "linked_from_anchor", "links_to_anchor", "core_linked_from_anchor",
@@ -504,7 +549,7 @@ LINK_COLUMNS = ("mentioned_by", "mentions", "linked_from_anchor", "links_to_anch
                 "head_linked_in_top10", "same_title_above")
 """Document features of the links between the pool's documents (`doc_columns`)."""
 POOL_COLUMNS = ("score_rel", "inv_rank", "log_rank", "follow_up", "score_z")
-"""Document features of its place in the pool (`PoolDoc`)."""
+"""Document features of its place in the pool (`PoolDoc.place`)."""
 
 
 def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolTexts | None = None
@@ -520,47 +565,55 @@ def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolText
         docs = [texts.text(p.doc, key=str(i)) for i, p in enumerate(pool)]
         bits = [1 << d.number for d in docs]
     n = len(pool)
-    asked = [texts.asked(question, d) for d in docs]
-    is_anchor, is_core_anchor = QUESTION_COLUMNS.index("is_anchor"), QUESTION_COLUMNS.index("is_core_anchor")
-    everyone = anchors = core_anchors = window = top3 = 0
-    for i, (bit, row) in enumerate(zip(bits, asked, strict=True)):
-        everyone |= bit
-        anchors |= bit if row[is_anchor] else 0
-        core_anchors |= bit if row[is_core_anchor] else 0
-        window |= bit if i < LINK_WINDOW else 0
-        top3 |= bit if i < 3 else 0
-    # which bodies hold each document's title, core and head (only those longer than 3 characters link), and
-    # whose title, core and head each body holds
-    texts.index()
-    facts = [d.facts for d in docs]
-    title_in = [texts.bodies_with(f.title) & everyone if len(f.title) > 3 else 0 for f in facts]
-    core_in = [texts.bodies_with(f.core) & everyone if len(f.core) > 3 else 0 for f in facts]
-    head_in = [texts.bodies_with(f.head) & everyone if len(f.head) > 3 else 0 for f in facts]
-    size = max(d.number for d in docs) + 1 if docs else 0
-    holds_title, holds_core, holds_head = (_incoming(m, bits, size) for m in (title_in, core_in, head_in))
-    first_of_core: dict[str, int] = {}
-    links = []
-    for i, (d, bit) in enumerate(zip(docs, bits, strict=True)):
-        other = ~bit
-        t_in, c_in, h_in = title_in[i] & other, core_in[i] & other, head_in[i] & other
-        t_holds, c_holds, h_holds = (holds_title[d.number] & other, holds_core[d.number] & other,
-                                     holds_head[d.number] & other)
-        links.append((min((t_in & window).bit_count(), 3) / 3, min((t_holds & window).bit_count(), 3) / 3,
-                      float(t_in & anchors != 0), float(t_holds & anchors != 0), float(c_in & core_anchors != 0),
-                      float(h_in & core_anchors != 0), float(c_holds & core_anchors != 0),
-                      float(h_holds & core_anchors != 0), float(h_in & top3 != 0),
-                      min((h_in & window).bit_count(), 3) / 3,
-                      float(first_of_core.setdefault(d.facts.core, i) != i)))
-    places = np.array([(p.score_rel, 1.0 / (p.rank + 1), _log_rank(p.rank), float(p.block > 0),
-                        max(-3.0, min(3.0, p.score_z))) for p in pool], dtype=np.float64).reshape(n, len(POOL_COLUMNS))
-    columns: dict[str, np.ndarray] = {}
-    for names, values in ((TEXT_COLUMNS, [f.own for f in facts]), (QUESTION_COLUMNS, asked), (LINK_COLUMNS, links)):
-        table = np.array(values, dtype=np.float64).reshape(n, len(names))
-        columns.update((name, table[:, j]) for j, name in enumerate(names))
+    if not n:
+        return {name: np.zeros(0) for name in DOC_FEATURES}
+    numbers = np.fromiter((d.number for d in docs), dtype=np.intp, count=n)
+    fixed = texts.fixed(question)[numbers]
+    columns: dict[str, np.ndarray] = {name: fixed[:, j] for j, name in enumerate(FIXED_COLUMNS)}
+    places = np.array([p.place for p in pool], dtype=np.float64)
     columns.update((name, places[:, j]) for j, name in enumerate(POOL_COLUMNS))
+
+    # Links: which bodies of the pool hold each document's title, core and head as whole words (only phrases
+    # longer than 3 characters link; a body never links to itself), as 0/1 matrices by document number: row k,
+    # column j is 1 when body j holds document k's phrase. A "from" feature reads a row (the bodies that hold the
+    # document's phrase), a "to" feature a column (the phrases its body holds), over a few documents: the link
+    # window (the pool's first LINK_WINDOW), its first 3, the anchors (documents whose title the question names).
+    texts.index()
+    everyone = sum(bits)
+    size = max(d.number for d in docs) + 1
+    title_in, core_in, head_in = [0] * size, [0] * size, [0] * size
+    for d, bit in zip(docs, bits, strict=True):
+        f, other = d.facts, everyone & ~bit
+        title_in[d.number] = t = texts.bodies_with(f.title) & other if len(f.title) > 3 else 0
+        core_in[d.number] = c = t if f.core == f.title else texts.bodies_with(f.core) & other if len(f.core) > 3 else 0
+        head_in[d.number] = c if f.head == f.core else texts.bodies_with(f.head) & other if len(f.head) > 3 else 0
+    title, core, head = _bit_rows(title_in, size), _bit_rows(core_in, size), _bit_rows(head_in, size)
+    window, top3 = numbers[:LINK_WINDOW], numbers[:3]
+    anchors = numbers[columns["is_anchor"] > 0]
+    core_anchors = numbers[columns["is_core_anchor"] > 0]
+    title_from, head_from = title[numbers], head[numbers]  # rows of the pool's documents, in pool order
+
+    def count(links: np.ndarray) -> np.ndarray:
+        return np.minimum(links.sum(axis=1, dtype=np.int64), 3) / 3
+
+    first_of_core: dict[str, int] = {}
+    columns.update({
+        "mentioned_by": count(title_from[:, window]),
+        "mentions": count(title[window][:, numbers].T),
+        "linked_from_anchor": title_from[:, anchors].any(axis=1).astype(np.float64),
+        "links_to_anchor": title[anchors][:, numbers].any(axis=0).astype(np.float64),
+        "core_linked_from_anchor": core[numbers][:, core_anchors].any(axis=1).astype(np.float64),
+        "head_linked_from_anchor": head_from[:, core_anchors].any(axis=1).astype(np.float64),
+        "core_links_to_anchor": core[core_anchors][:, numbers].any(axis=0).astype(np.float64),
+        "head_links_to_anchor": head[core_anchors][:, numbers].any(axis=0).astype(np.float64),
+        "head_linked_from_top3": head_from[:, top3].any(axis=1).astype(np.float64),
+        "head_linked_in_top10": count(head_from[:, window]),
+        "same_title_above": np.array([float(first_of_core.setdefault(d.facts.core, i) != i)
+                                      for i, d in enumerate(docs)]),
+    })
     has_year, has_number, cap_density = columns["has_year"], columns["has_number"], columns["cap_density"]
     wh = question.wh
-    n_core_anchors = core_anchors.bit_count()
+    n_core_anchors = len(core_anchors)
     columns.update({
         "when_year": wh[0] * has_year,
         "year_year": wh[7] * has_year,

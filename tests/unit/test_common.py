@@ -128,6 +128,26 @@ async def test_health_ready_and_version() -> None:
         assert version.json()["service"] == "demo"
 
 
+async def test_a_served_app_tunes_its_garbage_collector_once_started_and_a_test_app_leaves_it() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        async with app_client(make_app(gc_threshold=12_345)) as client:  # built by a test: left as it is
+            assert (await client.get("/health/ready")).status_code == 200
+            assert gc.get_threshold() == before
+        served = make_app(gc_threshold=12_345)
+        served.state.tune_gc = True  # what `entrypoint` sets on the app its process serves
+        frozen = gc.get_freeze_count()
+        async with app_client(served) as client:
+            assert (await client.get("/health/ready")).status_code == 200
+            assert gc.get_threshold() == (12_345, *before[1:])
+            assert gc.get_freeze_count() > frozen  # what startup built is out of the collections
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
 def test_settings_refuse_short_keys() -> None:
     with pytest.raises(ValueError):
         ServiceSettings(api_keys="short")  # type: ignore[arg-type]

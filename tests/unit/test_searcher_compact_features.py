@@ -222,3 +222,21 @@ def test_the_text_cache_reads_a_document_once_across_searches_and_rereads_a_chan
     off = TextCache(0)
     PoolTexts(off).text(doc)
     assert len(off) == 0 and off.misses == 1
+
+
+def test_text_words_and_capitalised_words_equal_the_regex_definitions_for_every_character() -> None:
+    """`_lower_words` and `_cap_count` read texts through bytes tables (C speed) instead of the regexes that define
+    them (`\\w+` lower-cased; `\\b[A-Z][a-z]+`): the same words and counts for every character, each beside ASCII
+    letters, digits, spaces, punctuation and itself, at a text's start and inside it."""
+    from services.searcher.compact import _cap_count, _has_new_name, _lower_words
+
+    characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    for start in range(0, len(characters), 1024):
+        chunk = characters[start:start + 1024]
+        for text in (" ".join(f"a{c}B{c}Cd,{c}.{c}{c}Ef_1" for c in chunk), "".join(chunk)):
+            assert _lower_words(text) == _words(text), [hex(ord(c)) for c in chunk[:1]]
+            assert _cap_count(text) == len(_CAP.findall(text)), [hex(ord(c)) for c in chunk[:1]]
+    names = "Machine Head played at Élan in Oakland; McDonald's"
+    assert _has_new_name(names, {"machine", "head", "at", "in", "oakland", "mc"}) is False
+    assert _has_new_name(names, {"machine", "head", "oakland"}) is True
+    assert _has_new_name("no capitals here", set()) is False
