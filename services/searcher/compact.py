@@ -596,17 +596,20 @@ def doc_columns(question: QuestionInfo, pool: Sequence[PoolDoc], texts: PoolText
     def count(links: np.ndarray) -> np.ndarray:
         return np.minimum(links.sum(axis=1, dtype=np.int64), 3) / 3
 
+    def any_of(links: np.ndarray, axis: int) -> np.ndarray:
+        return np.asarray(links.any(axis=axis), dtype=np.float64)
+
     first_of_core: dict[str, int] = {}
     columns.update({
         "mentioned_by": count(title_from[:, window]),
         "mentions": count(title[window][:, numbers].T),
-        "linked_from_anchor": title_from[:, anchors].any(axis=1).astype(np.float64),
-        "links_to_anchor": title[anchors][:, numbers].any(axis=0).astype(np.float64),
-        "core_linked_from_anchor": core[numbers][:, core_anchors].any(axis=1).astype(np.float64),
-        "head_linked_from_anchor": head_from[:, core_anchors].any(axis=1).astype(np.float64),
-        "core_links_to_anchor": core[core_anchors][:, numbers].any(axis=0).astype(np.float64),
-        "head_links_to_anchor": head[core_anchors][:, numbers].any(axis=0).astype(np.float64),
-        "head_linked_from_top3": head_from[:, top3].any(axis=1).astype(np.float64),
+        "linked_from_anchor": any_of(title_from[:, anchors], 1),
+        "links_to_anchor": any_of(title[anchors][:, numbers], 0),
+        "core_linked_from_anchor": any_of(core[numbers][:, core_anchors], 1),
+        "head_linked_from_anchor": any_of(head_from[:, core_anchors], 1),
+        "core_links_to_anchor": any_of(core[core_anchors][:, numbers], 0),
+        "head_links_to_anchor": any_of(head[core_anchors][:, numbers], 0),
+        "head_linked_from_top3": any_of(head_from[:, top3], 1),
         "head_linked_in_top10": count(head_from[:, window]),
         "same_title_above": np.array([float(first_of_core.setdefault(d.facts.core, i) != i)
                                       for i, d in enumerate(docs)]),
