@@ -193,6 +193,7 @@ class RetrieverService:
     def _batcher(self, name: str, retriever: Retriever) -> MicroBatcher:
         metrics = self.metrics
         return MicroBatcher(name, retriever.batch_search, max_batch=self.settings.max_batch_queries,
+                            max_chars=self.settings.max_batch_chars,
                             max_queue=self.settings.max_queue, workers=self._workers(name),
                             observe=metrics.observer(name) if metrics is not None else None)
 

@@ -192,6 +192,11 @@ class RetrieverSettings(ServiceSettings):
 
     max_batch_queries: int = Field(512, ge=1, le=16384,
                                    description="queries merged into one library call by the micro-batcher")
+    max_batch_chars: int = Field(4096, ge=0, description=(
+        "characters of queries in one library call (at least one query): a request with more is searched in "
+        "parts, and requests of at most 1/8 of it (a search's queries) go before the long ones waiting, one call "
+        "of long ones after each call of short ones: another caller's long queries hold a short one for one call "
+        "at most (services/retriever/batching.py); 0: no limit"))
     max_queue: int = Field(8192, ge=1, description="queued queries per method before 429")
     max_k: int = Field(1000, ge=1, le=1000, description="largest k accepted")
     searchr1_topk: int = Field(3, ge=1, le=1000, description="topk of /searchr1/retrieve when a request "

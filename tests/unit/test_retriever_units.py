@@ -343,6 +343,63 @@ async def test_batch_limit_errors_and_overload() -> None:
     await batcher.aclose()
 
 
+async def test_a_long_request_goes_in_parts_after_the_short_ones_waiting() -> None:
+    fn = BlockingSearch()
+    batcher = MicroBatcher("t", fn, max_chars=16)  # a call: 16 characters at most; short: 2 at most
+    first = asyncio.ensure_future(batcher.submit(["1"], 1))
+    assert await asyncio.to_thread(fn.started.wait, 10)
+    long = asyncio.ensure_future(batcher.submit([f"{i:08d}" for i in (2, 3, 4, 5)], 2))  # 32 characters
+    for _ in range(3):  # the request's task, then its parts' tasks, queue them
+        await asyncio.sleep(0)
+    assert batcher.queued == 4
+    short = [asyncio.ensure_future(batcher.submit([str(i)], 1)) for i in (6, 7)]
+    await asyncio.sleep(0)
+    fn.release.set()
+    results = await asyncio.gather(first, long, *short)
+    assert [c[0] for c in fn.calls] == [["1"], ["6", "7"], ["00000002", "00000003"], ["00000004", "00000005"]]
+    assert results[1].ids.tolist() == [[20, 21], [30, 31], [40, 41], [50, 51]]  # the parts joined in order
+    assert [r.ids.tolist() for r in results[2:]] == [[[60]], [[70]]]
+    await batcher.aclose()
+
+
+class GatedSearch:
+    """Each call waits until the test lets it end (`go(n)`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.entered = [threading.Event() for _ in range(8)]
+        self.gates = [threading.Event() for _ in range(8)]
+
+    def __call__(self, queries: Sequence[str], k: int) -> Hits:
+        n = len(self.calls)
+        self.calls.append(list(queries))
+        self.entered[n].set()
+        self.gates[n].wait(10)
+        return hits([[int(q) * 10 + r for r in range(k)] for q in queries])
+
+    async def go(self, n: int) -> None:
+        self.gates[n].set()
+        assert await asyncio.to_thread(self.entered[n + 1].wait, 10)
+
+
+async def test_a_long_request_waits_for_one_call_of_short_ones_at_most() -> None:
+    fn = GatedSearch()
+    batcher = MicroBatcher("t", fn, max_chars=16)
+    tasks = [asyncio.ensure_future(batcher.submit(["1"], 1))]
+    assert await asyncio.to_thread(fn.entered[0].wait, 10)
+    tasks += [asyncio.ensure_future(batcher.submit(["00000002"], 1)), asyncio.ensure_future(batcher.submit(["3"], 1))]
+    await asyncio.sleep(0)
+    await fn.go(0)  # the short one goes before the long one
+    tasks.append(asyncio.ensure_future(batcher.submit(["4"], 1)))
+    await asyncio.sleep(0)
+    await fn.go(1)  # then the long one, though a short one is waiting again
+    fn.gates[2].set()
+    fn.gates[3].set()
+    await asyncio.gather(*tasks)
+    assert fn.calls == [["1"], ["3"], ["00000002"], ["4"]]
+    await batcher.aclose()
+
+
 def test_hits_helpers() -> None:
     h = hits([[3, 4, -1]], [[2.0, 1.0, 0.0]])
     assert h.per_query(0) == [(3, 2.0), (4, 1.0)]
