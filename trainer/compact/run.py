@@ -234,7 +234,7 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
              for name, d in result["datasets"].items()}
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
              f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}",
-             f"serve it: plugsearch-stack --corpus {identity['file']} --policy {job.out / 'policy'}"]
+             f"serve it: plugsearch-stack --corpus {job.corpus or identity['file']} --policy {job.out / 'policy'}"]
     report = write_budget_report(result, systems, job.out / "report", key=VERDICT_KEY,
                                  title=f"compact searcher on {identity['file']}", notes=notes)
     summary = ", ".join(f"{name} {g:+.3f}" for name, g in gains.items() if g is not None)
