@@ -228,8 +228,8 @@ async def test_a_crashed_retriever_is_restarted_while_searches_wait_for_it(
         await asyncio.sleep(2)
         killed_at = time.monotonic()
         os.kill(retriever, signal.SIGSEGV)
-        for _ in range(500):  # gone (a zombie until the stack reaps it)
-            if not alive_pid(retriever):
+        for _ in range(500):  # gone: its socket closed (the group leader shows as a zombie while its other
+            if not alive_pid(retriever) and refuses_connections(port):  # threads, holding the files, still exit)
                 break
             await asyncio.sleep(0.02)
         assert refuses_connections(port)
