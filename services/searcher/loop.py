@@ -37,12 +37,18 @@ class _PolicyFailed(Exception):
         self.message = message
 
 
-async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tuple[str, bool]:
-    """One policy output for the environment's next step; raises `_PolicyFailed` on error or deadline."""
-    call = env.next_call()
+def _time_left(deadline: float | None) -> float | None:
+    """Seconds left before the search's deadline (None: no deadline); raises `_PolicyFailed` once it has passed."""
     remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
     if remaining is not None and remaining <= 0:
         raise _PolicyFailed("deadline", "search time budget spent")
+    return remaining
+
+
+async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tuple[str, bool]:
+    """One policy output for the environment's next step; raises `_PolicyFailed` on error or deadline."""
+    call = env.next_call()
+    remaining = _time_left(deadline)
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(remaining):
@@ -60,9 +66,7 @@ async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tu
 
 async def _act(env: SearchEnv, policy: ActingPolicy, deadline: float | None) -> Action:
     """One action of an acting policy; raises `_PolicyFailed` on any error of the policy's or past the deadline."""
-    remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
-    if remaining is not None and remaining <= 0:
-        raise _PolicyFailed("deadline", "search time budget spent")
+    remaining = _time_left(deadline)
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(remaining):
