@@ -49,6 +49,15 @@ def alive(processes: dict[int, str]) -> dict[int, str]:
     return {pid: start for pid, start in processes.items() if pid in table and table[pid][1] == start}
 
 
+def wait_ready(proc: subprocess.Popen[bytes], ready_file: Path, log: Path, timeout_s: float) -> None:
+    """Until the stack writes its ready file; fails with the log's tail if it exits or takes longer."""
+    deadline = time.monotonic() + timeout_s
+    while not ready_file.exists():
+        assert proc.poll() is None, f"stack exited with {proc.returncode}:\n{log_tail(log)}"
+        assert time.monotonic() < deadline, f"stack not ready:\n{log_tail(log)}"
+        time.sleep(0.5)
+
+
 def log_tail(path: Path, chars: int = 6000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
@@ -68,11 +77,7 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     started: dict[int, str] = {}
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S + 120
-        while not ready_file.exists():
-            assert proc.poll() is None, f"stack exited with {proc.returncode}:\n{log_tail(log)}"
-            assert time.monotonic() < deadline, f"stack not ready:\n{log_tail(log)}"
-            time.sleep(0.5)
+        wait_ready(proc, ready_file, log, READY_TIMEOUT_S + 120)
         info = json.loads(ready_file.read_text())
         assert info["pid"] == proc.pid
         assert info["corpus"] == str((data_dir / "corpus" / "combined.jsonl").resolve())

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from tests.e2e.test_stack import alive, descendants, log_tail
+from tests.e2e.test_stack import alive, descendants, log_tail, wait_ready
 from tests.e2e.test_stack_failures import REPO
 from trainer.common.data import load_qa
 
@@ -76,11 +76,7 @@ def stack(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     seen: dict[int, str] = {}
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S + 120
-        while not ready_file.exists():
-            assert proc.poll() is None, f"stack exited with {proc.returncode}:\n{log_tail(log)}"
-            assert time.monotonic() < deadline, f"stack not ready:\n{log_tail(log)}"
-            time.sleep(0.5)
+        wait_ready(proc, ready_file, log, READY_TIMEOUT_S + 120)
         seen = descendants(proc.pid)
         yield Stack(proc, json.loads(ready_file.read_text()), log)
     finally:
