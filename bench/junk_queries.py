@@ -2,9 +2,11 @@
 rows (rows 0-99 of hotpotqa, 2wikimultihopqa, nq and popqa, yes/no left out), with the policy's own pool (the
 BM25 + dense blocks when it has the dense scorer), in-process over the stack's indexes.
 
-The rule (its own code, not the candidate code it judges). A `title` query (the question with a document's
-title) adds a title: a person accepts it as such. A `name` query (a name a passage introduces) is junk when
-its text
+The rule (its own code, not the candidate code it judges). A `title` query (a document's title with the
+question's words) is junk when it
+  (f) copies the question: every word of the question, function words included, in its order ("Which city is
+      the director of Big Stone Gap based in? Big Stone Gap (film)").
+A `name` query (a name a passage introduces) is junk when its text
   (a) spans a sentence boundary: ".", "!" or "?" followed by another word ("European Union. Tickets"), except
       after an initial or an abbreviation ("J. R. R. Tolkien", "St. Louis", "U.S. Army");
   (b) has no word that names anything: every word is a function word (articles, prepositions, conjunctions,
@@ -19,6 +21,8 @@ candidate it was offered. Final line: {"issued": {"n", "junk", "share", "by_rule
 
     python bench/junk_queries.py                     # the shipped policy (services/searcher/trained/compact)
     python bench/junk_queries.py --policy var/runs/compact/final
+    python bench/junk_queries.py --domain tatqa      # a development set (<data>/domain): its corpus, the
+                                                     # evaluation part of its questions (bench/domain_quality.py's)
 """
 
 from __future__ import annotations
@@ -95,6 +99,25 @@ def sentence_initial_only(word: str, passage: str) -> bool:
     return starts > 0 and inside == 0
 
 
+NATIONALITIES = frozenset("""
+american british english french german italian spanish portuguese dutch belgian swiss austrian swedish norwegian
+danish finnish icelandic irish scottish welsh polish czech slovak hungarian romanian bulgarian greek turkish russian
+ukrainian serbian croatian bosnian slovenian albanian chinese japanese korean vietnamese thai indian pakistani
+bangladeshi nepali indonesian malaysian filipino australian canadian mexican brazilian argentine argentinian
+chilean peruvian colombian venezuelan cuban egyptian moroccan algerian nigerian kenyan ethiopian african asian
+european arab arabic latin hispanic persian iranian iraqi israeli jewish hebrew syrian lebanese saudi soviet
+yugoslav roman ottoman byzantine hindi urdu bengali tamil swahili cantonese mandarin creole gaelic celtic norse
+scandinavian nordic slavic caribbean western eastern northern southern central
+""".split())
+
+
+def question_copy(query: str, question: str) -> bool:
+    """Rule (f): the query holds every word of the question, in order."""
+    q = [w.lower() for w in _WORD.findall(question)]
+    words = [w.lower() for w in _WORD.findall(query)]
+    return bool(q) and any(words[i:i + len(q)] == q for i in range(len(words) - len(q) + 1))
+
+
 def junk_rules(added: str, passage: str) -> list[str]:
     """Which rules call `added` (what the query adds to the question) junk; [] when a person would accept it."""
     rules = []
@@ -105,6 +128,11 @@ def junk_rules(added: str, passage: str) -> list[str]:
     words = _WORD.findall(added)
     if len(words) == 1 and words[0][:1].isupper() and passage and sentence_initial_only(words[0], passage):
         rules.append("c_capitalised_common_word")
+    if len(words) == 1 and words[0].lower().rstrip("s") in NATIONALITIES | {w.rstrip("s") for w in NATIONALITIES}:
+        rules.append("d_nationality_or_language")
+    if len(words) == 1 and words[0][:1].isupper() and re.search(rf"(?<![\w'-]){re.escape(words[0].lower())}(?![\w'-])",
+                                                                passage):
+        rules.append("e_common_word")
     return rules
 
 
@@ -133,7 +161,8 @@ class Recorder:
                     continue
                 passage = pool[cand.source].doc.text if cand.source >= 0 else ""
                 added = cand.query if cand.kind == "name" else pool[cand.source].doc.title
-                rules = junk_rules(added, passage) if cand.kind == "name" else []  # a title is a title
+                rules = junk_rules(added, passage) if cand.kind == "name" else \
+                    (["f_question_copy"] if question_copy(cand.query, env.question) else [])
                 self.sink.append({"id": self.question_id, "kind": cand.kind, "query": cand.query, "added": added,
                                   "issued": i == decision.choice, "rules": rules})
         return decision.action
@@ -156,17 +185,27 @@ def main() -> None:
     parser.add_argument("--no-dense", action="store_true", help="BM25 pool only (a retriever without dense)")
     parser.add_argument("--examples", type=int, default=25, help="junk queries to list")
     parser.add_argument("--out", help="also write every offered candidate (JSONL) here")
+    parser.add_argument("--domain", help="a development set of <data>/domain (tatqa, policyqa, realtimeqa) instead of "
+                        "the shared sets: its corpus and the evaluation part of its questions")
     args = parser.parse_args()
+    from bench.domain_quality import corpus_and_questions
     from services.stack import index_dir_for
     from trainer.common.retrieval import IndexRetriever
 
     t0 = time.perf_counter()
     policy = CompactPolicy.load(Path(args.policy))
-    retriever = IndexRetriever(CORPUS, index_dir_for(CORPUS, REPO / "var"), dense=not args.no_dense)
+    corpus = CORPUS
+    if args.domain:
+        corpus, questions = corpus_and_questions(args.domain)
+        if args.n:
+            questions = questions[:args.n * 4]
+    else:
+        questions = [q for name in args.datasets for q in load_questions(name, args.n)
+                     if not is_yes_no(q.golden_answers)]
+    retriever = IndexRetriever(corpus, index_dir_for(corpus, REPO / "var"), dense=not args.no_dense)
     pool = policy.pool_methods(list(retriever.methods), retriever.encoder)
     params = SearchParams(mode="s3", method="bm25", pool_methods=pool, **policy.search_setting())
     rows: list[dict[str, Any]] = []
-    questions = [q for name in args.datasets for q in load_questions(name, args.n) if not is_yes_no(q.golden_answers)]
 
     async def go() -> None:
         for q in questions:
@@ -180,6 +219,7 @@ def main() -> None:
     log(f"{len(questions)} questions, {len(issued)} follow-up queries issued, {len(rows)} offered")
     print(json.dumps({"issued": summary(issued), "offered": summary(rows), "examples": examples[:args.examples],
                       "policy": policy.model, "pool_methods": pool, "questions": len(questions),
+                      "corpus": corpus.name,
                       "seconds": round(time.perf_counter() - t0, 1)}))
 
 

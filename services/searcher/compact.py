@@ -660,10 +660,34 @@ _DATE_PARTS = frozenset(
     "jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday first second third "
     "fourth fifth sixth seventh eighth ninth tenth century".split())
 _CONNECT = frozenset("of de the von van du la and del der da di le".split())
+_NATIONALITIES = frozenset("""
+afghan albanian algerian american andorran angolan argentine argentinian armenian australian austrian azerbaijani
+bahamian bahraini bangladeshi barbadian belarusian belgian belizean beninese bhutanese bolivian bosnian
+botswanan brazilian british bruneian bulgarian burmese burundian cambodian cameroonian canadian chadian chilean
+chinese colombian congolese croatian cuban cypriot czech danish dominican dutch ecuadorian egyptian emirati
+english eritrean estonian ethiopian fijian filipino finnish french gabonese gambian georgian german ghanaian
+greek grenadian guatemalan guinean guyanese haitian honduran hungarian icelandic indian indonesian iranian iraqi
+irish israeli italian ivorian jamaican japanese jordanian kazakh kenyan korean kosovar kuwaiti kyrgyz lao latvian
+lebanese liberian libyan lithuanian luxembourgish macedonian malagasy malawian malaysian maldivian malian maltese
+mauritanian mauritian mexican moldovan monegasque mongolian montenegrin moroccan mozambican namibian nepalese
+nepali nigerian nigerien nicaraguan norwegian omani pakistani palestinian panamanian paraguayan persian peruvian
+polish portuguese qatari romanian russian rwandan salvadoran samoan saudi scottish senegalese serbian sierra
+singaporean slovak slovakian slovenian somali spanish sudanese surinamese swazi swedish swiss syrian taiwanese
+tajik tanzanian thai tibetan togolese tongan trinidadian tunisian turkish turkmen ugandan ukrainian uruguayan
+uzbek venezuelan vietnamese welsh yemeni zambian zimbabwean african asian european arab arabic latin hispanic
+american-born soviet yugoslav prussian ottoman byzantine roman catalan basque flemish walloon bavarian cornish
+breton sicilian neapolitan venetian hebrew yiddish sanskrit hindi urdu bengali punjabi tamil telugu marathi
+gujarati kannada malayalam swahili zulu xhosa amharic hausa yoruba igbo tagalog javanese cantonese mandarin
+hokkien creole esperanto gaelic celtic norse anglo-saxon caribbean scandinavian nordic baltic balkan slavic
+germanic mediterranean oriental pacific atlantic western eastern northern southern central
+""".split())
+"""Nationality, language and region adjectives: alone, none is a name a person would search ("American")."""
+
 _ABBREVIATIONS = frozenset("st mt mr mrs ms dr jr sr co inc ltd vs ft gen col lt sgt capt rev prof no".split())
 _SENTENCE_END = re.compile(r"([.!?])\s+(?=\S)")
 _NAME_WORD = re.compile(r"[^\W_][\w'&.-]*")
 _NUMBER = re.compile(r"^\d+(st|nd|rd|th|s)?$")
+_QUERY_WORD = re.compile(r"[^\W_][\w'&.-]*[^\W_]|[^\W_]")
 
 
 def _sentences(text: str) -> list[str]:
@@ -700,7 +724,8 @@ def _names(text: str, known: str) -> list[str]:
     """Names and titles in `text` that `known` (question and title, lower-cased) does not contain: runs of
     capitalised words inside one sentence, cut of leading and trailing function words; a run of only function
     words and date parts ("Although", "October", "In 1990") is none, and a lone word the passage capitalises only
-    where a sentence starts ("Tickets") is a common word, not a name."""
+    where a sentence starts ("Tickets") or also writes in lower case ("Army" beside "army") is a common word, not a
+    name, as is a lone nationality, language or region word ("American", "French")."""
     runs: list[tuple[list[str], bool]] = []
     inside: set[str] = set()  # words the text capitalises inside a sentence
     for sentence in _sentences(text):
@@ -736,14 +761,33 @@ def _names(text: str, known: str) -> list[str]:
                 runs.append((parts, initial))
             i = k
     out: list[str] = []
+    lowered = None
     for parts, initial in runs:
         if _names_nothing(parts) or (len(parts) == 1 and initial and parts[0] not in inside):
             continue
+        if len(parts) == 1:
+            word = parts[0].lower()
+            if word in _NATIONALITIES or word.rstrip("s") in _NATIONALITIES:
+                continue  # "American", "French": an adjective, not a name
+            if lowered is None:
+                lowered = set(_WORD.findall(text))
+            if word in lowered:
+                continue  # the passage also writes it in lower case: a common word ("Church", "Army")
         name = " ".join(parts).strip(" -'")
         if len(name) < 4 or name.lower() in known or name.lower() in _STOP or name in out:
             continue
         out.append(name)
     return out
+
+
+def title_query(question: QuestionInfo, title: str) -> str:
+    """A follow-up a person would type after finding `title`: the title, then the question's content words it
+    does not already hold, in the question's order ("Big Stone Gap (film) city director based"), not the question
+    copied with the title appended. BM25 drops the function words either way."""
+    have = set(_words(title))
+    keywords = [w for w in dict.fromkeys(_QUERY_WORD.findall(question.text))
+                if w.lower() not in _STOP and w.lower() not in _FUNCTION and w.lower() not in have]
+    return " ".join([title.strip(), *keywords]).strip()
 
 
 def candidates(question: QuestionInfo, pool: Sequence[PoolDoc], probs: np.ndarray, seen: set[str],
@@ -754,7 +798,7 @@ def candidates(question: QuestionInfo, pool: Sequence[PoolDoc], probs: np.ndarra
     for j in order:
         if len([c for c in out if c.kind == "title"]) >= MAX_TITLE_CANDIDATES:
             break
-        query = f"{question.text} {pool[j].doc.title}".strip()
+        query = title_query(question, pool[j].doc.title)
         if parsing.normalize_query(query) not in seen:
             out.append(Candidate(query, "title", int(j)))
     if len(order):

@@ -5,7 +5,9 @@ tests/data/compact_sample.json, the passages read from ../shared/data). The samp
 Its documents, queries and final rankings (the 10 best-scored documents of the last step's pool) were first those
 of the policy before its features were computed over the pool at once (the vectorised features reproduced all
 388 evaluation questions' documents); recorded again when the follow-up candidates became names and titles only
-(issue 40), and whenever the packaged policy is retrained. A change to the features, the pool, the candidates or
+(issue 40), again when a title follow-up became the title and the question's remaining content words instead of
+the question copied, and lone nationality and common words stopped being names (issue 46), and whenever the
+packaged policy is retrained. A change to the features, the pool, the candidates or
 the environment that changes what the policy returns or how it ranks fails here.
 """
 

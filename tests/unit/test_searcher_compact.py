@@ -427,3 +427,16 @@ def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
     assert _names("Critics praised it. Critics in Rome too.", "") == ["Rome"]
     assert _names("Madonna sang. Fans cheered for Madonna.", "") == ["Madonna"]
     assert _names('It is an alternative to "Dungeons & Dragons".', "") == ["Dungeons & Dragons"]
+    # a lone nationality, language or region word is an adjective, not a name; nor is a word the passage also
+    # writes in lower case (issue 46: "American" was 24 of 400 follow-ups on HotpotQA questions)
+    assert _names("He was an American actor who spoke French. Later the Army of Spain and the army of Peru met "
+                  "Asians in Lima.", "") == ["Army of Spain", "Peru", "Lima"]
+
+
+def test_a_title_follow_up_is_the_title_and_the_questions_other_words_not_a_copy() -> None:
+    from services.searcher.compact import title_query
+
+    q = QuestionInfo.of("Which city is the director of Big Stone Gap based in?")
+    assert title_query(q, "Big Stone Gap (film)") == "Big Stone Gap (film) city director based"
+    assert title_query(q, "Adriana Trigiani") == "Adriana Trigiani city director Big Stone Gap based"
+    assert title_query(QuestionInfo.of("who wrote it?"), "Hamlet") == "Hamlet wrote"
