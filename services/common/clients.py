@@ -20,7 +20,13 @@ from services.common.schemas.generator import (
 )
 from services.common.schemas.judge import MAX_BATCH as JUDGE_MAX_BATCH
 from services.common.schemas.judge import JudgeBatchRequest, JudgeBatchResponse, JudgeRequest, JudgeResult
-from services.common.schemas.retriever import Method, RetrieveRequest, RetrieveResponse
+from services.common.schemas.retriever import (
+    Method,
+    RetrieveRequest,
+    RetrieveResponse,
+    SampleRequest,
+    SampleResponse,
+)
 from services.common.schemas.searcher import (
     STREAM_EVENT_MODELS,
     SearchBatchRequest,
@@ -49,6 +55,10 @@ class RetrieverClient(ServiceClient):
             raise BadRequest(f"{self.name}: request refused before sending: {first['msg']}",
                              param=".".join(str(p) for p in first["loc"])) from exc
         return await self.post_model("/retrieve", request, RetrieveResponse)
+
+    async def sample(self, n: int, seed: int = 0) -> SampleResponse:
+        """`n` passages drawn at random from the served corpus (`POST /passages/sample`)."""
+        return await self.post_model("/passages/sample", SampleRequest(n=n, seed=seed), SampleResponse)
 
 
 class Routes(NamedTuple):

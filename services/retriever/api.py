@@ -27,6 +27,8 @@ from services.common.errors import error_responses
 from services.common.schemas.retriever import (
     RetrieveRequest,
     RetrieveResponse,
+    SampleRequest,
+    SampleResponse,
     SearchR1Request,
     SearchR1Response,
 )
@@ -90,6 +92,16 @@ async def retrieve_searchr1(body: SearchR1Request, request: Request) -> Response
     topk = body.topk or request.app.state.settings.searchr1_topk
     hits = await svc.search_skipping_blank(body.queries, topk, None)
     return Response(svc.render_searchr1(hits, body.return_scores), media_type=JSON)
+
+
+@router.post("/passages/sample", response_class=Response,
+             responses={200: {"model": SampleResponse, "content": {JSON: {}}}, **ERRORS})
+async def sample_passages(body: SampleRequest, request: Request) -> Response:
+    """`n` passages drawn at random from the served corpus (the same `seed`, the same passages): what the
+    searcher's corpus check makes its pseudo-questions of."""
+    setattr(request.state, COST_STATE, float(max(1, body.n // 100)))
+    svc = _service(request)
+    return Response(await asyncio.to_thread(svc.sample, body.n, body.seed), media_type=JSON)
 
 
 BUILDER_STOP_S = 10.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -333,6 +334,15 @@ class RetrieverService:
             result.append([{"document": doc, "score": s} for doc, s in docs] if return_scores
                           else [doc for doc, _ in docs])
         return orjson.dumps({"result": result})
+
+    def sample(self, n: int, seed: int) -> bytes:
+        """`n` passages drawn at random (by `seed`) from the served corpus (`SampleResponse`): what the searcher
+        makes its pseudo-questions of when it checks its policy on this corpus."""
+        size = len(self.corpus)
+        positions = random.Random(seed).sample(range(size), min(n, size))
+        docs = self.corpus.documents(positions)
+        return orjson.dumps({"passages": [{"id": i, "title": t, "text": x} for i, t, x in docs],
+                             "total": len(self.corpus), "index_id": self.index_id})
 
     def describe(self) -> dict[str, Any]:
         return {"methods": self.methods, "default_method": self.settings.default_method,

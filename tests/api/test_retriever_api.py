@@ -133,6 +133,23 @@ async def test_one_query_and_a_large_batch_rank_alike(client: httpx.AsyncClient)
         assert [d["id"] for d in alone["results"][0]] == [d["id"] for d in batch[i]]
 
 
+async def test_passages_are_sampled_from_the_served_corpus_by_seed(client: httpx.AsyncClient,
+                                                                  tiny: RetrieverSettings) -> None:
+    corpus = Corpus.load(tiny.corpus)
+    first = (await client.post("/passages/sample", json={"n": 20, "seed": 7})).json()
+    again = (await client.post("/passages/sample", json={"n": 20, "seed": 7})).json()
+    other = (await client.post("/passages/sample", json={"n": 20, "seed": 8})).json()
+    ids = [p["id"] for p in first["passages"]]
+    assert ids == [p["id"] for p in again["passages"]] != [p["id"] for p in other["passages"]]
+    assert len(set(ids)) == 20 and first["total"] == len(corpus) and first["index_id"]
+    by_id = dict(zip(corpus.ids, corpus.texts, strict=True))
+    assert all(p["text"] == by_id[p["id"]] for p in first["passages"])
+    everything = (await client.post("/passages/sample", json={"n": 4000})).json()
+    assert sorted(p["id"] for p in everything["passages"]) == sorted(corpus.ids)  # all of them, at most
+    for bad in ({"n": 0}, {"n": 4001}, {"n": 5, "seed": -1}, {"n": 5, "extra": 1}):
+        assert_envelope(await client.post("/passages/sample", json=bad), 422)
+
+
 async def test_default_method_and_k_larger_than_corpus(client: httpx.AsyncClient, tiny: RetrieverSettings) -> None:
     response = await client.post("/retrieve", json={"queries": ["Nobel prize physics"]})
     assert response.status_code == 200

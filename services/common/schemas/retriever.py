@@ -71,6 +71,21 @@ class RetrieveResponse(BaseModel):
     took_ms: float
 
 
+MAX_SAMPLE = 4000
+
+
+class SampleRequest(StrictModel):
+    n: int = Field(..., ge=1, le=MAX_SAMPLE, description="passages to draw (all of them, shuffled, when the corpus "
+                   "has fewer)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="the draw's seed: the same seed, the same passages")
+
+
+class SampleResponse(BaseModel):
+    passages: list[Document] = Field(..., description="passages drawn at random from the served corpus")
+    total: int = Field(..., description="passages in the served corpus")
+    index_id: str | None = Field(None, description="the identity of the index they were drawn from")
+
+
 # Search-R1 / veRL search-tool compatible shapes (POST /retrieve in Search-R1's retrieval_server.py).
 # A blank query is allowed here (a policy that writes `<search> </search>`): Search-R1's server answers it
 # with an empty list instead of failing the whole batch, and a training run must not die on one.
