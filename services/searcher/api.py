@@ -27,6 +27,7 @@ from services.common.schemas.searcher import (
 from services.searcher.chat import AnswerBackend, ChatProxy
 from services.searcher.chat_api import router as chat_router
 from services.searcher.compact import CompactPolicy
+from services.searcher.corpus_check import CorpusGate, Sampler
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.policy import ChatPolicy, SearcherPolicy, as_searcher_policy
@@ -107,6 +108,22 @@ async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
     return Response(results.model_dump_json(), media_type=JSON)
 
 
+def checkable(policy: SearcherPolicy) -> bool:
+    """Whether the corpus check measures this policy: one that searches s3 without an LLM (seconds for the
+    check's searches; an LLM policy's would take minutes to hours on a CPU)."""
+    return "s3" in policy.modes and not policy.uses_llm("s3")
+
+
+def sampler(client: RetrieverClient) -> Sampler:
+    """Passages drawn from the retriever's corpus (`POST /passages/sample`), for the corpus check."""
+
+    async def sample(n: int, seed: int) -> list[tuple[str, str, str]]:
+        found = await client.sample(n, seed)
+        return [(d.id, d.title, d.text) for d in found.passages]
+
+    return sample
+
+
 def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPolicy | LLMBackend | None = None,
                retriever: RetrieverBackend | None = None, cache: ResultCache | None = None,
                answer: AnswerBackend | None = None) -> FastAPI:
@@ -142,9 +159,16 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
             limiter = None if settings.rate_limit_per_s <= 0 else owned(RateLimiter(
                 settings.rate_limit_per_s, settings.rate_limit_burst, redis_url=settings.redis_dsn()))
             identity = None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s)
+            gate = None
+            if client is not None and settings.corpus_check == "auto" and checkable(the_policy):
+                gate = owned(CorpusGate(the_policy.acting, the_retriever, sampler(client),
+                                        questions=settings.corpus_check_questions,
+                                        margin=settings.corpus_check_margin, manifest=the_policy.manifest))
             app.state.service = SearchService(
                 settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
-                metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter)
+                metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter,
+                corpus_gate=gate)
+            app.state.service.start_corpus_check()
             app.state.door = app.state.service.door  # a key that spent its budget: 429 before its body is read
             if settings.chat is not None:
                 the_answer = answer if answer is not None else owned(
@@ -153,7 +177,13 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
 
             async def readiness() -> dict[str, str]:
                 # The policy is not required: without it searches degrade to naive top-k, they do not fail.
-                return {"retriever": await client.ready() if client is not None else "ok"}
+                checks = {"retriever": await client.ready() if client is not None else "ok"}
+                if gate is not None:  # the first verdict on the served corpus (seconds): until then naive answers
+                    if not gate.ready and checks["retriever"] == "ok":
+                        app.state.service.start_corpus_check()
+                    checks["corpus_check"] = "ok" if gate.ready else "running: the policy is measured on the " \
+                        "served corpus (naive top-k answers s3 searches until it ends)"
+                return checks
 
             app.state.readiness = readiness
             yield
@@ -165,6 +195,10 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
         setting = served.setting if served is not None else None
         if setting is not None:
             info["policy_setting"] = setting.model_dump()
+        if service is not None and service.corpus_gate is not None:
+            info["corpus_check"] = service.corpus_gate.describe()
+        elif served is not None and checkable(served):
+            info["corpus_check"] = {"state": "off" if settings.corpus_check == "off" else "not run"}
         if service is not None:  # per mode: what a request that sets nothing gets (s3: the policy's setting)
             modes = [m for m in ("s3", "qagent") if m in service.policy.modes] + ["naive"]
             info["defaults"] = {mode: {k: v for k, v in service.defaults(mode).items() if k in SHOWN_DEFAULTS}

@@ -45,6 +45,7 @@ from services.common.schemas.searcher import (
     search_cost,
 )
 from services.searcher import parsing
+from services.searcher.corpus_check import CorpusGate
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import run_search
@@ -129,7 +130,7 @@ class SearchService:
     def __init__(self, settings: SearcherSettings, *, policy: SearcherPolicy | LLMBackend,
                  retriever: RetrieverBackend, cache: ResultCache | None = None,
                  metrics: SearcherMetrics | None = None, index_identity: IndexIdentity | None = None,
-                 rate_limiter: RateLimiter | None = None) -> None:
+                 rate_limiter: RateLimiter | None = None, corpus_gate: CorpusGate | None = None) -> None:
         self.settings = settings
         self.rate_limiter = rate_limiter
         self.llm_share = FairShare(settings.llm_slots)
@@ -138,6 +139,8 @@ class SearchService:
         self.index_identity = index_identity
         self.policy = as_searcher_policy(policy)
         self.retriever = retriever
+        self.corpus_gate = corpus_gate
+        self._background: set[asyncio.Task[None]] = set()
         self.cache = cache if settings.cache_enabled else None
         self.metrics = metrics
         self.prompts = PromptSet.load(settings.prompts_dir)
@@ -179,7 +182,8 @@ class SearchService:
         return SearchParams(**{**self._defaults[request.mode], **asked}, mode=request.mode,
                             timeout_s=self.settings.search_timeout_s)
 
-    def key(self, question: str, params: SearchParams, index_id: str | None = None) -> str:
+    def key(self, question: str, params: SearchParams, index_id: str | None = None, *,
+            fallback: str | None = None) -> str:
         payload: dict[str, Any] = {
             "question": question,
             "index": index_id,
@@ -187,6 +191,8 @@ class SearchService:
             "policy_model": self.policy.model if params.mode != "naive" else None,
             "prompt_version": self.prompts.version,
         }
+        if fallback:  # an s3 search served by naive top-k: its own entry (its response says why)
+            payload["fallback"] = fallback
         return cache_key(CACHE_NAMESPACE, payload)
 
     def _params(self, request: SearchRequest) -> SearchParams:
@@ -336,10 +342,49 @@ class SearchService:
         await self.check_cost(caller, cost + extra_cost)
         params = await self._pool(params)
         cache, index_id = self.cache, None
-        if cache is not None and self.index_identity is not None:
+        if self.index_identity is not None and (cache is not None or self.corpus_gate is not None):
             index_id = await self.index_identity.current()
-            cache = cache if index_id is not None else None  # which index would answer is unknown: no cache
-        return _Prepared(params, self.key(request.question, params, index_id), cache, cost)
+        if cache is not None and self.index_identity is not None and index_id is None:
+            cache = None  # which index would answer is unknown: no cache
+        params, fallback = await self._gated(params, index_id)
+        key = self.key(request.question, params, index_id, fallback=fallback)
+        return _Prepared(params, key, cache, cost, fallback)
+
+    async def _gated(self, params: SearchParams, index_id: str | None) -> tuple[SearchParams, str | None]:
+        """An s3 search's parameters after the corpus check (`services.searcher.corpus_check`): the policy's
+        where it passed on the served index, else naive BM25 top-`select_k` and the reason."""
+        gate = self.corpus_gate
+        if gate is None or params.mode != "s3" or index_id is None:
+            return params, None
+        details = await self.index_identity.details() if self.index_identity is not None else {}
+        checksum = details.get("corpus_checksum")
+        result = gate.verdict(index_id, params, checksum if isinstance(checksum, str) else None)
+        if result is not None and result.decision == "policy":
+            return params, None
+        reason = result.reason if result is not None else gate.pending_reason(index_id, params)
+        naive = SearchParams(mode="naive", retrieve_k=params.select_k, select_k=params.select_k, max_turns=0,
+                             method="bm25", timeout_s=params.timeout_s)
+        return naive, reason
+
+    def start_corpus_check(self) -> None:
+        """Start the corpus check of the served index now (the lifespan calls it, so the verdict is there before
+        the first search asks); a no-op without a gate or before the retriever says what it serves."""
+        if self.corpus_gate is None:
+            return
+
+        async def warm() -> None:
+            with contextlib.suppress(ServiceError, ValidationError):
+                await self._prepare(SearchRequest(question="corpus check"))
+
+        task = asyncio.get_running_loop().create_task(warm())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def corpus_checked(self) -> None:
+        """Wait until the corpus check started by `start_corpus_check` (or a search) has ended (tests, tools)."""
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.corpus_gate is not None:
+            await self.corpus_gate.settled()
 
     async def _cached(self, request: SearchRequest, prepared: _Prepared) -> SearchResponse | None:
         if prepared.cache is None:
@@ -354,6 +399,8 @@ class SearchService:
         outcome = await run_search(request.question, prepared.params, policy=self.policy.acting,
                                    retriever=self.retriever,
                                    prompts=self.prompts, on_event=on_event)
+        if prepared.fallback is not None:
+            outcome = outcome.model_copy(update={"mode": request.mode})
         if self.metrics is not None:
             self.metrics.observe(outcome)
         if outcome.degraded:
@@ -365,6 +412,8 @@ class SearchService:
         store = None if outcome.degraded else prepared.cache
         # the cached entry keeps the trace (a later request may ask for it); build it only when needed
         full = to_response(outcome, return_trace=store is not None or request.return_trace)
+        if prepared.fallback is not None:
+            full = full.model_copy(update={"fallback": prepared.fallback})
         if store is not None:
             await store.set_json(prepared.key, full.model_dump(mode="json"))
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
@@ -470,6 +519,8 @@ class _Prepared(NamedTuple):
     key: str
     cache: ResultCache | None
     cost: float
+    fallback: str | None = None
+    """Why naive BM25 top-k serves this s3 search instead of the policy (the corpus check), None when it does not."""
 
 
 class _StreamEvents:

@@ -138,6 +138,17 @@ class SearcherSettings(ServiceSettings):
         "the compact policy's first retrieval: BM25, plus the dense top-k for its dense scorer. auto: when the "
         "retriever's /version says it serves dense search with the encoder that scorer was trained with; on: "
         "always (the retriever must serve it); off: BM25 alone (its lexical scorer)"))
+    corpus_check: Literal["auto", "off"] = Field("auto", description=(
+        "whether the compact policy measures itself on the served corpus before it serves it "
+        "(services/searcher/corpus_check.py): auto (default) = on a corpus its manifest's evaluation does not "
+        "cover, pseudo-questions from the corpus's passages searched by the policy and by naive BM25 top-k; "
+        "where the policy finds fewer answers (by more than corpus_check_margin), s3 searches return naive BM25 "
+        "top-k and say so (`fallback`, /version). off = serve the policy unchecked"))
+    corpus_check_margin: float = Field(0.0, ge=0.0, le=1.0, description=(
+        "how much lower than naive BM25's the policy's answer recall on the pseudo-questions may be and it "
+        "still serves"))
+    corpus_check_questions: int = Field(300, ge=30, le=2000, description=(
+        "pseudo-questions the corpus check makes (from twice as many sampled passages)"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))

@@ -237,7 +237,7 @@ def test_openapi_contract() -> None:
     assert set(schemas["SearchResponse"]["properties"]) == {
         "question", "mode", "documents", "context", "queries", "turns", "stop_reason", "degraded",
         "degraded_reason", "timings", "valid_actions", "invalid_actions", "cached", "policy_model",
-        "prompt_version", "trace"}
+        "prompt_version", "fallback", "trace"}
     assert set(schemas["SearchedDocument"]["properties"]) == {"id", "title", "text", "score", "turn", "query"}
     assert {"422", "503"} <= set(doc["paths"]["/search"]["post"]["responses"])
     # `stream: true`: server-sent events, each payload a documented model

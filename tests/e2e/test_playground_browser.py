@@ -74,7 +74,8 @@ def compact_url(retriever_url: str, var_dir: Path) -> Iterator[str]:
     """The searcher with the packaged compact policy (its pool of 30 BM25 documents per block)."""
     logs = var_dir / "logs"
     with searcher_process(retriever_url, "http://127.0.0.1:9/v1", logs / "playground_compact.log",
-                          extra={"api_keys": KEY, "ui": "true", "policy_kind": "compact"}) as url:
+                          extra={"api_keys": KEY, "ui": "true", "policy_kind": "compact",
+                                 "corpus_check": "off"}) as url:  # the policy's own search is what is drawn
         yield url
 
 

@@ -198,6 +198,9 @@ class SearchResponse(BaseModel):
     cached: bool = False
     policy_model: str | None = None
     prompt_version: str
+    fallback: str | None = Field(None, description=(
+        "set when naive BM25 top-k answered this s3 search instead of the policy, and why: the policy did not "
+        "beat naive top-k on the served corpus at the searcher's corpus check (or the check is still running)"))
     trace: SearchTrace | None = None
 
 

@@ -1,0 +1,217 @@
+"""The corpus check: pseudo-questions made from passages (answer a span of the passage, never a title word, not
+the whole sentence), the check's verdict from paired answer recall (a policy that loses to naive BM25 on the
+corpus is refused, one that matches it serves), a corpus too small to check, and the gate that remembers a
+verdict per served index, serves naive while its check runs or cannot run, and trusts the policy's own
+evaluation on its own corpus."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from services.common.schemas.base import Document
+from services.common.schemas.searcher import SearchParams
+from services.searcher.corpus_check import (
+    MIN_QUESTIONS,
+    CorpusGate,
+    check_policy,
+    evaluated_here,
+    paired_interval,
+)
+from services.searcher.env import Action, SearchEnv
+from services.searcher.pseudo_questions import (
+    PseudoQuestion,
+    bridge_question,
+    check_questions,
+    make_questions,
+    question_from,
+)
+
+PASSAGES = [
+    ("p1", "Big Stone Gap (film)", "Big Stone Gap is a romantic comedy film directed by Adriana Trigiani. "
+     "It was released in cinemas across the United States in October 2014 after a premiere in Virginia."),
+    ("p2", "Annual report", "Revenue from the cloud segment grew by 12.5% in fiscal 2019, driven by new "
+     "contracts with government customers and higher subscription renewals across all regions."),
+    ("p3", "Privacy policy", "we share data with partners."),
+]
+
+
+def test_a_pseudo_question_hides_its_answer_and_keeps_part_of_the_sentence() -> None:
+    rng = random.Random(0)
+    q = question_from(*PASSAGES[0], rng)
+    assert q is not None and q.passage_id == "p1"
+    assert q.answer in PASSAGES[0][2] and q.answer not in q.question
+    assert not {w.lower() for w in q.answer.split()} & {"big", "stone", "gap", "film"}  # never the title's words
+    words = q.question.rstrip("?").split()
+    assert words[0] in ("who", "what", "which", "when", "how")
+    sentence_words = set(PASSAGES[0][2].replace(".", " ").split())
+    content = [w for w in words[1:] if w not in ("many", "much")]
+    assert 3 <= len(content) < len(sentence_words) and set(content) <= sentence_words
+
+
+def test_numbers_and_years_are_answers_too_and_short_passages_give_none() -> None:
+    questions = make_questions(PASSAGES[1:2] * 20, 20, seed=3)
+    assert {q.kind for q in questions} <= {"number", "year", "name"}
+    assert any(q.kind in ("number", "year") for q in questions)
+    assert all(q.answer in PASSAGES[1][2] for q in questions)
+    assert question_from(*PASSAGES[2], random.Random(0)) is None  # nothing to ask in a short sentence
+    assert make_questions(PASSAGES, 10, seed=0) == make_questions(PASSAGES, 10, seed=0)  # deterministic
+
+
+def test_a_bridge_question_needs_the_mention_and_hides_the_bridging_name() -> None:
+    answer = ("a1", "Adriana Trigiani", "Adriana Trigiani is an American writer and director who has lived in "
+              "Greenwich Village since the early eighties with her family.")
+    bridge = ("b1", "Big Stone Gap (film)", "Big Stone Gap is a romantic comedy film written and directed by "
+              "Adriana Trigiani and produced in the mountains of southwest Virginia.")
+    elsewhere = ("c1", "Pebble", "A pebble is a small piece of rock worn smooth by water over many years.")
+    q = None
+    for seed in range(20):
+        q = bridge_question(answer, bridge, random.Random(seed))
+        if q is not None:
+            break
+    assert q is not None and q.kind == "bridge" and q.passage_id == "a1"
+    assert q.answer in answer[2] and q.answer not in bridge[2]
+    assert "Adriana" not in q.question and "Trigiani" not in q.question
+    assert set(q.question.rstrip("?").split()[1:]) & {"romantic", "comedy", "film", "written", "directed",
+                                                      "produced", "mountains", "southwest", "Virginia", "Big",
+                                                      "Stone", "Gap"}
+    assert all(bridge_question(answer, elsewhere, random.Random(s)) is None for s in range(5))  # no mention
+    assert all(bridge_question(answer, answer, random.Random(s)) is None for s in range(5))  # its own title
+
+    async def questions() -> list[PseudoQuestion]:
+        return await check_questions([answer, elsewhere], Lookup([Document(id=d[0], title=d[1], text=d[2])
+                                                                  for d in (answer, bridge, elsewhere)]), 10)
+
+    made = asyncio.run(questions())
+    kinds = {q.passage_id: q.kind for q in made}
+    assert kinds.get("a1") == "bridge" and kinds.get("c1", "none") != "bridge"
+
+
+class Lookup:
+    """BM25 stand-in: a query's documents are those whose text shares the most words with it."""
+
+    def __init__(self, docs: list[Document]) -> None:
+        self.docs = docs
+        self.calls = 0
+
+    async def retrieve(self, queries: list[str], k: int, method: str | None) -> list[list[Document]]:
+        self.calls += 1
+        out = []
+        for q in queries:
+            words = set(q.lower().split())
+            ranked = sorted(self.docs, key=lambda d: -len(words & set(d.text.lower().split())))
+            out.append(ranked[:k])
+        return out
+
+
+class LastPolicy:
+    """Returns the pool's last `select_k` documents: worse than BM25's first ones."""
+
+    model = "last"
+
+    async def act(self, env: SearchEnv) -> Action:
+        n = len(env.blocks[0].documents)
+        k = env.params.select_k
+        return Action("complete", selected=tuple((0, p) for p in range(n - k + 1, n + 1)))
+
+
+class FirstPolicy(LastPolicy):
+    """Returns BM25's first `select_k`: exactly naive."""
+
+    model = "first"
+
+    async def act(self, env: SearchEnv) -> Action:
+        return Action("complete", selected=tuple((0, p) for p in range(1, env.params.select_k + 1)))
+
+
+def corpus(n: int) -> tuple[list[Document], list[PseudoQuestion]]:
+    docs = [Document(id=f"d{i}", title=f"t{i}", text=f"alpha{i} beta{i} gamma{i} delta{i} Answer{i}")
+            for i in range(n)]
+    questions = [PseudoQuestion(f"what alpha{i} beta{i} gamma{i}?", f"Answer{i}", f"d{i}", "name") for i in range(n)]
+    return docs, questions
+
+
+PARAMS = SearchParams(mode="s3", retrieve_k=6, select_k=2, max_turns=0)
+
+
+def test_a_policy_that_loses_to_naive_bm25_on_the_corpus_is_refused_one_that_matches_it_serves() -> None:
+    docs, questions = corpus(MIN_QUESTIONS + 10)
+    worse = asyncio.run(check_policy(LastPolicy(), PARAMS, Lookup(docs), questions))
+    assert worse.decision == "naive" and worse.naive_recall == 1.0 and worse.policy_recall == 0.0
+    assert worse.interval[1] < 0 and "naive BM25 top-2 serves" in worse.reason
+    same = asyncio.run(check_policy(FirstPolicy(), PARAMS, Lookup(docs), questions))
+    assert same.decision == "policy" and same.difference == 0.0 and same.questions == len(questions)
+
+
+def test_too_few_pseudo_questions_measure_nothing_and_naive_serves() -> None:
+    docs, questions = corpus(MIN_QUESTIONS - 1)
+    result = asyncio.run(check_policy(FirstPolicy(), PARAMS, Lookup(docs), questions))
+    assert result.decision == "naive" and "too small or too uniform" in result.reason
+
+
+def test_paired_interval_brackets_the_mean() -> None:
+    lo, hi = paired_interval([1.0] * 30 + [0.0] * 70)
+    assert lo < 0.3 < hi
+    assert paired_interval([]) == [0.0, 0.0]
+
+
+def test_the_gate_checks_once_per_index_and_serves_naive_while_it_runs() -> None:
+    docs, _ = corpus(80)
+    sampled: list[int] = []
+
+    async def sample(n: int, seed: int) -> list[tuple[str, str, str]]:
+        sampled.append(n)
+        return [(d.id, d.title, f"The report says {d.text.split()[0]} rose after Project Falcon{d.id} began "
+                 f"in the northern plant") for d in docs[:n]]
+
+    async def scenario() -> tuple[object, object, object, object]:
+        gate = CorpusGate(LastPolicy(), Lookup(docs), sample, questions=40)
+        first = gate.verdict("idx-1", PARAMS)
+        pending = gate.pending_reason("idx-1", PARAMS)
+        await gate.settled()
+        second = gate.verdict("idx-1", PARAMS)
+        again = gate.verdict("idx-1", PARAMS)
+        other = gate.verdict("idx-2", PARAMS)  # another index: checked anew, the last verdict stands meanwhile
+        assert gate._running
+        await gate.aclose()
+        return first, pending, second, (again, other)
+
+    first, pending, second, (again, other) = asyncio.run(scenario())
+    assert first is None and "running" in str(pending)
+    assert second is not None and again is second and other is second
+    assert sampled[0] == 80  # twice the questions asked (the second check is cancelled by aclose)
+
+
+def test_a_failing_check_is_retried_later_and_naive_serves_meanwhile() -> None:
+    async def broken(n: int, seed: int) -> list[tuple[str, str, str]]:
+        raise RuntimeError("no sample endpoint")
+
+    async def scenario() -> tuple[object, str]:
+        gate = CorpusGate(FirstPolicy(), Lookup([]), broken, retry_s=60)
+        gate.verdict("idx", PARAMS)
+        await gate.settled()
+        verdict = gate.verdict("idx", PARAMS)  # within retry_s: not started again
+        return verdict, gate.pending_reason("idx", PARAMS)
+
+    verdict, reason = asyncio.run(scenario())
+    assert verdict is None and "could not run" in reason and "no sample endpoint" in reason
+
+
+@pytest.mark.parametrize(("beats", "decision"), [(True, "policy"), (False, "naive")])
+def test_a_policy_evaluated_on_the_served_corpus_keeps_its_own_verdict(beats: bool, decision: str) -> None:
+    manifest = {"corpus": {"bound": True, "sha256": "abc"}, "evaluation": {"beats_naive": beats}}
+    assert evaluated_here(manifest, "sha256:abc") is beats
+    assert evaluated_here(manifest, "sha256:other") is None
+    assert evaluated_here({"corpus": "combined.jsonl", "evaluation": {"beats_naive": True}}, "sha256:abc") is None
+
+    async def never(n: int, seed: int) -> list[tuple[str, str, str]]:
+        raise AssertionError("no check runs where the policy's own evaluation covers the corpus")
+
+    async def scenario() -> object:
+        gate = CorpusGate(FirstPolicy(), Lookup([]), never, manifest=manifest)
+        return gate.verdict("idx", PARAMS, "abc")
+
+    result = asyncio.run(scenario())
+    assert result is not None and result.decision == decision  # type: ignore[attr-defined]
