@@ -151,7 +151,7 @@ def main() -> None:
         "steps_with_reward_variance": sum(
             len({(q, r) for q, r in zip(e["qids"], e["reward"], strict=True)}) > len(set(e["qids"])) for e in entries),
         "init_adapter": args.init_adapter, "total_seconds": round(time.perf_counter() - t_start, 1),
-        "png": str(png),
+        "png": str(png) if png else None,
     }
     print(json.dumps(result))
 

@@ -162,3 +162,100 @@ def test_bad_user_data_is_refused_before_any_work(data_dir: Path, tmp_path: Path
     with pytest.raises(SystemExit, match="held-out rows of the shipped sets"):
         main(["compact", "--qa", str(held), "--out", str(tmp_path / "held"), "--var-dir", str(var), "--quiet"])
     assert not (var / "indexes").exists()  # refused before any index was built
+
+
+def wiki_corpus(data_dir: Path, out: Path, n: int = 600) -> Path:
+    """The first `n` passages of 2WikiMultihopQA's corpus file (titles that other passages mention)."""
+    with (data_dir / "corpus" / "2wikimultihopqa.jsonl").open() as fh:
+        out.write_text("".join(line for _, line in zip(range(n), fh, strict=False)))
+    return out
+
+
+def test_a_corpus_alone_trains_its_searcher_without_matplotlib(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default install has no matplotlib: the run completes without its charts. With --corpus and no --qa the
+    questions are made from the passages; the final line names the folder to serve first, and the report compares
+    the trained policy with the shipped one and says which to serve."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on `bash scripts/install.sh`: not importable
+    corpus = wiki_corpus(data_dir, tmp_path / "docs.jsonl", n=1500)
+    out = tmp_path / "run"
+    argv = ["compact", "--corpus", str(corpus), "--pseudo", "150", "--no-dense", "--warm-epochs", "1", "--steps",
+            "2", "--questions-per-step", "2", "--group", "2", "--out", str(out), "--var-dir", str(tmp_path / "var"),
+            "--quiet"]
+    main(argv)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads(last)
+    assert list(result)[:2] == ["policy", "serve"] and result["policy"] == str(out / "policy")
+    assert "plugsearch-stack --corpus" in result["serve"] and result["png"] is None
+    rows = [json.loads(line) for line in (out / "pseudo_questions.jsonl").read_text().splitlines()]
+    assert 100 <= len(rows) <= 150 and all(r["golden_answers"][0] and r["dataset"] == "pseudo" for r in rows)
+    texts = {json.loads(line)["id"]: json.loads(line)["text"] for line in corpus.read_text().splitlines()}
+    assert all(r["golden_answers"][0] in texts[r["passage_id"]] for r in rows)  # the answer is in its passage
+    assert all(r["golden_answers"][0] not in r["question"] for r in rows)
+    manifest = CompactPolicy.load(out / "policy").manifest
+    assert manifest["trained_on"] == "the corpus's own passages"
+    made = manifest["pseudo_questions"]
+    assert made["kept"] == len(rows) and made["naive_bm25_top3_misses"] >= made["kept"] // 2
+    versus = manifest["evaluation"]["versus_shipped"]
+    assert versus["n"] == manifest["evaluation"]["bench"]["all"]["n"] and len(versus["ci95"]) == 2
+    report = (out / "report" / "report.md").read_text()
+    assert "shipped compact policy" in report and "**Which to serve**" in report
+    assert not (out / "report" / "report.png").exists() and not (out / "policy" / "report.png").exists()
+    # a rerun reuses the questions it made
+    main(argv)
+    assert [json.loads(line) for line in (out / "pseudo_questions.jsonl").read_text().splitlines()] == rows
+
+
+def test_a_corpus_too_small_to_make_questions_from_is_refused(data_dir: Path, tmp_path: Path) -> None:
+    corpus = wiki_corpus(data_dir, tmp_path / "small.jsonl", n=20)
+    with pytest.raises(SystemExit, match="too small or too uniform"):
+        main(["compact", "--corpus", str(corpus), "--no-dense", "--out", str(tmp_path / "run"), "--var-dir",
+              str(tmp_path / "var"), "--quiet"])
+
+
+def test_a_duplicate_passage_id_is_one_line_before_anything_is_written(data_dir: Path, tmp_path: Path) -> None:
+    corpus, qa = user_files(data_dir, tmp_path / "mine", rows=range(200, 260), distractors=5)
+    lines = corpus.read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])["id"]
+    corpus.write_text("".join(lines[:3] + [json.dumps({"id": first, "title": "x", "text": "again"}) + "\n"]
+                              + lines[3:]))
+    out, var = tmp_path / "run", tmp_path / "var"
+    with pytest.raises(SystemExit) as stopped:
+        main(["compact", "--corpus", str(corpus), "--qa", str(qa), "--out", str(out), "--var-dir", str(var), "--quiet"])
+    message = str(stopped.value)
+    assert message == f"error: {corpus}:4: passage id {first!r} is used again (first at line 1); every passage " \
+                      "needs its own id"
+    assert not out.exists() and not var.exists()
+
+
+def test_ctrl_c_stops_with_one_line_and_the_command_to_resume(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import trainer.compact.run as compact_run
+
+    def interrupted(job: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compact_run, "run", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        main(["compact", "--out", str(tmp_path / "run"), "--steps", "5"])
+    assert stopped.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted: what is finished is kept (split, indexes, warm start, RL state); resume with: "
+                   f"plugsearch-train compact --out {tmp_path / 'run'} --steps 5"]
+
+
+def test_which_policy_to_serve_follows_the_paired_intervals() -> None:
+    from trainer.compact.run import recommendation, versus_shipped
+
+    rows = [{"scores": {"3": {"compact_rl": {"hit": float(i % 2)}, "compact_shipped": {"hit": 0.0}}}}
+            for i in range(40)]
+    versus = versus_shipped(rows)
+    assert versus["trained"] == 0.5 and versus["shipped"] == 0.0 and versus["ci95"][0] > 0
+    assert recommendation(True, versus, "TRAINED", "SHIPPED").startswith("serve the trained policy: it beats")
+    assert recommendation(False, versus, "TRAINED", "SHIPPED").endswith("SHIPPED")
+    worse = {"difference": -0.2, "ci95": [-0.3, -0.1]}
+    assert recommendation(True, worse, "TRAINED", "SHIPPED").startswith("the shipped policy finds more")
+    tie = {"difference": 0.0, "ci95": [-0.1, 0.1]}
+    assert "not measurable" in recommendation(True, tie, "TRAINED", "SHIPPED")

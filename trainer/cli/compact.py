@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from trainer.common.rewards import BASELINES
 from trainer.compact.config import CompactConfig, default
 
 SHIPPED_ONLY = ("datasets", "per_dataset", "dev_per_dataset")
+PSEUDO_DEFAULT = 2000
+"""Questions made from the corpus when `--corpus` comes without `--qa`."""
 """Flags that choose rows of the shipped sets: not with a user's `--qa` files."""
 
 
@@ -42,17 +45,29 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
     if args.reward == "recall" and (args.local or args.llm_url):
         raise SystemExit("error: --local and --llm-url start the generator and judge for --reward gbr; the recall "
                          "reward needs no LLM")
+    pseudo = args.pseudo if args.pseudo is not None else (PSEUDO_DEFAULT if args.corpus and not args.qa else 0)
+    if pseudo and not args.corpus:
+        raise SystemExit("error: --pseudo makes questions from --corpus: give the corpus file")
+    if pseudo:
+        given = [f"--{name.replace('_', '-')}" for name in SHIPPED_ONLY if getattr(args, name) is not None]
+        if given:
+            raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --corpus alone the "
+                             "questions are made from your passages")
     config = config_from(args)
     job = CompactRun(config=config, out=Path(args.out), command=command_line(args),
                      corpus=Path(args.corpus) if args.corpus else None, qa=[Path(q) for q in args.qa or ()],
                      index_dir=Path(args.index_dir) if args.index_dir else None, var_dir=Path(args.var_dir),
                      resume=not args.no_resume, progress=not args.quiet, split_seed=args.split_seed,
                      local=args.local or bool(args.llm_url), llm_url=args.llm_url, llm_threads=args.llm_threads,
-                     settings=settings_from(args))
+                     pseudo=pseudo, settings=settings_from(args))
     try:
         return run(job)
     except QAFileError as exc:
         raise SystemExit(f"error: {exc}") from exc
+    except KeyboardInterrupt:
+        print(f"interrupted: what is finished is kept (split, indexes, warm start, RL state); resume with: "
+              f"{job.command}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 def cmd_compact_export(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +100,11 @@ def add_parsers(sub: Any) -> None:
                       "--split-seed (split.json in --out), and the run ends with the evaluation report and a policy "
                       "folder (<out>/policy) that plugsearch-stack --policy serves")
     data.add_argument("--corpus", help="JSONL corpus (id + title/text, or id + contents) the questions are answered "
-                      "from (default: $PLUGSEARCH_DATA/corpus/combined.jsonl)")
+                      "from (default: $PLUGSEARCH_DATA/corpus/combined.jsonl). Without --qa: a searcher trained "
+                      "from the corpus alone, on questions made from its passages (--pseudo)")
+    data.add_argument("--pseudo", type=int, default=None, metavar="N", help="make N questions from the corpus's "
+                      f"passages and train on them (default {PSEUDO_DEFAULT} with --corpus and no --qa, else none; "
+                      "with --qa they are added to your questions); written to <out>/pseudo_questions.jsonl")
     data.add_argument("--split-seed", type=int, default=0, help="with --qa: the seed of the split (recorded)")
     data.add_argument("--datasets", nargs="+", help=f"shipped sets to train on (default: {' '.join(default('datasets'))}; "
                       "musique, bamboogle and triviaqa are refused)")

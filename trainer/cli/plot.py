@@ -15,7 +15,12 @@ def cmd_plot(args: argparse.Namespace) -> dict[str, Any]:
     entries = read_reward_log(run / "rewards.jsonl")
     if not entries:
         raise SystemExit(f"no reward log in {run}")
-    return {"png": str(plot_reward_curve(entries, run / "reward_curve.png")), "steps": len(entries)}
+    png = plot_reward_curve(entries, run / "reward_curve.png")
+    if png is None:
+        from trainer.common.plotting import MISSING
+
+        raise SystemExit(f"error: {MISSING}")
+    return {"png": str(png), "steps": len(entries)}
 
 
 def add_parser(sub: Any) -> None:

@@ -183,7 +183,7 @@ def write_report(records: Sequence[EvalRecord], datasets: Sequence[str], out_dir
     (out_dir / "table.md").write_text(md + "\n", encoding="utf-8")
     (out_dir / "table.json").write_text(json.dumps(table, indent=1), encoding="utf-8")
     png = plot_eval_bars(table, out_dir / "genacc.png")
-    return {"markdown": md, "table": table, "png": str(png)}
+    return {"markdown": md, "table": table, "png": str(png) if png else None}
 
 
 # ------------------------------------------------------------------------------- answer recall at equal budget
@@ -385,7 +385,8 @@ def dev_check(policy: LLMBackend | ActingPolicy, items: Sequence[QAItem], retrie
 
 
 SYSTEM_LABELS = {"naive_bm25": "naive BM25", "naive_dense": "naive dense", "naive_hybrid": "naive hybrid",
-                 "compact_warm": "compact, warm start", "compact_rl": "compact, + RL (served)"}
+                 "compact_warm": "compact, warm start", "compact_rl": "compact, + RL (served)",
+                 "compact_shipped": "shipped compact policy"}
 
 
 def budget_markdown(result: Mapping[str, Any], systems: Sequence[str], *, budget: int = 3, key: str | None = None
@@ -414,7 +415,7 @@ def budget_markdown(result: Mapping[str, Any], systems: Sequence[str], *, budget
 
 
 def write_budget_report(result: Mapping[str, Any], systems: Sequence[str], out_dir: Path, *, key: str,
-                        budget: int = 3, title: str = "", notes: Sequence[str] = ()) -> dict[str, str]:
+                        budget: int = 3, title: str = "", notes: Sequence[str] = ()) -> dict[str, str | None]:
     """`report.md` (the table, the verdict, `notes`), `report.json` (everything) and `report.png` (answer recall
     per set with 95% intervals) in `out_dir`."""
     from trainer.common.plotting import plot_recall_bars
@@ -437,4 +438,4 @@ def write_budget_report(result: Mapping[str, Any], systems: Sequence[str], out_d
                            title=title or f"answer recall at {budget} documents",
                            labels={s: SYSTEM_LABELS.get(s, s) + (f" top-{budget}" if s.startswith("naive_") else "")
                                    for s in systems})
-    return {"markdown": str(md), "json": str(js), "png": str(png)}
+    return {"markdown": str(md), "json": str(js), "png": str(png) if png else None}

@@ -1,15 +1,39 @@
-"""PNG charts: the reward curve of a training run and the evaluation bar chart (matplotlib, Agg)."""
+"""PNG charts: the reward curve of a training run and the evaluation bar chart (matplotlib, Agg).
+
+matplotlib is in the test and training part of the lock (`bash scripts/install.sh --all`), not in the default
+install's: without it every chart is skipped (its function returns None) and the run goes on; `MISSING` is the
+line that says so, which the training commands print at their start."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import Any, cast
+
+MISSING = ("matplotlib is not installed: the charts (reward_curve.png, report.png) are skipped, the tables and "
+           "JSON reports are written; `bash scripts/install.sh --all` installs it")
+
+
+class _NoPlots(Exception):
+    """matplotlib is missing: the chart is skipped."""
+
+
+def available() -> bool:
+    """Whether the charts can be drawn here (matplotlib importable)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise _NoPlots from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -17,7 +41,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_reward_curve(entries: Sequence[Mapping[str, Any]], path: Path, *, title: str = "reward per step") -> Path:
+def _plot_reward_curve(entries: Sequence[Mapping[str, Any]], path: Path, *, title: str = "reward per step") -> Path:
     """Mean reward (and GenAcc) per step from `rewards.jsonl` entries."""
     plt = _pyplot()
     steps = [int(e["step"]) for e in entries]
@@ -37,7 +61,7 @@ def plot_reward_curve(entries: Sequence[Mapping[str, Any]], path: Path, *, title
     return _save(plt, fig, ax, path, ylabel="reward", title=title)
 
 
-def plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path: Path, *,
+def _plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path: Path, *,
                    metric: str = "genacc") -> Path:
     """Grouped bars: one group per dataset (+ average), one bar per method. `table[method][dataset][metric]`."""
     plt = _pyplot()
@@ -53,7 +77,7 @@ def plot_eval_bars(table: Mapping[str, Mapping[str, Mapping[str, float]]], path:
     return _save(plt, fig, ax, path, ylabel=metric, title=f"{metric} per dataset")
 
 
-def plot_recall_bars(result: Mapping[str, Any], systems: Sequence[str], path: Path, *, budget: int = 3,
+def _plot_recall_bars(result: Mapping[str, Any], systems: Sequence[str], path: Path, *, budget: int = 3,
                      title: str = "answer recall", labels: Mapping[str, str] | None = None) -> Path:
     """Grouped bars with 95% intervals: one group per set (and `all`), one bar per searcher, answer recall at
     `budget` documents (`trainer.common.evaluation.budget_summary`'s result); `labels` name the searchers."""
@@ -93,3 +117,20 @@ def _save(plt: Any, fig: Any, ax: Any, path: Path, *, ylabel: str, title: str, o
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _skipping(draw: Any) -> Any:
+    def chart(*args: Any, **kwargs: Any) -> Path | None:
+        try:
+            return cast(Path, draw(*args, **kwargs))
+        except _NoPlots:
+            return None
+
+    chart.__doc__ = draw.__doc__
+    chart.__name__ = draw.__name__.lstrip("_")
+    return chart
+
+
+plot_reward_curve: Callable[..., Path | None] = _skipping(_plot_reward_curve)
+plot_eval_bars: Callable[..., Path | None] = _skipping(_plot_eval_bars)
+plot_recall_bars: Callable[..., Path | None] = _skipping(_plot_recall_bars)

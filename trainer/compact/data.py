@@ -123,6 +123,7 @@ def user_split(qa_files: Sequence[Path], corpus: Path, *, seed: int, out: Path, 
         if [f["sha256"] for f in old["files"]] != [f["sha256"] for f in files] or old["seed"] != seed:
             raise QAFileError(f"{out} was split from other question files or another seed ({saved}): use a new --out "
                               "(a run's evaluation split must never change under it)")
+        logger.info("reusing the split of %s (seed %d, the same question files)", saved, seed)
     yes_no = [it.id for it in items if is_yes_no(it.golden_answers)]
     candidates = [it for it in items if not is_yes_no(it.golden_answers)]
     with tqdm(desc="checking answers against the corpus", unit="passage", disable=not progress) as bar:

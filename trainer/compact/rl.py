@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ from trainer.common.rewards import RewardComputer, Trajectory
 from trainer.compact.config import CompactConfig
 from trainer.compact.data import LabeledItem
 from trainer.compact.model import export, log_prob, norms_of, torch_model
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,6 +119,7 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
+        logger.info("resuming RL from its saved state at step %d of %d (%s)", start, config.rl_steps, state_path)
     entries = [e for e in entries if e["step"] < start]  # steps after the last save are redone
     log_path.write_text("".join(json.dumps(e) + "\n" for e in entries))
 

@@ -18,15 +18,24 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from services.common.schemas.searcher import SearchParams
 from services.searcher.compact import CompactPolicy
 from trainer.common.baseline import BaselineConfig, BaselineStore
-from trainer.common.data import QAFileError, QAItem, default_data_dir, load_qa
-from trainer.common.evaluation import BudgetEval, PolicyRun, beats_naive, dev_check, write_budget_report
+from trainer.common.data import QAFileError, QAItem, check_corpus_file, default_data_dir, load_qa
+from trainer.common.evaluation import (
+    BudgetEval,
+    PolicyRun,
+    beats_naive,
+    budget_summary,
+    dev_check,
+    metric_block,
+    write_budget_report,
+)
 from trainer.common.localstack import services_for
 from trainer.common.retrieval import IndexRetriever
 from trainer.common.rewards import RewardComputer
@@ -38,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 EVAL_BUDGETS = (3, 5)
 VERDICT_KEY = "compact_rl"
+SHIPPED_KEY = "compact_shipped"
+"""The packaged policy, evaluated beside the trained one on the same questions."""
 
 
 @dataclass
@@ -57,6 +68,8 @@ class CompactRun:
     local: bool = False
     llm_url: str | None = None
     llm_threads: int = 1
+    pseudo: int = 0
+    """Questions to make from the corpus's passages (`trainer.compact.pseudo`), 0: none."""
     settings: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
@@ -94,16 +107,37 @@ def run(job: CompactRun) -> dict[str, Any]:
     """Warm start, RL, the final policy; with a user's data also the evaluation, the report and the policy
     folder with its verdict. Every bad input is refused before any index is built or any model trained."""
     t0 = time.perf_counter()
-    config = job.config
-    if job.user_data:  # the shipped sets' rows are not what it trains on
-        config = replace(config, datasets=())
     data_dir = default_data_dir()
     out = job.out
     user: UserData | None = None
+    from trainer.common import plotting
+
+    if not plotting.available():
+        logger.warning("%s", plotting.MISSING)
+    retriever: IndexRetriever | None = None
+    pseudo_info: dict[str, Any] | None = None
+    if job.pseudo:  # questions made from the corpus's own passages: a question file, then the labelled flow
+        from services.stack import index_dir_for
+        from trainer.compact.pseudo import pseudo_question_file
+
+        if job.corpus is None or not job.corpus.is_file():
+            raise QAFileError(f"--corpus {job.corpus} is not a file")
+        corpus = job.corpus.resolve()
+        check_corpus_file(corpus, progress=job.progress)
+        out.mkdir(parents=True, exist_ok=True)
+        retriever = IndexRetriever(corpus, job.index_dir or index_dir_for(corpus, job.var_dir),
+                                   dense=job.config.dense, progress=job.progress)
+        path, pseudo_info = pseudo_question_file(out, retriever, job.pseudo, seed=job.split_seed,
+                                                 resume=job.resume)
+        job = replace(job, qa=[*job.qa, path])
+    config = job.config
+    if job.user_data:  # the shipped sets' rows are not what it trains on
+        config = replace(config, datasets=())
     if job.user_data:
         corpus = (job.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
         if not corpus.is_file():
             raise QAFileError(f"--corpus {corpus} is not a file")
+        check_corpus_file(corpus, progress=job.progress)  # a bad row or a duplicate id: before anything is written
         out.mkdir(parents=True, exist_ok=True)
         user = user_split(list(job.qa), corpus, seed=job.split_seed, out=out, progress=job.progress,
                           check=lambda rows: check_user_questions(rows, data_dir))
@@ -122,10 +156,17 @@ def run(job: CompactRun) -> dict[str, Any]:
     index_dir = job.index_dir or index_dir_for(corpus, job.var_dir)
     stages = {"questions": round(time.perf_counter() - t0, 1)}
     t = time.perf_counter()
-    retriever = IndexRetriever(corpus, index_dir, dense=config.dense, progress=job.progress)
+    if retriever is None:
+        retriever = IndexRetriever(corpus, index_dir, dense=config.dense, progress=job.progress)
     stages["indexes"] = round(time.perf_counter() - t, 1)
     record: dict[str, Any] = {"command": job.command, "config": config_dict(config), "rows": rows,
                               "train_questions": len(train), "dev_questions": len(dev)}
+    if pseudo_info is not None:
+        record["pseudo_questions"] = {**pseudo_info, "what": (
+            "questions made from the corpus's passages by the trainer (trainer/compact/pseudo.py): a cloze over a "
+            "sentence, or a two-passage question through a title another document mentions; filtered so that "
+            "naive BM25 top-3 misses half of them")}
+        record["trained_on"] = "the corpus's own passages" + (" and labelled questions" if len(job.qa) > 1 else "")
     if user is not None:
         record["questions"] = {"files": user.files, "split_seed": job.split_seed,
                                "sizes": {k: len(v) for k, v in user.split.ids().items()},
@@ -150,8 +191,11 @@ def run(job: CompactRun) -> dict[str, Any]:
                               "rl_reward_last_10": rl_info["last_10_mean_reward"], "rl_timing": rl_info.get("timing")}
     if user is not None:
         t = time.perf_counter()
-        result.update(_evaluate_and_export(job, user, warm, final, retriever, params, identity))
+        exported = _evaluate_and_export(job, user, warm, final, retriever, params, identity)
         stages["evaluation"] = round(time.perf_counter() - t, 1)
+        # the line a user reads last: the folder to serve (and the command) first, `<out>/final` is the raw run
+        result = {"policy": exported.pop("policy"), "serve": exported.pop("serve"), **exported,
+                  **{("final" if k == "out" else k): v for k, v in result.items()}}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["stage_seconds"] = stages
     return result
@@ -165,6 +209,7 @@ def _warm_start(job: CompactRun, train: list[LabeledItem], dev: list[LabeledItem
     warm_dir = job.out / "warmstart"
     if (warm_dir / "manifest.json").is_file() and job.resume:
         warm = CompactPolicy.load(warm_dir)
+        logger.info("reusing the warm start in %s (--no-resume redoes it)", warm_dir)
         return warm, warm.manifest.get("warm_start", {})
     t = time.perf_counter()
     warm, info = warm_start(train, retriever, job.config, progress=job.progress)
@@ -206,46 +251,104 @@ def _reinforce(job: CompactRun, warm: CompactPolicy, train: list[LabeledItem], d
         "timing": timing(entries), "dev": dev_check(final, [d.item for d in dev], retriever, config.search_params())}
     if entries:
         what = "recall: span check" if config.reward == "recall" else f"{config.reward}: generator + judge"
-        info["reward_curve"] = str(plot_reward_curve(entries, rl_dir / "reward_curve.png",
-                                                     title=f"compact policy: GBR ({what}) per RL step"))
+        png = plot_reward_curve(entries, rl_dir / "reward_curve.png",
+                                title=f"compact policy: GBR ({what}) per RL step")
+        info["reward_curve"] = str(png) if png else None
     return final, info
+
+
+def versus_shipped(rows: Sequence[dict[str, Any]], key: str = VERDICT_KEY, shipped: str = SHIPPED_KEY,
+                   budget: int = 3) -> dict[str, Any]:
+    """The trained policy against the shipped one on the same evaluation questions at `budget` documents: both
+    answer recalls and the paired difference with its 95% interval."""
+    cells = [r["scores"][str(budget)] for r in rows]
+    block = metric_block(cells, [key, shipped], "hit", reference=shipped)
+    return {"trained": block[key], "shipped": block[shipped], "difference": block.get(f"{key}_minus_naive"),
+            "ci95": block.get(f"{key}_minus_naive_ci95"), "n": len(cells)}
+
+
+def recommendation(verdict: bool, versus: Mapping[str, Any], serve_trained: str, serve_shipped: str) -> str:
+    """Which policy to serve, in one sentence with the command."""
+    low, high = (versus.get("ci95") or [0.0, 0.0])[:2]
+    diff = versus.get("difference") or 0.0
+    if not verdict:
+        return (f"do not serve the trained policy: it does not beat naive BM25 top-3 on the evaluation split; the "
+                f"shipped policy measures itself on your corpus at start-up and falls back to naive top-k where it "
+                f"does not beat it: {serve_shipped}")
+    if high < 0:
+        return (f"the shipped policy finds more answers on these questions ({diff:+.3f} [{low:+.3f}, {high:+.3f}] "
+                f"for the trained one): serve the shipped one: {serve_shipped}")
+    if low > 0:
+        return f"serve the trained policy: it beats naive BM25 and the shipped policy ({diff:+.3f} [{low:+.3f}, " \
+               f"{high:+.3f}]): {serve_trained}"
+    return (f"serve the trained policy (it beats naive BM25); against the shipped policy the difference is "
+            f"{diff:+.3f} [{low:+.3f}, {high:+.3f}], not measurable on these questions: {serve_trained}")
 
 
 def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, final: CompactPolicy,
                          retriever: IndexRetriever, params: Any, identity: dict[str, Any]) -> dict[str, Any]:
-    """The evaluation split against naive top-k at equal budgets, the report, and `<out>/policy`."""
+    """The evaluation split against naive top-k at equal budgets and against the shipped policy, the report,
+    and `<out>/policy`."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    from services.searcher.trained import COMPACT_DIR
+
     served = list(retriever.methods)
     naive = [m for m in ("bm25", "dense", "hybrid") if m in served]
     policies = {name: PolicyRun(p, params.model_copy(update={"pool_methods": p.pool_methods(served, retriever.encoder)}))
                 for name, p in (("compact_warm", warm), (VERDICT_KEY, final))}
+    shipped = CompactPolicy.load(COMPACT_DIR)
+    policies[SHIPPED_KEY] = PolicyRun(shipped, SearchParams(
+        mode="s3", method="bm25", pool_methods=shipped.pool_methods(served, retriever.encoder),
+        **{**shipped.search_setting(), "select_k": params.select_k}))
     evaluation = BudgetEval(retriever, naive=naive, policies=policies, budgets=EVAL_BUDGETS)
     by_set: dict[str, list[QAItem]] = {}
     for item in user.split.eval:
         by_set.setdefault(item.dataset, []).append(item)
     t = time.perf_counter()
-    result = evaluation.run(by_set, progress=job.progress)
+    bar = tqdm(total=len(user.split.eval), desc="evaluation", disable=not job.progress)
+    try:
+        rows = asyncio.run(evaluation.rows([it for items in by_set.values() for it in items], progress=bar.update))
+    finally:
+        bar.close()
+    result = budget_summary(rows, evaluation.systems, EVAL_BUDGETS, sets=list(by_set))
+    versus = versus_shipped(rows)
     result["settings"] = {"questions": "the evaluation split (split.json), yes/no and unanswerable left out",
                           "budgets": list(EVAL_BUDGETS), "pool_k": job.config.retrieve_k, "retriever": "bm25s",
                           "dense": retriever.encoder, "policies": {k: p.policy.model for k, p in policies.items()},
                           "seconds": round(time.perf_counter() - t, 1)}
+    result["versus_shipped"] = versus
     systems = evaluation.systems
     verdict = beats_naive(result, VERDICT_KEY)
     gains = {name: d["budget3"]["answer_recall"].get(f"{VERDICT_KEY}_minus_naive")
              for name, d in result["datasets"].items()}
+    corpus_arg = job.corpus or identity["file"]
+    serve_trained = f"plugsearch-stack --corpus {corpus_arg} --policy {job.out / 'policy'}"
+    serve_shipped = f"plugsearch-stack --corpus {corpus_arg}"
+    advice = recommendation(verdict, versus, serve_trained, serve_shipped)
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
-             f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}",
-             f"serve it: plugsearch-stack --corpus {job.corpus or identity['file']} --policy {job.out / 'policy'}"]
+             f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}, the shipped policy "
+             f"({shipped.model}) = {SHIPPED_KEY}",
+             f"trained against shipped, answer recall at 3 on the same {versus['n']} questions: {versus['trained']:.3f} "
+             f"against {versus['shipped']:.3f}, paired difference {versus['difference']:+.3f} "
+             f"[{versus['ci95'][0]:+.3f}, {versus['ci95'][1]:+.3f}]",
+             f"**Which to serve**: {advice}"]
     report = write_budget_report(result, systems, job.out / "report", key=VERDICT_KEY,
                                  title=f"compact searcher on {identity['file']}", notes=notes)
     summary = ", ".join(f"{name} {g:+.3f}" for name, g in gains.items() if g is not None)
     folder = job.out / "policy"
     manifest = {**final.manifest, "evaluation": {
         "summary": f"answer recall at 3 documents minus naive BM25 top-3 on the evaluation split: {summary}",
-        "beats_naive": verdict, "gains_at_3": gains, "bench": result}}
+        "beats_naive": verdict, "gains_at_3": gains, "versus_shipped": versus, "recommendation": advice,
+        "bench": result}}
     final.save(folder, manifest)
     for name in ("report.md", "report.png"):
-        shutil.copyfile(job.out / "report" / name, folder / name)
+        if (job.out / "report" / name).is_file():
+            shutil.copyfile(job.out / "report" / name, folder / name)
     shutil.copyfile(job.out / "split.json", folder / "split.json")
-    return {"policy": str(folder), "beats_naive": verdict, "gains_at_3": gains, "report": report["markdown"],
-            "png": report["png"], "questions": json.loads(json.dumps(user.record()["sizes"])),
+    return {"policy": str(folder), "serve": advice, "beats_naive": verdict, "versus_shipped": versus,
+            "gains_at_3": gains, "report": report["markdown"], "png": report["png"],
+            "questions": json.loads(json.dumps(user.record()["sizes"])),
             "left_out": {k: len(v) for k, v in user.left_out.items()}}
