@@ -78,9 +78,11 @@ def test_the_verdict_needs_a_positive_interval_and_no_set_losing() -> None:
     assert not beats_naive(evaluation(0.02, {}))
 
 
-def user_files(data_dir: Path, folder: Path, rows: range = range(200, 280), distractors: int = 40) -> tuple[Path, Path]:
+def user_files(data_dir: Path, folder: Path, rows: range = range(200, 280), distractors: int = 40,
+               by_ids: bool = False) -> tuple[Path, Path]:
     """A user's corpus and questions, as plain files: 2WikiMultihopQA rows 200+ (never the evaluation rows) and
-    their supporting passages plus a few others."""
+    their supporting passages plus a few others; `by_ids`: every other question labelled by the ids of its
+    supporting passages (BEIR / TREC qrels style) instead of its answers."""
     folder.mkdir(parents=True, exist_ok=True)
     with (data_dir / "qa" / "2wikimultihopqa.jsonl").open() as fh:
         questions = [json.loads(line) for i, line in enumerate(fh) if i in rows]
@@ -94,8 +96,18 @@ def user_files(data_dir: Path, folder: Path, rows: range = range(200, 280), dist
                 other += title not in titles
     corpus, qa = folder / "my-corpus.jsonl", folder / "my-questions.jsonl"
     corpus.write_text("".join(passages))
-    qa.write_text("".join(json.dumps({k: q[k] for k in ("id", "question", "golden_answers", "supporting_titles")})
-                          + "\n" for q in questions))
+    ids: dict[str, list[str]] = {}
+    for line in passages:
+        row = json.loads(line)
+        ids.setdefault(row["title"], []).append(row["id"])
+    rows_out = []
+    for i, q in enumerate(questions):
+        row = {k: q[k] for k in ("id", "question", "golden_answers", "supporting_titles")}
+        if by_ids and i % 2:
+            row.pop("golden_answers")
+            row["passage_ids"] = [pid for t in q["supporting_titles"] for pid in ids.get(t, [])]
+        rows_out.append(row)
+    qa.write_text("".join(json.dumps(row) + "\n" for row in rows_out))
     return corpus, qa
 
 
@@ -103,7 +115,7 @@ def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus
         data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from services import stack
 
-    corpus, qa = user_files(data_dir, tmp_path / "mine")
+    corpus, qa = user_files(data_dir, tmp_path / "mine", by_ids=True)  # half labelled by answers, half by ids
     out, var = tmp_path / "run", tmp_path / "var"
     argv = ["compact", "--corpus", str(corpus), "--qa", str(qa), "--warm-epochs", "1", "--steps", "2",
             "--questions-per-step", "2", "--group", "2", "--out", str(out), "--var-dir", str(var), "--quiet"]
@@ -113,6 +125,7 @@ def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus
     assert set(split["eval"]).isdisjoint(split["train"] + split["dev"]) and split["seed"] == 0
     assert result["questions"] == split["sizes"] and split["sizes"]["eval"] >= 20
     assert result["left_out"]["yes_no"] == split["left_out"]["yes_no"]["count"]
+    assert result["left_out"]["answer_not_in_corpus"] == 0  # the questions labelled by passage ids count too
     # the policy folder: weights, manifest with its setting, corpus identity and verdict, the report beside it
     policy = CompactPolicy.load(Path(result["policy"]))
     manifest = policy.manifest
@@ -259,3 +272,29 @@ def test_which_policy_to_serve_follows_the_paired_intervals() -> None:
     assert recommendation(True, worse, "TRAINED", "SHIPPED").startswith("the shipped policy finds more")
     tie = {"difference": 0.0, "ci95": [-0.1, 0.1]}
     assert "not measurable" in recommendation(True, tie, "TRAINED", "SHIPPED")
+
+
+def test_questions_labelled_by_passage_ids_are_read_checked_and_scored(tmp_path: Path) -> None:
+    """BEIR / TREC-style labels: the ids of the passages that answer a question, instead of its answers."""
+    from services.common.schemas.base import Document
+    from trainer.common.data import QAFileError, QAItem, answerable, found, read_qa_file
+
+    qa = tmp_path / "qrels.jsonl"
+    qa.write_text("\n".join(json.dumps(r) for r in (
+        {"id": "q1", "question": "what does the policy say about cookies?", "passage_ids": ["p2", "p9"]},
+        {"id": "q2", "question": "who founded it?", "relevant_ids": ["p1"], "golden_answers": ["Ada"]},
+        {"id": "q3", "question": "unknown?", "gold_passage_ids": ["p404"]})) + "\n")
+    q1, q2, q3 = read_qa_file(qa)
+    assert q1.passage_ids == ["p2", "p9"] and q1.golden_answers == [] and q2.passage_ids == ["p1"]
+    docs = [Document(id="p1", title="", text="nothing here"), Document(id="p2", title="", text="cookies policy")]
+    assert found(docs, q1) and found(docs[:1], q2) and not found(docs[:1], q1)
+    assert found([Document(id="p7", title="", text="Ada founded it")], q2)  # or by its answer
+    assert answerable([q1, q2, q3], [("p1", "x"), ("p2", "y")]) == {"q1", "q2"}
+    bad = tmp_path / "bad.jsonl"
+    for row, message in (({"question": "x?"}, "no `golden_answers`"), ({"question": "x?", "passage_ids": []},
+                                                                        "`passage_ids` must be a non-empty list")):
+        bad.write_text(json.dumps(row) + "\n")
+        with pytest.raises(QAFileError, match=message):
+            read_qa_file(bad)
+    with pytest.raises(ValueError, match="golden_answers or passage_ids"):
+        QAItem(id="x", question="x?")

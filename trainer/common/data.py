@@ -22,9 +22,9 @@ from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from services.common.answers import SimpleTokenizer, is_yes_no, normalize_answer
+from services.common.answers import SimpleTokenizer, is_yes_no, normalize_answer, span_match
 
 DATASETS = ("nq", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "triviaqa")
 TRAIN_DATASETS = ("nq", "hotpotqa")
@@ -35,10 +35,30 @@ T = TypeVar("T")
 class QAItem(BaseModel):
     id: str
     question: str
-    golden_answers: list[str] = Field(min_length=1)
+    golden_answers: list[str] = Field(default_factory=list, description="gold answers (at least one, unless the "
+                                      "question is labelled by `passage_ids`)")
     dataset: str = ""
     supporting_titles: list[str] = Field(default_factory=list, description="titles of the passages that support "
                                          "the answer (multi-hop sets; empty where the file has none)")
+    passage_ids: list[str] = Field(default_factory=list, description="ids of the passages that answer it (BEIR / "
+                                   "TREC qrels style): a returned passage with one of these ids is a hit")
+
+    @model_validator(mode="after")
+    def _labelled(self) -> QAItem:
+        if not self.golden_answers and not self.passage_ids:
+            raise ValueError("a question needs golden_answers or passage_ids")
+        return self
+
+
+def found(documents: Sequence[Any], item: QAItem) -> bool:
+    """Whether `documents` answer `item`: one holds a gold answer (GenAcc's span check) or is one of its labelled
+    passages (`passage_ids`). What every evaluation, reward and warm-start label here counts as found."""
+    ids = item.passage_ids
+    for d in documents:
+        doc_id, text = (d["id"], d["text"]) if isinstance(d, dict) else (d.id, d.text)
+        if (ids and doc_id in ids) or (item.golden_answers and span_match(text, item.golden_answers)):
+            return True
+    return False
 
 
 def default_data_dir() -> Path:
@@ -133,6 +153,10 @@ MAX_LISTED = 8
 """Bad rows named in an error before the count of the rest."""
 
 
+PASSAGE_ID_FIELDS = ("passage_ids", "relevant_ids", "gold_passage_ids")
+"""Where a row may give the ids of its relevant passages (BEIR / TREC qrels style), in this order."""
+
+
 def _row_problem(row: Any) -> str | None:
     if not isinstance(row, dict):
         return "not a JSON object"
@@ -140,11 +164,16 @@ def _row_problem(row: Any) -> str | None:
     if not isinstance(question, str) or not question.strip():
         return "no `question` (a non-empty string)"
     answers = row.get("golden_answers")
-    if answers is None:
-        return "no `golden_answers` (every row needs a list of its gold answers)"
-    if not isinstance(answers, list) or not answers:
+    ids = next((row[k] for k in PASSAGE_ID_FIELDS if k in row), None)
+    if ids is not None and not (isinstance(ids, list) and ids and all(isinstance(i, str | int) and str(i).strip()
+                                                                        for i in ids)):
+        return "`passage_ids` must be a non-empty list of passage ids"
+    if answers is None and ids is None:
+        return ("no `golden_answers` (a list of its gold answers) and no `passage_ids` (the ids of the passages "
+                "that answer it): every row needs one of them")
+    if answers is not None and (not isinstance(answers, list) or not answers):
         return "`golden_answers` must be a non-empty list of strings"
-    if not all(isinstance(a, str | int | float) and str(a).strip() for a in answers):
+    if answers is not None and not all(isinstance(a, str | int | float) and str(a).strip() for a in answers):
         return "`golden_answers` holds an empty or non-text answer"
     titles = row.get("supporting_titles")
     if titles is not None and not (isinstance(titles, list) and all(isinstance(t, str) for t in titles)):
@@ -179,11 +208,13 @@ def read_qa_file(path: Path) -> list[QAItem]:
                 if len(problems) < MAX_LISTED:
                     problems.append(f"line {lineno}: {problem}")
                 continue
+            ids = next((row[k] for k in PASSAGE_ID_FIELDS if k in row), None) or []
             items.append(QAItem(id=str(row.get("id", f"{path.stem}-{lineno}")),
                                 question=" ".join(row["question"].split()),
-                                golden_answers=[str(a) for a in row["golden_answers"]],
+                                golden_answers=[str(a) for a in row.get("golden_answers") or ()],
                                 dataset=str(row.get("dataset") or path.stem),
-                                supporting_titles=list(row.get("supporting_titles") or ())))
+                                supporting_titles=list(row.get("supporting_titles") or ()),
+                                passage_ids=[str(i) for i in ids]))
     if bad:
         more = f"; and {bad - len(problems)} more" if bad > len(problems) else ""
         raise QAFileError(f"{path}: {bad} bad row(s): " + "; ".join(problems) + more)
@@ -214,20 +245,29 @@ def _answer_tokens(text: str) -> tuple[str, ...]:
     return tuple(_TOKENS.words(unicodedata.normalize("NFD", normalize_answer(text)), uncased=True))
 
 
-def answerable(items: Sequence[QAItem], passages: Iterable[str], *, progress: Callable[[int], Any] | None = None
-               ) -> set[str]:
-    """Ids of the questions whose gold answer occurs in some passage text under GenAcc's span check (what
-    every reward and evaluation here counts as found): one pass over the passages."""
+def answerable(items: Sequence[QAItem], passages: Iterable[str | tuple[str, str]], *,
+               progress: Callable[[int], Any] | None = None) -> set[str]:
+    """Ids of the questions whose gold answer occurs in some passage text under GenAcc's span check, or one of
+    whose labelled passages (`passage_ids`) is in the corpus (what every reward and evaluation here counts as
+    found): one pass over the passages (texts, or (id, text) pairs to find labelled ids)."""
     first: dict[str, list[tuple[tuple[str, ...], str]]] = {}
     found: set[str] = set()
+    by_id: dict[str, list[str]] = {}
     for item in items:
+        for pid in item.passage_ids:
+            by_id.setdefault(pid, []).append(item.id)
         for answer in item.golden_answers:
             tokens = _answer_tokens(answer)
             if not tokens:  # empties to nothing: the span check matches any text
                 found.add(item.id)
                 break
             first.setdefault(tokens[0], []).append((tokens, item.id))
-    for count, text in enumerate(passages, start=1):
+    for count, passage in enumerate(passages, start=1):
+        if isinstance(passage, tuple):
+            pid, text = passage
+            found.update(by_id.get(pid, ()))
+        else:
+            text = passage
         words = _answer_tokens(text)
         for i, word in enumerate(words):
             for tokens, qid in first.get(word, ()):

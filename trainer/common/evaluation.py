@@ -36,7 +36,7 @@ from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams, SearchRequest
 from services.searcher.env import RetrieverBackend
 from services.searcher.loop import ActingPolicy, run_search
-from trainer.common.data import QAItem, append_durable, read_jsonl
+from trainer.common.data import QAItem, append_durable, found, read_jsonl
 from trainer.common.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
@@ -208,12 +208,12 @@ def bootstrap(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) 
     return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
 
 
-def scores(documents: Sequence[Document], item_answers: Sequence[str], gold_titles: frozenset[str]
-           ) -> dict[str, float]:
-    """One question's scores of one searcher's documents."""
+def scores(documents: Sequence[Document], item: QAItem) -> dict[str, float]:
+    """One question's scores of one searcher's documents: `hit` (a gold answer or a labelled passage among them,
+    `trainer.common.data.found`) and `all_gold` (every supporting title among them)."""
     titles = {d.title for d in documents}
-    return {"hit": float(documents_hit(documents, item_answers)),
-            "all_gold": float(bool(gold_titles) and gold_titles <= titles)}
+    gold_titles = frozenset(item.supporting_titles)
+    return {"hit": float(found(documents, item)), "all_gold": float(bool(gold_titles) and gold_titles <= titles)}
 
 
 @dataclass
@@ -250,7 +250,6 @@ class BudgetEval:
 
     async def question(self, item: QAItem) -> dict[str, Any]:
         """One question's row: `scores[budget][system]` (+ `docs` and `searches` of policies), `matched`."""
-        answers, gold = item.golden_answers, frozenset(item.supporting_titles)
         depth = max([*self.budgets, 1])
         ranked: dict[str, list[Document]] = {}
         for method in self.naive:
@@ -266,19 +265,19 @@ class BudgetEval:
                 if self.matched:
                     n = len(outcome.documents) or 1
                     naive = (await self.retriever.retrieve([item.question], n, "bm25"))[0]
-                    row["matched"][name] = {"hit": float(documents_hit(outcome.documents, answers)),
-                                            "naive": float(documents_hit(naive, answers)),
+                    row["matched"][name] = {"hit": float(found(outcome.documents, item)),
+                                            "naive": float(found(naive, item)),
                                             "docs": len(outcome.documents), "searches": len(outcome.queries)}
         for budget in self.budgets:
-            cell: dict[str, Any] = {name: scores(docs[:budget], answers, gold) for name, docs in ranked.items()}
+            cell: dict[str, Any] = {name: scores(docs[:budget], item) for name, docs in ranked.items()}
             for name, run in self.policies.items():
                 if run.per_budget:
                     params = run.params.model_copy(update={"select_k": min(budget, run.params.retrieve_k)})
                     outcome = await run_search(item.question, params, policy=run.policy, retriever=self.retriever)
                     docs: list[Any] = list(outcome.documents)
-                    cell[name] = {**scores(docs, answers, gold), "docs": len(docs), "searches": len(outcome.queries)}
+                    cell[name] = {**scores(docs, item), "docs": len(docs), "searches": len(outcome.queries)}
                 else:
-                    cell[name] = {**scores(once[name][:budget], answers, gold), "docs": len(once[name][:budget])}
+                    cell[name] = {**scores(once[name][:budget], item), "docs": len(once[name][:budget])}
             row["scores"][str(budget)] = cell
         return row
 

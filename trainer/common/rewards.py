@@ -31,6 +31,7 @@ from services.common.schemas.retriever import Method
 from services.searcher.env import RetrieverBackend
 from trainer.common.baseline import BaselineRecord, BaselineStore, baselines_for
 from trainer.common.data import QAItem
+from trainer.common.data import found as found_in
 from trainer.common.settings import RewardKind
 from trainer.common.upstreams import Answered, QAServices
 
@@ -161,8 +162,8 @@ class RewardComputer:
         naive = await asyncio.gather(*(self.naive_top(t.item.question, self.budget(t)) for t in trajectories))
         out = []
         for t, base in zip(trajectories, naive, strict=True):
-            found = documents_hit(t.documents, t.item.golden_answers)
-            baseline = documents_hit(base, t.item.golden_answers)
+            found = float(found_in(t.documents, t.item))
+            baseline = float(found_in(base, t.item))
             out.append(self._breakdown(t, found - baseline, genacc=found, em=0.0, f1=0.0, answer="",
                                        baseline_genacc=baseline, hit=found))
         return out

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.answers import is_yes_no, span_match
+from services.common.answers import is_yes_no
 from services.common.schemas.base import Document
 from trainer.common.data import (
     QAFileError,
     QAItem,
     Split,
     answerable,
+    found,
     load_qa,
     qa_path,
     read_qa_files,
@@ -36,7 +37,7 @@ class LabeledItem:
     def positive(self, doc: Document) -> bool:
         """A passage the warm start labels good: a supporting passage (by title, where the row names them) or
         one that holds a gold answer (GenAcc's span check)."""
-        return doc.title in self.supporting or span_match(doc.text, self.item.golden_answers)
+        return doc.title in self.supporting or found(documents=[doc], item=self.item)
 
 
 def labeled(items: Sequence[QAItem]) -> list[LabeledItem]:
@@ -128,11 +129,11 @@ def user_split(qa_files: Sequence[Path], corpus: Path, *, seed: int, out: Path, 
     candidates = [it for it in items if not is_yes_no(it.golden_answers)]
     with tqdm(desc="checking answers against the corpus", unit="passage", disable=not progress) as bar:
         try:
-            found = answerable(candidates, (text for _, _, text in iter_corpus(corpus)), progress=bar.update)
+            hits = answerable(candidates, ((pid, text) for pid, _, text in iter_corpus(corpus)), progress=bar.update)
         except CorpusError as exc:
             raise QAFileError(f"corpus: {exc}") from exc
-    unanswerable = [it.id for it in candidates if it.id not in found]
-    usable = [it for it in candidates if it.id in found]
+    unanswerable = [it.id for it in candidates if it.id not in hits]
+    usable = [it for it in candidates if it.id in hits]
     if candidates and len(unanswerable) > 0.5 * len(candidates):
         logger.warning("%s of %s questions have no gold answer in any passage of %s: is it their corpus?",
                        len(unanswerable), len(candidates), corpus)

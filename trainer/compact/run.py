@@ -142,6 +142,10 @@ def run(job: CompactRun) -> dict[str, Any]:
         user = user_split(list(job.qa), corpus, seed=job.split_seed, out=out, progress=job.progress,
                           check=lambda rows: check_user_questions(rows, data_dir))
         logger.info("questions: %s", user.summary())
+        unanswered = [q.id for q in (*user.split.train, *user.split.dev, *user.split.eval) if not q.golden_answers]
+        if unanswered and job.config.reward != "recall":
+            raise QAFileError(f"{len(unanswered)} question(s) are labelled by passage ids alone (e.g. {unanswered[0]}): "
+                              "the generator and judge of --reward gbr need gold answers; use the recall reward")
         train, dev = labeled(user.split.train), labeled(user.split.dev)
         rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
     else:
