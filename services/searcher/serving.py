@@ -354,14 +354,19 @@ class SearchService:
         """An s3 search's parameters after the corpus check (`services.searcher.corpus_check`): the policy's
         where it passed on the served index, else naive BM25 top-`select_k` and the reason."""
         gate = self.corpus_gate
-        if gate is None or params.mode != "s3" or index_id is None:
+        if gate is None or params.mode != "s3":
             return params, None
-        details = await self.index_identity.details() if self.index_identity is not None else {}
-        checksum = details.get("corpus_checksum")
-        result = gate.verdict(index_id, params, checksum if isinstance(checksum, str) else None)
+        if index_id is None:  # the retriever has not said what it serves: the last verdict, else naive
+            result = gate.last
+            pending = "the retriever has not said which index it serves yet; naive BM25 top-k serves meanwhile"
+        else:
+            details = await self.index_identity.details() if self.index_identity is not None else {}
+            checksum = details.get("corpus_checksum")
+            result = gate.verdict(index_id, params, checksum if isinstance(checksum, str) else None)
+            pending = gate.pending_reason(index_id, params)
         if result is not None and result.decision == "policy":
             return params, None
-        reason = result.reason if result is not None else gate.pending_reason(index_id, params)
+        reason = result.reason if result is not None else pending
         naive = SearchParams(mode="naive", retrieve_k=params.select_k, select_k=params.select_k, max_turns=0,
                              method="bm25", timeout_s=params.timeout_s)
         return naive, reason

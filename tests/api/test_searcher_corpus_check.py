@@ -114,3 +114,19 @@ async def test_the_shipped_policy_is_checked_and_served_when_it_holds_up(retriev
         assert response.fallback is None and response.policy_model == shipped.model
     else:
         assert response.fallback == result.reason and response.policy_model is None
+
+
+class UnknownIndex(IndexIdentity):
+    """A retriever whose `/version` has not said what it serves yet."""
+
+    async def current(self) -> str | None:
+        return None
+
+
+async def test_before_the_retriever_says_what_it_serves_naive_answers(retriever: RetrieverClient) -> None:
+    shipped = CompactPolicy.load(COMPACT_DIR)
+    svc = service(shipped, retriever)
+    svc.index_identity = UnknownIndex(retriever)
+    response = await svc.search(SearchRequest(question=QUESTION))
+    assert response.fallback is not None and "has not said which index" in response.fallback
+    assert response.policy_model is None and response.stop_reason == "naive" and len(response.documents) == 3
