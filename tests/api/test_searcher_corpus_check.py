@@ -7,7 +7,6 @@ serves the policy anyway; `/version` of the searcher app shows the verdict."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -27,21 +26,12 @@ from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearchService
 from services.searcher.settings import SearcherSettings
 from services.searcher.trained import COMPACT_DIR
-from tests.api.test_retriever_api import wait_ready
+from tests.api.test_retriever_api import tiny, wait_ready  # noqa: F401 - tiny: the retriever's fixture
 from tests.asgi import app_client
-from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
-
-
-@pytest.fixture(scope="module")
-def tiny(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RetrieverSettings:
-    corpus = write_tiny_corpus(data_dir, tmp_path_factory.mktemp("retriever") / "tiny.jsonl")
-    settings = tiny_settings(corpus, cached_index_dir(var_dir, corpus))
-    ensure_tiny_indexes(settings, bm25=["bm25s"], dense=True)
-    return settings
 
 
 @pytest.fixture()
-async def retriever(tiny: RetrieverSettings) -> AsyncIterator[RetrieverClient]:
+async def retriever(tiny: RetrieverSettings) -> AsyncIterator[RetrieverClient]:  # noqa: F811
     app = retriever_app(tiny)
     async with app_client(app) as http:
         await wait_ready(http)
