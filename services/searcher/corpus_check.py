@@ -123,12 +123,12 @@ Sampler = Callable[[int, int], Awaitable[list[tuple[str, str, str]]]]
 
 def evaluated_here(manifest: Mapping[str, Any], corpus_sha256: str | None) -> bool | None:
     """The verdict of the policy's own evaluation on the served corpus, when it has one (`beats_naive` of a policy
-    trained and evaluated on this corpus: its manifest's bound `corpus`), else None."""
+    trained and evaluated on labelled questions of this corpus: its manifest's bound `corpus`), else None."""
     corpus = manifest.get("corpus")
     evaluation = manifest.get("evaluation")
     if not isinstance(corpus, Mapping) or not corpus.get("bound") or not isinstance(evaluation, Mapping) \
-            or corpus_sha256 is None:
-        return None
+            or corpus_sha256 is None or evaluation.get("questions") == "pseudo":
+        return None  # a verdict on questions made from the corpus says nothing of real ones: the check decides
     if str(corpus.get("sha256") or "") != corpus_sha256.split(":", 1)[-1]:
         return None
     verdict = evaluation.get("beats_naive")

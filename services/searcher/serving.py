@@ -145,6 +145,11 @@ class SearchService:
         self.metrics = metrics
         self.prompts = PromptSet.load(settings.prompts_dir)
         self._defaults = {mode: self._mode_defaults(mode) for mode in ("s3", "qagent", "naive")}
+        evaluation = self.policy.manifest.get("evaluation")
+        if isinstance(evaluation, dict) and evaluation.get("questions") == "pseudo":
+            logger.warning("%s was trained and evaluated on questions made from its corpus only: its gain on real "
+                           "questions is not known (the corpus check measures it on the same kind of questions)",
+                           self.policy.model)
         overridden = self.overridden()
         if overridden:
             logger.warning("%s set explicitly: s3 searches of %s run outside the setting it was trained in (%s)",

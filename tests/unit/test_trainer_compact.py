@@ -203,7 +203,7 @@ def test_a_corpus_alone_trains_its_searcher_without_matplotlib(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     assert list(result)[:2] == ["policy", "serve"] and result["policy"] == str(out / "policy")
-    assert "plugsearch-stack --corpus" in result["serve"] and result["png"] is None
+    assert f"plugsearch-stack --corpus {corpus}" in result["serve"] and result["png"] is None
     rows = [json.loads(line) for line in (out / "pseudo_questions.jsonl").read_text().splitlines()]
     assert 100 <= len(rows) <= 150 and all(r["golden_answers"][0] and r["dataset"] == "pseudo" for r in rows)
     texts = {json.loads(line)["id"]: json.loads(line)["text"] for line in corpus.read_text().splitlines()}
@@ -215,8 +215,9 @@ def test_a_corpus_alone_trains_its_searcher_without_matplotlib(
     assert made["kept"] == len(rows) and made["naive_bm25_top3_misses"] >= made["kept"] // 2
     versus = manifest["evaluation"]["versus_shipped"]
     assert versus["n"] == manifest["evaluation"]["bench"]["all"]["n"] and len(versus["ci95"]) == 2
+    assert manifest["evaluation"]["questions"] == "pseudo" and result["serve"].startswith("not known")
     report = (out / "report" / "report.md").read_text()
-    assert "shipped compact policy" in report and "**Which to serve**" in report
+    assert "shipped compact policy" in report and "**Which to serve**: not known" in report
     assert not (out / "report" / "report.png").exists() and not (out / "policy" / "report.png").exists()
     # a rerun reuses the questions it made
     main(argv)

@@ -332,6 +332,13 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     serve_trained = f"plugsearch-stack --corpus {corpus_arg} --policy {job.out / 'policy'}"
     serve_shipped = f"plugsearch-stack --corpus {corpus_arg}"
     advice = recommendation(verdict, versus, serve_trained, serve_shipped)
+    pseudo_only = all(item.dataset == "pseudo" for item in user.split.eval)
+    if pseudo_only:  # no real question was evaluated: no verdict on real questions to stand on
+        advice = (f"not known: evaluated on questions made from the corpus only (trained {versus['trained']:.3f}, "
+                  f"shipped {versus['shipped']:.3f}, naive BM25 lower by the table above), which did not carry "
+                  "over to real questions on the development sets we measured; check it on some questions of yours "
+                  f"first (add --qa with 50 or more labelled questions), else serve the shipped policy, which "
+                  f"measures itself on your corpus at start-up: {serve_shipped}")
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
              f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}, the shipped policy "
              f"({shipped.model}) = {SHIPPED_KEY}",
@@ -346,7 +353,7 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     manifest = {**final.manifest, "evaluation": {
         "summary": f"answer recall at 3 documents minus naive BM25 top-3 on the evaluation split: {summary}",
         "beats_naive": verdict, "gains_at_3": gains, "versus_shipped": versus, "recommendation": advice,
-        "bench": result}}
+        "questions": "pseudo" if pseudo_only else "labelled", "bench": result}}
     final.save(folder, manifest)
     for name in ("report.md", "report.png"):
         if (job.out / "report" / name).is_file():
