@@ -127,10 +127,15 @@ def evaluated_here(manifest: Mapping[str, Any], corpus_sha256: str | None) -> bo
     corpus = manifest.get("corpus")
     evaluation = manifest.get("evaluation")
     if not isinstance(corpus, Mapping) or not corpus.get("bound") or not isinstance(evaluation, Mapping) \
-            or corpus_sha256 is None or evaluation.get("questions") == "pseudo":
-        return None  # a verdict on questions made from the corpus says nothing of real ones: the check decides
+            or corpus_sha256 is None:
+        return None
     if str(corpus.get("sha256") or "") != corpus_sha256.split(":", 1)[-1]:
         return None
+    if evaluation.get("questions") == "pseudo":
+        # trained and evaluated on questions made from the corpus: the check's questions are of the same kind,
+        # so they cannot vouch for it (on the development sets such policies passed them and lost on real
+        # questions): not served unless the operator says so
+        return False
     verdict = evaluation.get("beats_naive")
     return verdict if isinstance(verdict, bool) else None
 
@@ -169,9 +174,13 @@ class CorpusGate:
             return found
         evaluated = evaluated_here(self.manifest, corpus_sha256)
         if evaluated is not None:
+            pseudo = (self.manifest.get("evaluation") or {}).get("questions") == "pseudo"
             result = CheckResult("policy" if evaluated else "naive", (
                 "the policy was trained and evaluated on this corpus: its evaluation says it beats naive top-k"
-                if evaluated else "the policy's own evaluation on this corpus says it does not beat naive top-k: "
+                if evaluated else
+                ("the policy was trained and evaluated on questions made from this corpus only, which do not show "
+                 "how it does on real questions (pseudo-question checks cannot either): " if pseudo else
+                 "the policy's own evaluation on this corpus says it does not beat naive top-k: ") +
                 "naive BM25 top-k serves s3 searches (SEARCHER_CORPUS_CHECK=off serves the policy anyway)"))
             self._settle(key, result)
             return result

@@ -148,8 +148,8 @@ class SearchService:
         evaluation = self.policy.manifest.get("evaluation")
         if isinstance(evaluation, dict) and evaluation.get("questions") == "pseudo":
             logger.warning("%s was trained and evaluated on questions made from its corpus only: its gain on real "
-                           "questions is not known (the corpus check measures it on the same kind of questions)",
-                           self.policy.model)
+                           "questions is not known, so naive BM25 answers s3 searches on that corpus "
+                           "(SEARCHER_CORPUS_CHECK=off serves it anyway)", self.policy.model)
         overridden = self.overridden()
         if overridden:
             logger.warning("%s set explicitly: s3 searches of %s run outside the setting it was trained in (%s)",

@@ -205,8 +205,8 @@ def test_a_policy_evaluated_on_the_served_corpus_keeps_its_own_verdict(beats: bo
     assert evaluated_here(manifest, "sha256:abc") is beats
     assert evaluated_here(manifest, "sha256:other") is None
     assert evaluated_here({"corpus": "combined.jsonl", "evaluation": {"beats_naive": True}}, "sha256:abc") is None
-    pseudo = {**manifest, "evaluation": {"beats_naive": beats, "questions": "pseudo"}}
-    assert evaluated_here(pseudo, "sha256:abc") is None  # made-up questions: the check decides
+    pseudo = {**manifest, "evaluation": {"beats_naive": True, "questions": "pseudo"}}
+    assert evaluated_here(pseudo, "sha256:abc") is False  # made-up questions vouch for nothing: not served
 
     async def never(n: int, seed: int) -> list[tuple[str, str, str]]:
         raise AssertionError("no check runs where the policy's own evaluation covers the corpus")

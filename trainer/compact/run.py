@@ -336,9 +336,9 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     if pseudo_only:  # no real question was evaluated: no verdict on real questions to stand on
         advice = (f"not known: evaluated on questions made from the corpus only (trained {versus['trained']:.3f}, "
                   f"shipped {versus['shipped']:.3f}, naive BM25 lower by the table above), which did not carry "
-                  "over to real questions on the development sets we measured; check it on some questions of yours "
-                  f"first (add --qa with 50 or more labelled questions), else serve the shipped policy, which "
-                  f"measures itself on your corpus at start-up: {serve_shipped}")
+                  "over to real questions on the development sets we measured, so the searcher serves naive BM25 "
+                  "with it unless SEARCHER_CORPUS_CHECK=off; label some questions of yours (--qa, 50 or more) and "
+                  f"train again, or serve the shipped policy, which measures itself on your corpus: {serve_shipped}")
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
              f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}, the shipped policy "
              f"({shipped.model}) = {SHIPPED_KEY}",
