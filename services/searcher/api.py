@@ -168,6 +168,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
                 settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
                 metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter,
                 corpus_gate=gate)
+            stack.push_async_callback(app.state.service.aclose)  # closed before the clients it uses
             app.state.service.start_corpus_check()
             app.state.door = app.state.service.door  # a key that spent its budget: 429 before its body is read
             if settings.chat is not None:

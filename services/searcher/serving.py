@@ -390,6 +390,12 @@ class SearchService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def aclose(self) -> None:
+        """Cancel the background work it started (the corpus check's first search), before its clients close."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
     async def corpus_checked(self) -> None:
         """Wait until the corpus check started by `start_corpus_check` (or a search) has ended (tests, tools)."""
         await asyncio.gather(*self._background, return_exceptions=True)
