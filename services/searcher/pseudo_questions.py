@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.searcher.compact import _STOP, _names, _sentences
+from services.searcher.compact import _QUERY_WORD as _TOKEN
+from services.searcher.compact import _STOP, _names, _sentences, title_core
 from services.searcher.env import RetrieverBackend
 
 MIN_CONTENT = 4
@@ -31,7 +33,6 @@ KEEP_SHARE = 0.6
 MIN_KEPT = 3
 MAX_KEPT = 8
 MIN_ANSWER_CHARS = 2
-_TOKEN = re.compile(r"[^\W_][\w'&.-]*[^\W_]|[^\W_]")
 _NUMBER = re.compile(r"(?<![\w.])(\$?\d[\d,]*(?:\.\d+)?%?)(?![\w])")
 _YEAR = re.compile(r"^(1[5-9]\d\d|20\d\d)$")
 
@@ -60,6 +61,12 @@ def _answers(sentence: str, title: str) -> list[tuple[str, str]]:
     return out
 
 
+def _content_words(text: str, drop: set[str]) -> list[str]:
+    """The distinct content words of `text` in their order, without those in `drop` (lower-cased)."""
+    words = [w for w in _TOKEN.findall(text) if w.lower() not in _STOP and w.lower() not in drop and len(w) > 1]
+    return list(dict.fromkeys(words))
+
+
 def _wh(kind: str, rng: random.Random) -> str:
     if kind == "year":
         return "when"
@@ -82,10 +89,7 @@ def question_from(passage_id: str, title: str, text: str, rng: random.Random, *,
         answer, kind = rng.choice(answers)
         start = sentence.find(answer)
         rest = sentence[:start] + " " + sentence[start + len(answer):]
-        answer_words = {w.lower() for w in _TOKEN.findall(answer)}
-        words = [w for w in _TOKEN.findall(rest)
-                 if w.lower() not in _STOP and w.lower() not in answer_words and len(w) > 1]
-        words = list(dict.fromkeys(words))
+        words = _content_words(rest, {w.lower() for w in _TOKEN.findall(answer)})
         if len(words) < MIN_CONTENT:
             continue
         keep = min(MAX_KEPT, max(min_kept, round(len(words) * keep_share)))
@@ -93,21 +97,6 @@ def question_from(passage_id: str, title: str, text: str, rng: random.Random, *,
         question = f"{_wh(kind, rng)} {' '.join(words[i] for i in chosen)}?"
         return PseudoQuestion(question, answer, passage_id, kind)
     return None
-
-
-def make_questions(passages: Iterable[tuple[str, str, str]], n: int, *, seed: int = 0,
-                   keep_share: float = KEEP_SHARE, min_kept: int = MIN_KEPT) -> list[PseudoQuestion]:
-    """Up to `n` pseudo-questions, at most one per passage, from `(id, title, text)` passages in their order
-    (shuffle them first for a sample of a corpus); fewer when the passages run out."""
-    rng = random.Random(seed)
-    out: list[PseudoQuestion] = []
-    for pid, title, text in passages:
-        if len(out) >= n:
-            break
-        q = question_from(pid, title, text, rng, keep_share=keep_share, min_kept=min_kept)
-        if q is not None:
-            out.append(q)
-    return out
 
 
 def sample_positions(size: int, n: int, *, seed: int = 0) -> list[int]:
@@ -118,26 +107,13 @@ def sample_positions(size: int, n: int, *, seed: int = 0) -> list[int]:
 
 def describe(questions: Sequence[PseudoQuestion]) -> dict[str, int]:
     """How many questions of each answer kind."""
-    kinds: dict[str, int] = {}
-    for q in questions:
-        kinds[q.kind] = kinds.get(q.kind, 0) + 1
-    return kinds
+    return dict(Counter(q.kind for q in questions))
 
 
 BRIDGE_KEEP_FROM_ANSWER = 2
 """Content words a bridge question keeps from the answer's sentence (the rest come from the bridging passage)."""
 BRIDGE_KEEP_FROM_BRIDGE = 4
 MIN_TITLE_CHARS = 4
-
-
-def _title_name(title: str) -> str:
-    """The name a title gives: the title without a trailing "(...)" part ("Big Stone Gap (film)" -> "Big Stone Gap")."""
-    return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip()
-
-
-def _content_words(text: str, drop: set[str]) -> list[str]:
-    words = [w for w in _TOKEN.findall(text) if w.lower() not in _STOP and w.lower() not in drop and len(w) > 1]
-    return list(dict.fromkeys(words))
 
 
 def bridge_question(answer_passage: tuple[str, str, str], bridge: tuple[str, str, str], rng: random.Random, *,
@@ -147,9 +123,9 @@ def bridge_question(answer_passage: tuple[str, str, str], bridge: tuple[str, str
     names T, never T itself: a searcher must find the bridge, read T there and search it, as for "Which city is
     the director of Big Stone Gap based in?". None when the pair gives no such question."""
     pid, title, text = answer_passage
-    name = _title_name(title)
+    name = title_core(title)
     _, bridge_title, bridge_text = bridge
-    if len(name) < MIN_TITLE_CHARS or name not in bridge_text or _title_name(bridge_title) == name:
+    if len(name) < MIN_TITLE_CHARS or name not in bridge_text or title_core(bridge_title) == name:
         return None
     name_words = {w.lower() for w in _TOKEN.findall(title)}
     mention = next((s for s in _sentences(" ".join(bridge_text.split())) if name in s), None)
@@ -175,13 +151,13 @@ async def bridge_questions(passages: Sequence[tuple[str, str, str]], retriever: 
     that name are searched for another document that mentions it. Few or none on a corpus whose titles are not
     names mentioned elsewhere (headings, a document's title repeated on each of its passages)."""
     rng = random.Random(seed + 1)
-    usable = [p for p in passages if len(_title_name(p[1])) >= MIN_TITLE_CHARS]
+    usable = [p for p in passages if len(title_core(p[1])) >= MIN_TITLE_CHARS]
     out: list[PseudoQuestion] = []
     for start in range(0, len(usable), batch):
         chunk = usable[start:start + batch]
-        found = await retriever.retrieve([_title_name(p[1]) for p in chunk], 10, "bm25")
+        found = await retriever.retrieve([title_core(p[1]) for p in chunk], 10, "bm25")
         for passage, docs in zip(chunk, found, strict=True):
-            name = _title_name(passage[1])
+            name = title_core(passage[1])
             for doc in docs:
                 if doc.id == passage[0] or name not in doc.text:
                     continue

@@ -25,7 +25,6 @@ from services.searcher.pseudo_questions import (
     PseudoQuestion,
     bridge_question,
     check_questions,
-    make_questions,
     question_from,
 )
 
@@ -51,13 +50,19 @@ def test_a_pseudo_question_hides_its_answer_and_keeps_part_of_the_sentence() -> 
     assert 3 <= len(content) < len(sentence_words) and set(content) <= sentence_words
 
 
+def single_questions(passages: list[tuple[str, str, str]], n: int, seed: int) -> list[PseudoQuestion]:
+    """`check_questions` over passages whose titles no passage mentions: single-passage questions only."""
+    docs = [Document(id=pid, title=title, text=text) for pid, title, text in passages]
+    return asyncio.run(check_questions(passages, Lookup(docs), n, seed=seed))
+
+
 def test_numbers_and_years_are_answers_too_and_short_passages_give_none() -> None:
-    questions = make_questions(PASSAGES[1:2] * 20, 20, seed=3)
+    questions = single_questions(PASSAGES[1:2] * 20, 20, seed=3)
     assert {q.kind for q in questions} <= {"number", "year", "name"}
     assert any(q.kind in ("number", "year") for q in questions)
     assert all(q.answer in PASSAGES[1][2] for q in questions)
     assert question_from(*PASSAGES[2], random.Random(0)) is None  # nothing to ask in a short sentence
-    assert make_questions(PASSAGES, 10, seed=0) == make_questions(PASSAGES, 10, seed=0)  # deterministic
+    assert single_questions(PASSAGES, 10, seed=0) == single_questions(PASSAGES, 10, seed=0)  # deterministic
 
 
 def test_a_bridge_question_needs_the_mention_and_hides_the_bridging_name() -> None:

@@ -290,18 +290,26 @@ class BudgetEval:
                 progress(1)
         return out
 
-    def run(self, items_by_set: Mapping[str, Sequence[QAItem]], *, progress: bool = False) -> dict[str, Any]:
-        """Every set's questions (in a fresh event loop), summarised by `budget_summary`."""
+    def run_rows(self, items_by_set: Mapping[str, Sequence[QAItem]], *, progress: bool = False
+                 ) -> list[dict[str, Any]]:
+        """Every set's questions' rows (`question`), in a fresh event loop, with a progress bar."""
         from tqdm import tqdm
 
         bar = tqdm(total=sum(len(v) for v in items_by_set.values()), desc="evaluation", disable=not progress)
         try:
-            rows = asyncio.run(self.rows([it for items in items_by_set.values() for it in items],
+            return asyncio.run(self.rows([it for items in items_by_set.values() for it in items],
                                          progress=bar.update))
         finally:
             bar.close()
-        return budget_summary(rows, self.systems, self.budgets, sets=list(items_by_set),
+
+    def summary(self, rows: Sequence[Mapping[str, Any]], sets: Sequence[str]) -> dict[str, Any]:
+        """`budget_summary` of rows this evaluation made."""
+        return budget_summary(rows, self.systems, self.budgets, sets=sets,
                               policies=list(self.policies) if self.matched else ())
+
+    def run(self, items_by_set: Mapping[str, Sequence[QAItem]], *, progress: bool = False) -> dict[str, Any]:
+        """Every set's questions (in a fresh event loop), summarised by `budget_summary`."""
+        return self.summary(self.run_rows(items_by_set, progress=progress), list(items_by_set))
 
 
 def metric_block(rows: Sequence[Mapping[str, Any]], systems: Sequence[str], key: str,

@@ -31,7 +31,6 @@ from trainer.common.evaluation import (
     BudgetEval,
     PolicyRun,
     beats_naive,
-    budget_summary,
     dev_check,
     metric_block,
     write_budget_report,
@@ -293,10 +292,6 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
                          retriever: IndexRetriever, params: Any, identity: dict[str, Any]) -> dict[str, Any]:
     """The evaluation split against naive top-k at equal budgets and against the shipped policy, the report,
     and `<out>/policy`."""
-    import asyncio
-
-    from tqdm import tqdm
-
     from services.searcher.trained import COMPACT_DIR
 
     served = list(retriever.methods)
@@ -312,12 +307,8 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     for item in user.split.eval:
         by_set.setdefault(item.dataset, []).append(item)
     t = time.perf_counter()
-    bar = tqdm(total=len(user.split.eval), desc="evaluation", disable=not job.progress)
-    try:
-        rows = asyncio.run(evaluation.rows([it for items in by_set.values() for it in items], progress=bar.update))
-    finally:
-        bar.close()
-    result = budget_summary(rows, evaluation.systems, EVAL_BUDGETS, sets=list(by_set))
+    rows = evaluation.run_rows(by_set, progress=job.progress)
+    result = evaluation.summary(rows, list(by_set))
     versus = versus_shipped(rows)
     result["settings"] = {"questions": "the evaluation split (split.json), yes/no and unanswerable left out",
                           "budgets": list(EVAL_BUDGETS), "pool_k": job.config.retrieve_k, "retriever": "bm25s",
