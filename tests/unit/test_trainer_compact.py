@@ -301,3 +301,41 @@ def test_questions_labelled_by_passage_ids_are_read_checked_and_scored(tmp_path:
             read_qa_file(bad)
     with pytest.raises(ValueError, match="golden_answers or passage_ids"):
         QAItem(id="x", question="x?")
+
+
+def test_shipped_questions_are_mixed_in_evenly_each_with_the_shared_corpus_s_retriever(
+        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--shipped N`: N training rows (200+, never the RL-dev rows) of the shipped sets, drawn evenly across
+    them, each searched over the shared corpus (its own retriever), not the user's."""
+    from trainer.compact import run as compact_run
+
+    made: list[Path] = []
+
+    class Retriever:
+        def __init__(self, corpus: Path, index_dir: Path, **_: object) -> None:
+            made.append(corpus)
+
+    monkeypatch.setattr(compact_run, "IndexRetriever", Retriever)
+    job = compact_run.CompactRun(config=CompactConfig(per_dataset=30, dev_per_dataset=5), out=tmp_path / "run",
+                                 command="", shipped=40, var_dir=tmp_path / "var")
+    items = compact_run.shipped_items(data_dir, job)
+    assert len(items) == 40 and made == [(data_dir / "corpus" / "combined.jsonl").resolve()]
+    assert all(isinstance(i.retriever, Retriever) for i in items) and len({id(i.retriever) for i in items}) == 1
+    sets = [i.item.dataset for i in items]
+    assert {s: sets.count(s) for s in set(sets)} == {"nq": 10, "hotpotqa": 10, "2wikimultihopqa": 10, "popqa": 10}
+    train, dev = load_items(data_dir, job.config)
+    ids = {i.item.id for i in items}
+    assert ids <= {i.item.id for i in train} and not ids & {i.item.id for i in dev}  # rows 200+, never RL-dev
+    assert [i.item.id for i in compact_run.shipped_items(data_dir, job)] == [i.item.id for i in items]  # seeded
+
+
+def test_shipped_needs_questions_of_the_user_s_own_and_the_recall_reward(data_dir: Path, tmp_path: Path) -> None:
+    base = ["compact", "--out", str(tmp_path / "run"), "--var-dir", str(tmp_path / "var"), "--quiet"]
+    with pytest.raises(SystemExit, match="--shipped adds the shipped Wikipedia questions to your own"):
+        main([*base, "--shipped", "10"])
+    corpus = wiki_corpus(data_dir, tmp_path / "docs.jsonl", n=50)
+    with pytest.raises(SystemExit, match="--shipped works with the recall reward"):
+        main([*base, "--corpus", str(corpus), "--shipped", "10", "--reward", "gbr"])
+    with pytest.raises(SystemExit):
+        main([*base, "--corpus", str(corpus), "--shipped", "-1"])
+    assert not (tmp_path / "var").exists()

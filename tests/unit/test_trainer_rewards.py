@@ -186,6 +186,23 @@ async def test_recall_reward_is_hit_minus_naive_top_n_at_the_same_budget() -> No
     assert deep[0].reward == -1.0 and stack.depths == [16, 20]
 
 
+async def test_a_trajectory_over_another_corpus_is_compared_with_that_corpus_s_naive_documents() -> None:
+    """A shipped Wikipedia question mixed into a user's run (`--shipped`) carries its corpus's retriever: its
+    naive documents come from there, not from the run's corpus, and the same question text over the two corpora
+    is two baselines."""
+    users, wiki = RankedStack({}), RankedStack({"q": {1}})
+    computer = RewardComputer(None, kind="recall", retriever=users)
+    item = _item("1", "q", ["Oslo"])
+    found = Document(id="x", text="the answer is Oslo")
+    results = await computer.score([Trajectory(item=item, documents=[found]),
+                                    Trajectory(item=item, documents=[found], retriever=wiki)])
+    assert [r.baseline_genacc for r in results] == [0.0, 1.0] and [r.reward for r in results] == [1.0, 0.0]
+    assert users.depths == [16] and wiki.depths == [16]
+    with pytest.raises(ValueError, match="recall reward only"):
+        await RewardComputer(RankedStack({}), kind="genacc").score([Trajectory(item=item, documents=[found],
+                                                                                retriever=wiki)])
+
+
 async def test_recall_reward_adds_the_format_term() -> None:
     computer = RewardComputer(RankedStack({}), kind="recall", format_lambda=0.5)
     result = (await computer.score([Trajectory(item=_item("1", "q", ["Oslo"]), documents=[],

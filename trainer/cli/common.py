@@ -68,12 +68,21 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def positive(text: str) -> int:
+    return _at_least(text, 1)
+
+
+def count(text: str) -> int:
+    """A number of things: 0 or more."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
 
 

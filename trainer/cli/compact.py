@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.cli.common import LLM_THREADS_DEFAULT, command_line, positive, settings_from
+from trainer.cli.common import LLM_THREADS_DEFAULT, command_line, count, positive, settings_from
 from trainer.common.data import QAFileError
 from trainer.common.rewards import BASELINES
 from trainer.compact.config import CompactConfig, default
 
 SHIPPED_ONLY = ("datasets", "per_dataset", "dev_per_dataset")
+"""Flags that choose rows of the shipped sets: not with a user's `--qa` files."""
 PSEUDO_DEFAULT = 2000
 """Questions made from the corpus when `--corpus` comes without `--qa`."""
-"""Flags that choose rows of the shipped sets: not with a user's `--qa` files."""
 
 
 def config_from(args: argparse.Namespace) -> CompactConfig:
@@ -53,13 +53,19 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
         if given:
             raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --corpus alone the "
                              "questions are made from your passages")
+    if args.shipped and not (args.qa or pseudo):
+        raise SystemExit("error: --shipped adds the shipped Wikipedia questions to your own (--qa, or --corpus "
+                         "alone); without them the run trains on the shipped sets already")
+    if args.shipped and args.reward not in (None, "recall"):
+        raise SystemExit("error: --shipped works with the recall reward (the gbr reward's naive baselines come from "
+                         "one corpus)")
     config = config_from(args)
     job = CompactRun(config=config, out=Path(args.out), command=command_line(args),
                      corpus=Path(args.corpus) if args.corpus else None, qa=[Path(q) for q in args.qa or ()],
                      index_dir=Path(args.index_dir) if args.index_dir else None, var_dir=Path(args.var_dir),
                      resume=not args.no_resume, progress=not args.quiet, split_seed=args.split_seed,
                      local=args.local or bool(args.llm_url), llm_url=args.llm_url, llm_threads=args.llm_threads,
-                     pseudo=pseudo, settings=settings_from(args))
+                     pseudo=pseudo, shipped=args.shipped, settings=settings_from(args))
     try:
         return run(job)
     except QAFileError as exc:
@@ -102,9 +108,12 @@ def add_parsers(sub: Any) -> None:
     data.add_argument("--corpus", help="JSONL corpus (id + title/text, or id + contents) the questions are answered "
                       "from (default: $PLUGSEARCH_DATA/corpus/combined.jsonl). Without --qa: a searcher trained "
                       "from the corpus alone, on questions made from its passages (--pseudo)")
-    data.add_argument("--pseudo", type=int, default=None, metavar="N", help="make N questions from the corpus's "
+    data.add_argument("--pseudo", type=count, default=None, metavar="N", help="make N questions from the corpus's "
                       f"passages and train on them (default {PSEUDO_DEFAULT} with --corpus and no --qa, else none; "
                       "with --qa they are added to your questions); written to <out>/pseudo_questions.jsonl")
+    data.add_argument("--shipped", type=count, default=0, metavar="N", help="with your questions or --corpus alone: "
+                      "add N of the shipped Wikipedia training questions (rows 200+ of the shipped sets, over the "
+                      "shared corpus, drawn evenly by --split-seed) to the training split (default 0: none)")
     data.add_argument("--split-seed", type=int, default=0, help="with --qa: the seed of the split (recorded)")
     data.add_argument("--datasets", nargs="+", help=f"shipped sets to train on (default: {' '.join(default('datasets'))}; "
                       "musique, bamboogle and triviaqa are refused)")

@@ -58,6 +58,9 @@ class Trajectory:
     invalid_actions: int = 0
     retrieved: list[Document] = field(default_factory=list)
     """Every document the trajectory saw (for QAgent's hit); defaults to `documents`."""
+    retriever: RetrieverBackend | None = None
+    """The retriever of the corpus the question was asked over where it is not the reward's (the recall reward's
+    naive documents come from it)."""
 
 
 @dataclass
@@ -134,8 +137,8 @@ class RewardComputer:
         self.method = method
         self.service_seconds = 0.0
         """Wall seconds spent waiting on the generator and judge (answers and missing baselines)."""
-        self._naive: dict[str, tuple[int, list[Document]]] = {}
-        """question -> (depth retrieved, naive ranking)"""
+        self._naive: dict[tuple[int, str], tuple[int, list[Document]]] = {}
+        """(retriever, question) -> (depth retrieved, naive ranking)"""
 
     @property
     def top_k(self) -> int:
@@ -149,17 +152,21 @@ class RewardComputer:
             return self.top_k
         return len(trajectory.documents) or (0 if self.kind == "recall" else 1)
 
-    async def naive_top(self, question: str, n: int) -> list[Document]:
-        """Naive top-n of the question (one retrieval per question, again only when a deeper n is asked)."""
-        depth, docs = self._naive.get(question, (0, []))
+    async def naive_top(self, question: str, n: int, retriever: RetrieverBackend | None = None) -> list[Document]:
+        """Naive top-n of the question (one retrieval per question, again only when a deeper n is asked), from
+        `retriever` where given, else the reward's."""
+        source = retriever if retriever is not None else self.retriever
+        key = (id(source), question)
+        depth, docs = self._naive.get(key, (0, []))
         if n > depth:
             depth = max(n, NAIVE_DEPTH)
-            docs = (await self.retriever.retrieve([question], depth, self.method))[0]
-            self._naive[question] = (depth, docs)
+            docs = (await source.retrieve([question], depth, self.method))[0]
+            self._naive[key] = (depth, docs)
         return docs[:n]
 
     async def _score_recall(self, trajectories: Sequence[Trajectory]) -> list[RewardBreakdown]:
-        naive = await asyncio.gather(*(self.naive_top(t.item.question, self.budget(t)) for t in trajectories))
+        naive = await asyncio.gather(*(self.naive_top(t.item.question, self.budget(t), t.retriever)
+                                       for t in trajectories))
         out = []
         for t, base in zip(trajectories, naive, strict=True):
             found = float(found_in(t.documents, t.item))
@@ -196,6 +203,9 @@ class RewardComputer:
             return []
         if self.kind == "recall":
             return await self._score_recall(trajectories)
+        if any(t.retriever is not None for t in trajectories):
+            raise ValueError(f"reward {self.kind}: a trajectory over another corpus (its own retriever) is scored by "
+                             "the recall reward only")
         services = self.services
         if services is None:  # refused in __init__
             raise ValueError(f"reward {self.kind} needs the services")

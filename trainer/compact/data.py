@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 class LabeledItem:
     item: QAItem
     supporting: frozenset[str] = field(default_factory=frozenset)
+    retriever: Any = None
+    """The retriever of the corpus the question is asked over where it is not the run's (the shipped Wikipedia
+    questions mixed into a user's run with `--shipped`); None: the run's."""
 
     def positive(self, doc: Document) -> bool:
         """A passage the warm start labels good: a supporting passage (by title, where the row names them) or
@@ -40,8 +43,8 @@ class LabeledItem:
         return doc.title in self.supporting or found(documents=[doc], item=self.item)
 
 
-def labeled(items: Sequence[QAItem]) -> list[LabeledItem]:
-    return [LabeledItem(q, frozenset(q.supporting_titles)) for q in items]
+def labeled(items: Sequence[QAItem], retriever: Any = None) -> list[LabeledItem]:
+    return [LabeledItem(q, frozenset(q.supporting_titles), retriever) for q in items]
 
 
 def load_items(data_dir: Path, config: CompactConfig) -> tuple[list[LabeledItem], list[LabeledItem]]:

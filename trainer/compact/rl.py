@@ -82,7 +82,7 @@ async def run_episode(policy: CompactPolicy, item: LabeledItem, retriever: Retri
 
 def trajectory(ep: Episode) -> Trajectory:
     return Trajectory(item=ep.item.item, documents=ep.documents, valid_actions=ep.valid_actions,
-                      invalid_actions=ep.invalid_actions)
+                      invalid_actions=ep.invalid_actions, retriever=ep.item.retriever)
 
 
 def reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retriever: RetrieverBackend,
@@ -131,7 +131,7 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
         current = CompactPolicy(export(model, norms), name="compact")
         rng = np.random.default_rng(config.seed * 7919 + step)
         t0 = time.perf_counter()
-        episodes = [await run_episode(current, item, retriever, params, rng, config.temperature)
+        episodes = [await run_episode(current, item, item.retriever or retriever, params, rng, config.temperature)
                     for item in batch for _ in range(config.group)]
         t_search = time.perf_counter()
         in_services = reward.service_seconds

@@ -39,7 +39,7 @@ from trainer.common.localstack import services_for
 from trainer.common.retrieval import IndexRetriever
 from trainer.common.rewards import RewardComputer
 from trainer.common.settings import TrainerSettings
-from trainer.compact.config import NEVER_TRAIN, CompactConfig, config_dict
+from trainer.compact.config import NEVER_TRAIN, TRAIN_SETS, CompactConfig, config_dict
 from trainer.compact.data import LabeledItem, UserData, labeled, load_items, user_split
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,9 @@ class CompactRun:
     llm_threads: int = 1
     pseudo: int = 0
     """Questions to make from the corpus's passages (`trainer.compact.pseudo`), 0: none."""
+    shipped: int = 0
+    """With a user's corpus: this many of the shipped Wikipedia training questions (rows 200+ of the shipped
+    sets, over the shared corpus) added to the training split (`shipped_items`), 0: none."""
     settings: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
@@ -87,6 +90,30 @@ def shipped_holdout(data_dir: Path) -> dict[str, str]:
         for item in load_qa(path, limit=None if path.stem in NEVER_TRAIN else 200):
             out[item.id] = path.stem
     return out
+
+
+def shipped_items(data_dir: Path, job: CompactRun) -> list[LabeledItem]:
+    """`job.shipped` of the shipped sets' training questions (rows 200+, the dev rows left out, drawn evenly
+    across the sets by the split seed), each with the retriever of the shared Wikipedia corpus they are asked over:
+    a user's run learns from them beside its own questions (the features are the same on any corpus)."""
+    import random
+
+    from services.stack import index_dir_for
+
+    corpus = (data_dir / "corpus" / "combined.jsonl").resolve()
+    if not corpus.is_file():
+        raise QAFileError(f"--shipped: the shared corpus {corpus} is not there (set PLUGSEARCH_DATA)")
+    items, _ = load_items(data_dir, replace(job.config, datasets=TRAIN_SETS))
+    by_set: dict[str, list[LabeledItem]] = {}
+    for item in items:
+        by_set.setdefault(item.item.dataset, []).append(item)
+    rng = random.Random(job.split_seed)
+    for rows in by_set.values():
+        rng.shuffle(rows)
+    mixed = [rows[i] for i in range(max(map(len, by_set.values()), default=0)) for rows in by_set.values()
+             if i < len(rows)][:job.shipped]
+    wiki = IndexRetriever(corpus, index_dir_for(corpus, job.var_dir), dense=job.config.dense, progress=job.progress)
+    return [replace(item, retriever=wiki) for item in mixed]
 
 
 def check_user_questions(items: Sequence[QAItem], data_dir: Path) -> None:
@@ -147,6 +174,11 @@ def run(job: CompactRun) -> dict[str, Any]:
                               "the generator and judge of --reward gbr need gold answers; use the recall reward")
         train, dev = labeled(user.split.train), labeled(user.split.dev)
         rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
+        if job.shipped:
+            extra = shipped_items(data_dir, job)
+            rows += (f" and {len(extra)} shipped Wikipedia training questions (rows {job.config.offset}+ of "
+                     f"{', '.join(TRAIN_SETS)}, over the shared corpus)")
+            train = train + extra
     else:
         corpus = job.corpus or data_dir / "corpus" / "combined.jsonl"
         train, dev = load_items(data_dir, config)
@@ -170,6 +202,9 @@ def run(job: CompactRun) -> dict[str, Any]:
             "sentence, or a two-passage question through a title another document mentions; filtered so that "
             "naive BM25 top-3 misses half of them")}
         record["trained_on"] = "the corpus's own passages" + (" and labelled questions" if len(job.qa) > 1 else "")
+    if job.shipped:
+        record["trained_on"] = (record.get("trained_on", "labelled questions") +
+                                f" and {job.shipped} shipped Wikipedia training questions")
     if user is not None:
         record["questions"] = {"files": user.files, "split_seed": job.split_seed,
                                "sizes": {k: len(v) for k, v in user.split.ids().items()},

@@ -106,7 +106,7 @@ def warm_start(train: Sequence[LabeledItem], retriever: RetrieverBackend, config
     params = config.search_params()
 
     async def collect() -> list[Demonstration]:
-        return [await demonstrate(item, retriever, params)
+        return [await demonstrate(item, item.retriever or retriever, params)
                 for item in tqdm(train, desc="warm start: demonstrations", disable=not progress)]
 
     demos = asyncio.run(collect())
