@@ -27,7 +27,7 @@ def served_in_thread(app: FastAPI, timeout_s: float = 30.0) -> Iterator[str]:
     its URL."""
     import uvicorn
 
-    from services.common.app import uvicorn_options
+    from services.common.process import uvicorn_options
     from services.common.settings import ServiceSettings
     from services.common.workers import free_port
 

@@ -1,6 +1,6 @@
 """Admission control: a concurrency limit that follows latency, and per-caller cost budgets.
 
-`AdaptiveLimit` is what the guard middleware (`services.common.app`) admits requests against: a gradient
+`AdaptiveLimit` is what the guard middleware (`services.common.guard`) admits requests against: a gradient
 limiter in the manner of Netflix's concurrency-limits (Gradient2) and Envoy's adaptive concurrency. Each
 successful request reports its latency divided by its cost (the units its handler declared, 1 by default),
 so a cheap request and an expensive one say the same thing about how loaded the service is. The baseline is

@@ -1,5 +1,5 @@
 """Prometheus metrics, one registry per app (no import-time globals, so tests can build many apps). With
-several workers, `PROMETHEUS_MULTIPROC_DIR` (set by `services.common.app.serve`) holds every metric in files
+several workers, `PROMETHEUS_MULTIPROC_DIR` (set by `services.common.process.serve`) holds every metric in files
 that `multiprocess_registry()` sums; gauges say how to combine (`multiprocess_mode`).
 """
 

@@ -10,7 +10,7 @@ sampling decision is kept); `service.name` is `plugsearch-<service>` unless `OTE
 `OTEL_RESOURCE_ATTRIBUTES`) names it.
 
 Off, nothing is set up: `span()` hands back one shared no-op context (no SDK, no context switch, no
-allocation), servers read no `traceparent` and clients send none. On, the guard (`services.common.app`) opens
+allocation), servers read no `traceparent` and clients send none. On, the guard (`services.common.guard`) opens
 a server span per request that continues the caller's W3C `traceparent`, every `ServiceClient` call is a
 client span whose context goes out in `traceparent` (beside `X-Request-ID`), and the code marks its own
 steps with `span()`. A process that never called `setup_tracing` (the public client inside someone's app)

@@ -1,6 +1,6 @@
 """`python -m services.generator` / `plugsearch-generator`: settings from env (GENERATOR_*), then serve."""
 
-from services.common.app import entrypoint
+from services.common.process import entrypoint
 
 worker_app, main = entrypoint("generator")
 

@@ -1,6 +1,6 @@
 """`python -m services.judge` / `plugsearch-judge`: settings from env (JUDGE_*), then serve."""
 
-from services.common.app import entrypoint
+from services.common.process import entrypoint
 
 worker_app, main = entrypoint("judge")
 

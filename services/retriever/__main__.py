@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from services.common import tracing
-from services.common.app import serve
 from services.common.logging import configure_logging
+from services.common.process import serve
 from services.retriever.corpus import CorpusError
 from services.retriever.manifest import IndexMismatch, IndexMissing
 

@@ -1,6 +1,6 @@
 """`plugsearch-searcher` / `python -m services.searcher`: the public search service (port 8000)."""
 
-from services.common.app import entrypoint
+from services.common.process import entrypoint
 
 worker_app, main = entrypoint("searcher")
 

@@ -62,7 +62,7 @@ def test_a_service_that_dies_at_start_stops_the_others(tmp_path: Path, data_dir:
     code, output, seen = run_stack(tmp_path, data_dir, "--llm-url", f"http://127.0.0.1:{free_port()}/v1",
                                    env={"GENERATOR_MIN_DOCUMENT_TOKENS": "5000"})
     assert code not in (0, 130), output[-4000:]
-    assert "generator stopped (rc=2)" in output  # a bad setting: one line, exit 2 (services.common.app.entrypoint)
+    assert "generator stopped (rc=2)" in output  # a bad setting: one line, exit 2 (services.common.process.entrypoint)
     assert "generator: invalid configuration: " in output
     assert "plugsearch is ready" not in output
     assert seen and not alive(seen), output[-4000:]

@@ -18,7 +18,8 @@ import pytest
 from fastapi import FastAPI, Request
 
 from services.common.admission import COST_STATE, AdaptiveLimit
-from services.common.app import MAX_JSON_MEMBERS, build_app
+from services.common.app import build_app
+from services.common.guard import MAX_JSON_MEMBERS
 from services.common.schemas.base import StrictModel
 from services.common.settings import ServiceSettings
 from services.searcher.api import create_app as create_searcher
