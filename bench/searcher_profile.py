@@ -46,7 +46,7 @@ COMPONENTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
                                        "TextCache", "_words (", "_content (", "_joined (", "title_core",
                                        "title_head", "bodies_with", "_incoming", "dense_features", "pool_of",
                                        "block_places", "CompactPolicy.features")),
-        ("policy: candidates, scoring", ("searcher/compact.py",)),
+        ("policy: candidates, scoring", ("searcher/compact/",)),
         ("retriever client: request/response models", ("post_model", "clients.py", "schemas/")),
         ("HTTP client (aiohttp, transport)", ("aiohttp", "transport.py", "services/common/http.py", "yarl",
                                              "multidict")),

@@ -22,8 +22,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.searcher.compact import _QUERY_WORD as _TOKEN
-from services.searcher.compact import _STOP, _names, _sentences, title_core
+from services.searcher.compact.candidates import _QUERY_WORD as _TOKEN
+from services.searcher.compact.candidates import _names, _sentences
+from services.searcher.compact.text import _STOP, title_core
 from services.searcher.env import RetrieverBackend
 
 MIN_CONTENT = 4

@@ -130,7 +130,7 @@ class SearcherSettings(ServiceSettings):
         "SEARCHER_POLICY__BASE_URL (s3 and QAgent, the service's own defaults); auto (default) = llm when a "
         "policy LLM is configured (any SEARCHER_POLICY__* setting), else compact"))
     compact_policy: Path = Field(Path("packaged"), description=(
-        "folder of the compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact.py); "
+        "folder of the compact learned policy (`weights.npz` + `manifest.json`, services/searcher/compact/); "
         "`packaged` (default) = the one shipped in the package. Checked at start-up: the weights against the "
         "manifest's digest, their shapes, and the setting it was trained in (retrieve_k, select_k, max_turns, "
         "the follow-up method, the pool's methods, the dense encoder)"))

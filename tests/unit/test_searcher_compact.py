@@ -5,6 +5,7 @@ environment's state, the weights' digest check, and the trainer's log-probabilit
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -283,6 +284,49 @@ def test_weights_round_trip_and_digest_check(tmp_path: Path) -> None:
         CompactPolicy.load(tmp_path / "missing")
 
 
+def _rewrite_manifest(folder: Path, **changes: object) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, **changes}))
+
+
+def test_a_manifest_whose_feature_names_differ_from_the_code_s_is_refused_naming_them(tmp_path: Path) -> None:
+    """Weights trained on a row in another order have the same shapes: only the names tell, and they must."""
+    saved = replace(NAME_SEEKER)
+    saved.save(tmp_path, {"search": {"retrieve_k": 3, "select_k": 2, "max_turns": 1}})
+    names = list(DOC_FEATURES)
+    names[0], names[1] = names[1], names[0]  # score_rel <-> inv_rank: same length, same set
+    _rewrite_manifest(tmp_path, doc_features=names)
+    with pytest.raises(CompactPolicyError, match=r"manifest.json: .*`doc_features` differs from the code's at "
+                       r"0: 'inv_rank' \(code 'score_rel'\); 1: 'score_rel' \(code 'inv_rank'\)"):
+        CompactPolicy.load(tmp_path)
+    cands = [*CANDIDATE_FEATURES[:-1], "stop_x_new_thing"]
+    _rewrite_manifest(tmp_path, doc_features=list(DOC_FEATURES), candidate_features=cands)
+    with pytest.raises(CompactPolicyError, match=r"`candidate_features` differs .*'stop_x_new_thing' \(code "
+                       r"'stop_x_anchor_count'\)"):
+        CompactPolicy.load(tmp_path)
+    _rewrite_manifest(tmp_path, candidate_features=list(CANDIDATE_FEATURES)[:-1])
+    with pytest.raises(CompactPolicyError, match="16 names, the code builds 17; not in the manifest: "
+                       "stop_x_anchor_count"):
+        CompactPolicy.load(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["doc_features"]
+    manifest["candidate_features"] = list(CANDIDATE_FEATURES)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CompactPolicyError, match="`doc_features` is not recorded"):
+        CompactPolicy.load(tmp_path)
+    _rewrite_manifest(tmp_path, doc_features=list(DOC_FEATURES))
+    assert CompactPolicy.load(tmp_path).digest == saved.digest  # the names restored: it loads again
+
+
+def test_the_dense_scorer_s_feature_names_are_checked_too(tmp_path: Path) -> None:
+    saved = replace(DENSE_READER)
+    saved.save(tmp_path, {"search": {"retrieve_k": 3, "select_k": 2, "max_turns": 1}, "dense": {"encoder": "e"}})
+    assert CompactPolicy.load(tmp_path).manifest["dense_features"] == list(DENSE_FEATURES)
+    _rewrite_manifest(tmp_path, dense_features=list(reversed(DENSE_FEATURES)))
+    with pytest.raises(CompactPolicyError, match="`dense_features` differs from the code's at 0: 'lexical_inv_rank'"):
+        CompactPolicy.load(tmp_path)
+
+
 def test_weights_for_other_features_are_refused() -> None:
     bad = dict(NAME_SEEKER.weights)
     bad["qv"] = np.zeros(3, np.float32)
@@ -410,7 +454,7 @@ async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainer
 
 
 def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
-    from services.searcher.compact import _names
+    from services.searcher.compact.candidates import _names
 
     # the served searcher's follow-ups of 2026-11-27: "European Union. Tickets", "Although", "October"
     eiffel = ("The Eiffel Tower is in Paris. Although it was criticised, it became a symbol of France. Tickets are "

@@ -23,9 +23,9 @@ from services.searcher.compact import (
     CompactPolicy,
     QuestionInfo,
     candidates,
-    dense_features,
     doc_features,
     pool_of,
+    scoring_features,
     softmax,
 )
 from services.searcher.env import Action, InfoBlock, RetrieverBackend, SearchEnv
@@ -50,15 +50,11 @@ def labelled_pools(item: LabeledItem, question: QuestionInfo, blocks: Sequence[I
     """The pool's features and labels for each scorer: `lexical` without the dense block, `dense` with it."""
     out = {}
     lexical = [b for b in blocks if b.method != DENSE]
-    for scorer, these in ((LEXICAL_SCORER, lexical), (DENSE_SCORER, blocks)):
+    for wanted, these in ((LEXICAL_SCORER, lexical), (DENSE_SCORER, blocks)):
         pool = pool_of(these)
-        x = doc_features(question, pool)
-        if scorer == DENSE_SCORER:
-            dense_x = dense_features(pool, these)
-            if dense_x is None:
-                continue
-            x = np.concatenate([x, dense_x], axis=1)
-        out[scorer] = (x, np.array([float(item.positive(p.doc)) for p in pool], dtype=np.float32))
+        _, x, scorer = scoring_features(question, pool, these)
+        if scorer == wanted:  # the dense scorer's row only where the search had a dense block
+            out[scorer] = (x, np.array([float(item.positive(p.doc)) for p in pool], dtype=np.float32))
     return out
 
 
