@@ -53,8 +53,7 @@ from services.common.schemas.searcher import SearchParams  # noqa: E402
 from services.searcher.loop import run_search  # noqa: E402
 from services.searcher.prompts import PromptSet  # noqa: E402
 from services.searcher.retrieval import ServiceRetriever  # noqa: E402
-from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR  # noqa: E402
-from services.searcher.trained import TrainedSearcher, sha256  # noqa: E402
+from services.searcher.trained import LORA_DIR, TrainedSearcher, sha256  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
 from trainer.common.evaluation import bootstrap  # noqa: E402
 from trainer.common.evaluation import documents_hit as hit  # noqa: E402
@@ -276,7 +275,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=100, help="first n questions of every set (the eval hold-out)")
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
-    parser.add_argument("--trained", default=str(TRAINED_DIR), help="trained searcher folder (manifest, adapter)")
+    parser.add_argument("--trained", default=str(LORA_DIR), help="the LoRA searcher's folder (manifest, adapter)")
     parser.add_argument("--adapter", default=None, help="GGUF adapter instead of the folder's (same setting)")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per server")

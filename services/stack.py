@@ -56,8 +56,7 @@ from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port, port_is_free
 from services.searcher.compact import CompactPolicy, CompactPolicyError
 from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus
-from services.searcher.trained import COMPACT_DIR, TrainedSearcher, TrainedSearcherError
-from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
+from services.searcher.trained import COMPACT_DIR, LORA_DIR, TrainedSearcher, TrainedSearcherError
 
 DEFAULT_PORTS = {"searcher": 8000, "retriever": 8001, "generator": 8002, "judge": 8003, "llm": 8080,
                  "redis": 6379, "policy": 8081}
@@ -464,7 +463,7 @@ def _trained_policy(args: argparse.Namespace, say: Callable[[str], None], folder
     if args.llm_url is not None:
         say("policy: the model at --llm-url (the trained adapter is for the embedded SmolLM2 only)")
         return None
-    folder = folder or TRAINED_DIR
+    folder = folder or LORA_DIR
     if args.policy == "auto" and not TrainedSearcher.shipped(folder):
         say("policy: the untrained SmolLM2 (no trained searcher is shipped in services/searcher/trained)")
         return None

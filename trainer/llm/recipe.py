@@ -12,9 +12,9 @@ for the policy (the returned documents are whole), at most 3 marked per block, a
 from __future__ import annotations
 
 from services.common.schemas.searcher import SearchParams
-from services.searcher.trained import DEFAULT_DIR as TRAINED_DIR
+from services.searcher.trained import LORA_DIR
 
-PROMPTS_DIR = TRAINED_DIR / "prompts"
+PROMPTS_DIR = LORA_DIR / "prompts"
 
 SEARCH = SearchParams(mode="s3", max_turns=1, retrieve_k=5, select_k=3, doc_chars=200, max_new_tokens=64)
 

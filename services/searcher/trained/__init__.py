@@ -4,7 +4,7 @@
   manifest.json with its digest, its evaluation and the search setting it was trained in). The default
   everywhere: the searcher service serves it unless told otherwise (`SEARCHER_POLICY_KIND`), and
   `plugsearch-stack --policy auto` picks it while its recorded evaluation beats naive top-k.
-- `smollm2-s3/` (`DEFAULT_DIR`, `TrainedSearcher`): a LoRA adapter over SmolLM2-135M-Instruct (llama.cpp's GGUF
+- `smollm2-s3/` (`LORA_DIR`, `TrainedSearcher`): a LoRA adapter over SmolLM2-135M-Instruct (llama.cpp's GGUF
   adapter format), its prompt templates, and `manifest.json` (how it was trained and the search setting it must
   be served with). Served by `plugsearch-stack --policy trained`, on a second llama.cpp process so the generator
   and judge keep the plain model (`--policy base`: the untrained model).
@@ -20,7 +20,8 @@ from typing import Any
 
 from services.common.schemas.searcher import SearchParams
 
-DEFAULT_DIR = Path(__file__).resolve().parent / "smollm2-s3"
+LORA_DIR = Path(__file__).resolve().parent / "smollm2-s3"
+"""The LoRA searcher (`TrainedSearcher`): a SmolLM2-135M adapter, its prompts and manifest."""
 COMPACT_DIR = Path(__file__).resolve().parent / "compact"
 """The compact CPU policy (`services.searcher.compact`): weights.npz + manifest.json."""
 MANIFEST = "manifest.json"
@@ -65,11 +66,11 @@ class TrainedSearcher:
         return str(self.manifest.get("model_alias", "smollm2-135m-searcher"))
 
     @staticmethod
-    def shipped(folder: Path = DEFAULT_DIR) -> bool:
+    def shipped(folder: Path = LORA_DIR) -> bool:
         return (folder / MANIFEST).is_file()
 
     @classmethod
-    def load(cls, folder: Path = DEFAULT_DIR) -> TrainedSearcher:
+    def load(cls, folder: Path = LORA_DIR) -> TrainedSearcher:
         """The searcher in `folder`, its adapter checked against the digest its manifest records."""
         manifest_path = folder / MANIFEST
         if not manifest_path.is_file() or not (folder / ADAPTER).is_file():
