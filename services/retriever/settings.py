@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common.paths import default_data_dir
 from services.common.settings import ServiceSettings
 
 Bm25Backend = Literal["bm25s", "pyserini"]
@@ -148,8 +149,10 @@ class RetrieverSettings(ServiceSettings):
 
     port: int = Field(8001, ge=1, le=65535)
 
-    corpus: Path = Field(Path("../shared/data/corpus/combined.jsonl"),
-                         description="JSONL: id + title/text, or id + contents ('\"Title\"\\ntext')")
+    corpus: Path = Field(default_factory=lambda: default_data_dir() / "corpus" / "combined.jsonl", description=(
+        "JSONL: id + title/text, or id + contents ('\"Title\"\\ntext'); default: "
+        "$PLUGSEARCH_DATA/corpus/combined.jsonl, PLUGSEARCH_DATA defaulting to ../shared/data beside the repository "
+        "whatever the current directory (services/common/paths.py, the rule the stack and the trainer follow)"))
     index_dir: Path = Field(Path("var/indexes/combined"), description="one sub-folder per index")
 
     bm25: bool = Field(True, description="load a BM25 index")

@@ -253,6 +253,21 @@ def test_settings_env_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
         RetrieverSettings()  # type: ignore[call-arg]
 
 
+def test_the_default_corpus_follows_plugsearch_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The data folder is found as the stack and the trainer find it (services/common/paths.py), whatever the
+    current directory; RETRIEVER_CORPUS still wins."""
+    from services.common.paths import REPOSITORY
+
+    monkeypatch.delenv("RETRIEVER_CORPUS", raising=False)
+    monkeypatch.delenv("PLUGSEARCH_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert RetrieverSettings().corpus == REPOSITORY.parent / "shared" / "data" / "corpus" / "combined.jsonl"
+    monkeypatch.setenv("PLUGSEARCH_DATA", str(tmp_path / "data"))
+    assert RetrieverSettings().corpus == tmp_path / "data" / "corpus" / "combined.jsonl"
+    monkeypatch.setenv("RETRIEVER_CORPUS", str(tmp_path / "mine.jsonl"))
+    assert RetrieverSettings().corpus == tmp_path / "mine.jsonl"
+
+
 # --------------------------------------------------------------------------- micro-batching
 
 
