@@ -204,8 +204,11 @@ def test_playground_says_failures_in_words(searcher_url: str, chromium: str) -> 
     auth = {"Authorization": f"Bearer {KEY}"}
     real = httpx.post(f"{searcher_url}/search", headers=auth, timeout=30,
                       json={"question": QUESTION, "mode": "naive", "retrieve_k": 2}).json()
+    # retrieval time is summed over the calls, and a pool's methods are retrieved at once: past the total
+    timings = {"total_ms": 163.0, "policy_ms": 7.0, "policy_calls": 1, "retrieval_ms": 240.0, "retrieval_calls": 3,
+               "overhead_ms": 0.0}
     degraded = {**real, "mode": "s3", "stop_reason": "policy_error", "degraded": True,
-                "degraded_reason": "policy failed: upstream timed out"}
+                "degraded_reason": "policy failed: upstream timed out", "timings": timings}
     envelope = {"error": {"type": "upstream_unavailable", "message": "retriever unreachable: ConnectError",
                           "param": None, "request_id": "r1"}}
     answers: list[dict[str, Any]] = [
@@ -249,6 +252,8 @@ def test_playground_says_failures_in_words(searcher_url: str, chromium: str) -> 
                         "Degraded result: policy failed: upstream timed out. The documents shown are what the "
                         "search gathered before that.")
                     expect(page.locator("#summary")).to_contain_text("the policy LLM failed")
+                    expect(page.locator("#summary")).to_contain_text(
+                        "total 163 ms (policy 7 ms in 1 call, retrieval 240 ms summed over 3 calls, some concurrent)")
                 else:
                     expect(page.locator("#results")).to_have_attribute("data-state", "error")
                     expect(page.locator("#error")).to_be_visible()

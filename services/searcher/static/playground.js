@@ -40,6 +40,15 @@
 
   const ms = (value) => (value >= 1000 ? `${(value / 1000).toFixed(1)} s` : `${Math.round(value)} ms`);
   const oneLine = (text) => text.split(/\s+/).filter(Boolean).join(" ");
+  const calls = (n) => `${n} call${n === 1 ? "" : "s"}`;
+
+  // The response's retrieval time is summed over its retrieval calls, and some run at once (s3's first pool
+  // asks each method together), so the sum can pass the total: say it is a sum, and when it overlapped.
+  function retrievalTime(t) {
+    if (t.retrieval_calls <= 1) return `retrieval ${ms(t.retrieval_ms)}`;
+    const overlapped = t.retrieval_ms + t.policy_ms > t.total_ms;
+    return `retrieval ${ms(t.retrieval_ms)} summed over ${calls(t.retrieval_calls)}${overlapped ? ", some concurrent" : ""}`;
+  }
 
   function say(text) { $("status").textContent = text; }
 
@@ -271,7 +280,7 @@
       `${result.turns} policy step${result.turns === 1 ? "" : "s"}`,
       `${result.queries.length} quer${result.queries.length === 1 ? "y" : "ies"}`,
       `${result.documents.length} documents returned`,
-      `total ${ms(t.total_ms)} (policy ${ms(t.policy_ms)} in ${t.policy_calls} calls, retrieval ${ms(t.retrieval_ms)})`,
+      `total ${ms(t.total_ms)} (policy ${ms(t.policy_ms)} in ${calls(t.policy_calls)}, ${retrievalTime(t)})`,
     ];
     $("summary").replaceChildren(parts.join(" · "), result.cached ? el("span", { class: "badge cached" }, "cached") : "");
     $("summary").dataset.stopReason = result.stop_reason;
@@ -285,7 +294,7 @@
   function onNaive(naive) {
     view.naive = naive;
     $("naive-docs").replaceChildren(...naive.documents.map((doc, i) => docItem(doc, i + 1)));
-    $("naive-summary").textContent = `Top ${naive.documents.length} for the question itself · retrieval ${ms(naive.timings.retrieval_ms)}${naive.cached ? " · cached" : ""}`;
+    $("naive-summary").textContent = `Top ${naive.documents.length} for the question itself · ${retrievalTime(naive.timings)}${naive.cached ? " · cached" : ""}`;
   }
 
   // Documents both sides return within the budget get the "in both" badge, on both sides.
