@@ -40,7 +40,8 @@ def main() -> None:
     from services.common.answers import is_yes_no, normalize_answer, span_match
     from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
     from services.retriever.corpus import Corpus
-    from services.retriever.dense import DenseRetriever, Encoder, FaissIndex
+    from services.retriever.dense import DenseRetriever, FaissIndex
+    from services.retriever.encoder import Encoder
     from services.retriever.fusion import HybridRetriever
     from services.retriever.settings import EncoderSettings, FaissSettings
 

@@ -177,7 +177,8 @@ def _inprocess_rate(retriever: Any, batch: int, pool: list[str], seconds: float)
 def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, Any]:
     import faiss
 
-    from services.retriever.dense import configure_search, iter_chunks, new_faiss_index
+    from services.retriever.dense import configure_search
+    from services.retriever.dense_build import iter_chunks, new_faiss_index
     from services.retriever.settings import FaissSettings
 
     rng = np.random.default_rng(0)
@@ -257,7 +258,7 @@ class TorchDense(Retriever):
         from sentence_transformers import SentenceTransformer
         from transformers import AutoModel, AutoTokenizer
 
-        from services.retriever.dense import resolve_encoder_path
+        from services.retriever.encoder import resolve_encoder_path
         from services.retriever.settings import DEFAULT_ENCODER
 
         path = resolve_encoder_path(DEFAULT_ENCODER)
@@ -347,7 +348,7 @@ def encoder_cpu_per_query(index: Any, pool: list[str], queries: int = 1024) -> d
     batches (consecutive questions of the pool, spread over all of it)."""
     import torch
 
-    from services.retriever.dense import Encoder
+    from services.retriever.encoder import Encoder
     from services.retriever.settings import EncoderSettings
 
     threads = torch.get_num_threads()
@@ -381,7 +382,8 @@ def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: fl
                      served: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     """Dense queries/s per encoder backend (in-process and served, batch 1 and 32) and recall@10 vs torch.
     `served`: the backends also measured behind a service (one process each, started together)."""
-    from services.retriever.dense import DenseRetriever, Encoder, FaissIndex
+    from services.retriever.dense import DenseRetriever, FaissIndex
+    from services.retriever.encoder import Encoder
     from services.retriever.settings import EncoderSettings, FaissSettings
 
     index = FaissIndex(index_dir / "dense-flat", FaissSettings())
@@ -456,7 +458,8 @@ def main() -> None:
 
     from services.retriever.bm25 import Bm25sRetriever
     from services.retriever.corpus import Corpus
-    from services.retriever.dense import DenseRetriever, Encoder, FaissIndex
+    from services.retriever.dense import DenseRetriever, FaissIndex
+    from services.retriever.encoder import Encoder
     from services.retriever.fusion import HybridRetriever
     from services.retriever.settings import EncoderSettings, FaissSettings, RetrieverSettings
 

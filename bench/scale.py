@@ -155,7 +155,7 @@ def real_vectors() -> np.ndarray:
     """The real corpus's MiniLM passage vectors (its embeddings under var/indexes when built, else 1,000
     passages encoded here), normalised: the centres of the synthetic vectors."""
     from services.retriever.corpus import Corpus, file_checksum
-    from services.retriever.dense import iter_chunks
+    from services.retriever.dense_build import iter_chunks
     from services.retriever.manifest import Manifest
 
     checksum = file_checksum(CORPUS)
@@ -165,7 +165,7 @@ def real_vectors() -> np.ndarray:
                 "passage_prefix") == "":
             x = np.concatenate([np.asarray(c, dtype=np.float32) for c in iter_chunks(folder)])
             return x / np.linalg.norm(x, axis=1, keepdims=True)
-    from services.retriever.dense import Encoder
+    from services.retriever.encoder import Encoder
     from services.retriever.settings import EncoderSettings
 
     log("no full-corpus embeddings under var/indexes: encoding 1,000 real passages as centres")
@@ -216,8 +216,9 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
     """The manifest of `corpus`'s synthetic embeddings, as `embed_corpus` leaves it (for the corpus's checksum
     and `encoder`'s settings, default MiniLM's, so the builders and the service take them as that corpus's),
     without chunk files: the vectors come from `vector_chunks` (`synthetic_chunks` reads the recipe back)."""
-    from services.retriever.dense import embeddings_key, encoder_identity
+    from services.retriever.dense_build import embeddings_key
     from services.retriever.docstore import corpus_checksum
+    from services.retriever.encoder import encoder_identity
     from services.retriever.manifest import Manifest, atomic_folder
     from services.retriever.settings import EncoderSettings
 
@@ -247,7 +248,7 @@ def base_shaped_encoder(work: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from services.retriever.dense import resolve_encoder_path
+    from services.retriever.encoder import resolve_encoder_path
     from services.retriever.settings import DEFAULT_ENCODER
 
     torch.manual_seed(0)
@@ -408,7 +409,7 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
 
 def _build_part(part: str, settings: Any) -> None:
     from services.retriever.cli import build
-    from services.retriever.dense import build_faiss, dense_folder
+    from services.retriever.dense_build import build_faiss, dense_folder
 
     if part in ("bm25s", "pyserini"):
         build(settings, bm25=[part], dense=False, force=True, show_progress=False)
@@ -826,7 +827,7 @@ def main() -> None:
     args.batches = (1, 32)
     args.sweep = tuple(int(v) for v in args.sweep.split(",") if v)
 
-    from services.retriever.dense import Encoder
+    from services.retriever.encoder import Encoder
     from services.retriever.settings import EncoderSettings
 
     args.encoder_backend = args.encoder_backend or EncoderSettings().backend

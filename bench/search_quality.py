@@ -212,7 +212,7 @@ def compact_main(args: argparse.Namespace) -> None:
     if not args.no_minilm:
         from sentence_transformers import SentenceTransformer
 
-        from services.retriever.dense import resolve_encoder_path
+        from services.retriever.encoder import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
 

@@ -69,7 +69,8 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
     """Build the document store and the requested indexes that are missing or stale; return the folders
     (re)built."""
     from services.retriever.bm25 import build_bm25s, build_pyserini
-    from services.retriever.dense import build_faiss, embed_corpus, encoder_identity
+    from services.retriever.dense_build import build_faiss, embed_corpus
+    from services.retriever.encoder import encoder_identity
     from services.retriever.serving import dense_index_folder
 
     checksum = corpus_checksum(settings.corpus, settings.index_dir)
@@ -198,7 +199,7 @@ def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
 
 def prepare_encoder(settings: EncoderSettings, *, require_onnx: bool) -> None:
     """Load the encoder once (the export, when missing, happens here) and print what serves it."""
-    from services.retriever.dense import Encoder
+    from services.retriever.encoder import Encoder
 
     t0 = time.perf_counter()
     encoder = Encoder(settings)

@@ -22,7 +22,8 @@ import numpy as np
 import orjson
 
 from services.retriever.corpus import CorpusError, corpus_lines, file_checksum, parse_line
-from services.retriever.dense import Encoder, dense_folder, encoder_identity
+from services.retriever.dense_build import dense_folder
+from services.retriever.encoder import Encoder, encoder_identity
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
 from services.retriever.settings import EncoderSettings, IndexType
 

@@ -5,7 +5,7 @@ The engine is milvus-lite locally and in tests (a `.db` folder opened inside thi
 holds `id` (INT64, the passage's corpus position, as FAISS ids are) and `vector` (FLOAT_VECTOR), indexed
 FLAT (exact) or HNSW, inner-product metric like the FAISS indexes.
 
-Builds stream the chunks of `dense.embed_corpus` in batches of `insert_batch` rows and record the rows
+Builds stream the chunks of `dense_build.embed_corpus` in batches of `insert_batch` rows and record the rows
 loaded after each batch, so a killed build resumes there (upserting the first batch: it may have landed
 before the kill). A SHA-256 over every id and vector (int64 / float32 bytes in id order) and the row count
 are kept in the manifest (`<index_dir>/milvus-<collection>/`) and in the collection's properties; start-up
@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from services.common.errors import NotReady
 from services.retriever.base import Hits
-from services.retriever.dense import iter_chunks
+from services.retriever.dense_build import iter_chunks
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
 from services.retriever.settings import MilvusSettings
 
@@ -178,7 +178,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
     """Load the embedding chunks into the collection, index it, and write the manifest folder.
 
     Resumes a killed build of the same embeddings (same collection, same batch size); `force` starts over.
-    `chunks`: where the vectors come from when not from the chunk files (see `dense.build_faiss`).
+    `chunks`: where the vectors come from when not from the chunk files (see `dense_build.build_faiss`).
     """
     from tqdm import tqdm
 

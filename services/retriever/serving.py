@@ -24,15 +24,10 @@ from services.common.schemas.retriever import check_results
 from services.retriever.base import Hits, Retriever
 from services.retriever.batching import MicroBatcher
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-from services.retriever.dense import (
-    DenseRetriever,
-    Encoder,
-    FaissIndex,
-    VectorIndex,
-    dense_folder,
-    encoder_identity,
-)
+from services.retriever.dense import DenseRetriever, FaissIndex, VectorIndex
+from services.retriever.dense_build import dense_folder
 from services.retriever.docstore import DocumentStore, corpus_checksum, open_store
+from services.retriever.encoder import Encoder, encoder_identity
 from services.retriever.fusion import rrf_fuse
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.settings import IVF_TYPES, RetrieverSettings

@@ -31,7 +31,7 @@ import pytest
 from services.retriever import cli
 from services.retriever.api import create_app
 from services.retriever.bm25 import setup_java
-from services.retriever.dense import resolve_encoder_path
+from services.retriever.encoder import resolve_encoder_path
 from services.retriever.importer import ImportRefused, import_faiss, import_lucene
 from services.retriever.manifest import IndexMissing
 from services.retriever.serving import check_indexes
@@ -183,7 +183,7 @@ async def test_imported_faiss_index_serves_the_library_top10(wiki: Path, e5_flat
 
 
 def test_faiss_import_refuses_a_wrong_encoder_setting_or_corpus(wiki: Path, e5_flat: Path, tmp_path: Path) -> None:
-    from services.retriever.dense import Encoder
+    from services.retriever.encoder import Encoder
 
     # another pooling or no passage prefix: on 150 passages each still finds its own row, but not its vector
     for wrong in ({"pooling": "cls"}, {"passage_prefix": ""}):

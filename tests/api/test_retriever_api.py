@@ -372,7 +372,7 @@ async def test_a_pending_dense_index_is_served_once_a_build_elsewhere_writes_it(
     (methods, a new index_id: cached results of the BM25-only time are not served for it)."""
     import shutil
 
-    from services.retriever.dense import dense_folder
+    from services.retriever.dense_build import dense_folder
 
     settings = bm25_only_dir(tiny, tmp_path).model_copy(update={"dense_missing": "wait", "dense_poll_s": 0.2})
     async with app_client(create_app(settings)) as client:

@@ -25,7 +25,9 @@ from services.common.errors import NotReady
 from services.retriever import milvus
 from services.retriever.api import create_app
 from services.retriever.corpus import Corpus
-from services.retriever.dense import Encoder, FaissIndex, dense_folder, embed_corpus, iter_chunks
+from services.retriever.dense import FaissIndex
+from services.retriever.dense_build import dense_folder, embed_corpus, iter_chunks
+from services.retriever.encoder import Encoder
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.serving import check_indexes
 from services.retriever.settings import RetrieverSettings

@@ -19,7 +19,9 @@ import pytest
 from services.common.procgroup import ProcessGroup, ProcessSpec
 from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
 from services.retriever.corpus import Corpus
-from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_folder
+from services.retriever.dense import DenseRetriever, FaissIndex
+from services.retriever.dense_build import dense_folder
+from services.retriever.encoder import Encoder
 from services.retriever.fusion import HybridRetriever
 from services.retriever.settings import RetrieverSettings
 from tests.conftest import REPO, first_questions, free_port

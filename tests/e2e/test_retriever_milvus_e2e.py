@@ -19,7 +19,9 @@ from services.common.procgroup import ProcessGroup, ProcessSpec
 from services.common.workers import free_port
 from services.retriever.bm25 import Bm25sRetriever
 from services.retriever.corpus import Corpus
-from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_folder
+from services.retriever.dense import DenseRetriever, FaissIndex
+from services.retriever.dense_build import dense_folder
+from services.retriever.encoder import Encoder
 from services.retriever.fusion import HybridRetriever
 from services.retriever.settings import RetrieverSettings
 from tests.api.test_retriever_milvus import tiny  # noqa: F401 - the fixture: tiny corpus, its collection built

@@ -11,7 +11,8 @@ import pytest
 
 from services.retriever.bm25 import Bm25sRetriever, build_bm25s
 from services.retriever.corpus import Corpus
-from services.retriever.dense import FaissIndex, build_faiss, device_groups, embed_corpus, embeddings_key
+from services.retriever.dense import FaissIndex, device_groups
+from services.retriever.dense_build import build_faiss, embed_corpus, embeddings_key
 from services.retriever.manifest import IndexMissing, Manifest
 from services.retriever.settings import EncoderSettings, FaissSettings
 from tests.support.retriever import write_tiny_corpus

@@ -23,7 +23,9 @@ import pytest
 from pydantic import ValidationError
 
 from services.retriever import onnx_encoder
-from services.retriever.dense import DenseRetriever, Encoder, FaissIndex, dense_folder, resolve_encoder_path
+from services.retriever.dense import DenseRetriever, FaissIndex
+from services.retriever.dense_build import dense_folder
+from services.retriever.encoder import Encoder, resolve_encoder_path
 from services.retriever.onnx_encoder import OnnxUnavailable, ensure_export, export_folder
 from services.retriever.serving import check_indexes
 from services.retriever.settings import DEFAULT_ENCODER, EncoderSettings, RetrieverSettings

@@ -426,7 +426,7 @@ def test_hits_helpers() -> None:
 
 # --------------------------------------------------------------------------- query vectors
 def test_query_vector_cache_is_a_bounded_lru_keyed_by_encoder_and_text() -> None:
-    from services.retriever.dense import QueryVectorCache
+    from services.retriever.encoder import QueryVectorCache
 
     cache = QueryVectorCache(2)
     vec = np.eye(3, dtype=np.float32)
