@@ -76,7 +76,7 @@ async def in_process(policy_dir: Path, questions: list[tuple[str, str, str]], no
                      fixture: tuple[Path, int] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
     from services.searcher.compact import CompactPolicy
     from services.searcher.loop import run_search
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
     from trainer.common.retrieval import IndexRetriever
 
     policy = CompactPolicy.load(policy_dir)

@@ -81,7 +81,7 @@ def count_lines(path: Path) -> int:
 def run_set(name: str, args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     from services.searcher.corpus_check import CheckResult, check_policy, evaluated_here
     from services.searcher.pseudo_questions import check_questions, sample_positions
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
     from trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
     from trainer.common.retrieval import IndexRetriever
 

@@ -189,7 +189,7 @@ def main() -> None:
                         "the shared sets: its corpus and the evaluation part of its questions")
     args = parser.parse_args()
     from bench.domain_quality import corpus_and_questions
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
     from trainer.common.retrieval import IndexRetriever
 
     t0 = time.perf_counter()

@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, REPO, fake_llm_spec, load_questions  # noqa: E402
 from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
-from services.stack import (  # noqa: E402
+from services.stack.corpus import index_dir_for  # noqa: E402
+from services.stack.specs import (  # noqa: E402
     StackOptions,
     allocate_ports,
     build_specs,
     index_command,
-    index_dir_for,
 )
 
 START_ORDER = ("redis", "llm", "retriever", "searcher")  # dependencies first

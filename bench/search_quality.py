@@ -192,7 +192,7 @@ def compact_main(args: argparse.Namespace) -> None:
     policy is served as the searcher serves it: a BM25 + dense pool where it has the dense scorer; the last one
     is also run on a BM25 pool alone (`<name>_bm25_pool`, its lexical scorer: a retriever without dense)."""
     from services.searcher.compact import CompactPolicy
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
     from trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
     from trainer.common.retrieval import IndexRetriever
 

@@ -24,7 +24,7 @@ def ensure_bm25_index(corpus: Path, var_dir: Path) -> Path:
     """The bm25s index of `corpus` (built when missing or stale); returns the index folder."""
     from services.retriever.cli import build
     from services.retriever.settings import RetrieverSettings
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
 
     index_dir = index_dir_for(corpus, var_dir)
     settings = RetrieverSettings(corpus=corpus, index_dir=index_dir, bm25=True, dense=False,

@@ -18,8 +18,23 @@ from typing import Any
 
 import pytest
 
-from services import stack
 from services.common import procgroup
+from services.common.workers import free_port, port_is_free
+from services.stack import StackError
+from services.stack.cli import _parse_args, curl_example, main
+from services.stack.corpus import SAMPLE_NAME, download_sample, index_dir_for, resolve_corpus
+from services.stack.policy import _trained_policy, serve_dense
+from services.stack.specs import (
+    BASE_OFFSETS,
+    DEFAULT_PORTS,
+    REDIS_DB,
+    StackOptions,
+    allocate_ports,
+    build_specs,
+    default_llm_threads,
+    index_command,
+    missing_llm_packages,
+)
 from tests.support.http import QuietHandler, http_server
 from tests.unit.test_deploy_config import (
     SERVICES,
@@ -34,21 +49,21 @@ from tests.unit.test_deploy_config import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make_options(tmp_path: Path, **overrides: Any) -> stack.StackOptions:
+def make_options(tmp_path: Path, **overrides: Any) -> StackOptions:
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "d1", "title": "T", "text": "x"}\n')
-    values: dict[str, Any] = {"ports": stack.allocate_ports(free_ports=True), "corpus": corpus,
+    values: dict[str, Any] = {"ports": allocate_ports(free_ports=True), "corpus": corpus,
                               "index_dir": tmp_path / "idx", "internal_token": "internal-token-0123456789"}
     values.update(overrides)
-    return stack.StackOptions(**values)
+    return StackOptions(**values)
 
 
 # ------------------------------------------------------------------------------------------- ports
 def test_free_ports_are_distinct_and_free() -> None:
-    ports = stack.allocate_ports(free_ports=True)
-    assert set(ports) == set(stack.DEFAULT_PORTS)
+    ports = allocate_ports(free_ports=True)
+    assert set(ports) == set(DEFAULT_PORTS)
     assert len(set(ports.values())) == len(ports)
-    assert all(stack.port_is_free(p) for p in ports.values())
+    assert all(port_is_free(p) for p in ports.values())
 
 
 def test_base_port_layout_and_busy_port_refused() -> None:
@@ -57,18 +72,18 @@ def test_base_port_layout_and_busy_port_refused() -> None:
             busy.bind(("127.0.0.1", 0))
             busy.listen()
             taken = busy.getsockname()[1]
-            base = taken - stack.BASE_OFFSETS["generator"]
-            others = [base + off for name, off in stack.BASE_OFFSETS.items() if name != "generator"]
-            if base < 1024 or not all(stack.port_is_free(port) for port in others):
+            base = taken - BASE_OFFSETS["generator"]
+            others = [base + off for name, off in BASE_OFFSETS.items() if name != "generator"]
+            if base < 1024 or not all(port_is_free(port) for port in others):
                 continue  # a neighbour is used by something else on this machine: try another range
-            with pytest.raises(stack.StackError, match=rf"generator {taken}.*--free-ports"):
-                stack.allocate_ports(base_port=base)
+            with pytest.raises(StackError, match=rf"generator {taken}.*--free-ports"):
+                allocate_ports(base_port=base)
             break
     else:
         pytest.fail("no port range with only the generator's port taken")
-    assert stack.allocate_ports(base_port=base) == {name: base + off for name, off in stack.BASE_OFFSETS.items()}
-    with pytest.raises(stack.StackError):
-        stack.allocate_ports(base_port=80)
+    assert allocate_ports(base_port=base) == {name: base + off for name, off in BASE_OFFSETS.items()}
+    with pytest.raises(StackError):
+        allocate_ports(base_port=80)
 
 
 def test_a_port_left_in_time_wait_by_a_stopped_stack_counts_as_free() -> None:
@@ -79,26 +94,26 @@ def test_a_port_left_in_time_wait_by_a_stopped_stack_counts_as_free() -> None:
     port = server.getsockname()[1]
     client = socket.create_connection(("127.0.0.1", port))
     accepted, _ = server.accept()
-    assert not stack.port_is_free(port)  # listening
+    assert not port_is_free(port)  # listening
     accepted.close()  # the server side closes first: its port is left in TIME_WAIT
     client.close()
     server.close()
-    assert stack.port_is_free(port)  # what redis-server / uvicorn (SO_REUSEADDR) can bind again
+    assert port_is_free(port)  # what redis-server / uvicorn (SO_REUSEADDR) can bind again
 
 
 def test_cli_reports_a_busy_port_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        code = stack.main(["--base-port", str(busy.getsockname()[1]), "--no-color"])
+        code = main(["--base-port", str(busy.getsockname()[1]), "--no-color"])
     assert code == 2
     assert "already in use" in capsys.readouterr().out
 
 
 def test_default_llm_threads() -> None:
-    assert stack.default_llm_threads(2) == 1
-    assert stack.default_llm_threads(8) == 4
-    assert stack.default_llm_threads(64) == 4
+    assert default_llm_threads(2) == 1
+    assert default_llm_threads(8) == 4
+    assert default_llm_threads(64) == 4
 
 
 # --------------------------------------------------------------------------------- process table
@@ -106,17 +121,17 @@ def test_default_llm_threads() -> None:
 def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     options = make_options(tmp_path, api_keys=["public-key-123"])
-    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    specs = {s.name: s for s in build_specs(options, redis_server="/usr/bin/redis-server")}
     spec = specs[service]
     cls = settings_class(service)
     assert not set(spec.env) - env_names(cls, env_prefix(cls))
     settings = load_settings(service, spec.env, monkeypatch)
     assert (settings.host, settings.port) == ("127.0.0.1", options.ports[service])
     if service == "retriever":  # keeps no result cache (its settings refuse a Redis URL)
-        assert settings.redis_url is None and service not in stack.REDIS_DB
+        assert settings.redis_url is None and service not in REDIS_DB
     else:  # with the run's Redis password (the URL is a SecretStr)
         assert settings.redis_url is not None and settings.redis_url.get_secret_value() == (
-            f"redis://:{options.redis_password}@127.0.0.1:{options.ports['redis']}/{stack.REDIS_DB[service]}")
+            f"redis://:{options.redis_password}@127.0.0.1:{options.ports['redis']}/{REDIS_DB[service]}")
     assert spec.ready_url == f"http://127.0.0.1:{options.ports[service]}/health/ready"
     # `python -m services.<svc>` is what the console script plugsearch-<svc> runs
     assert spec.argv == [sys.executable, "-m", f"services.{service}"]
@@ -125,7 +140,7 @@ def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Pa
 
 def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = make_options(tmp_path)
-    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    specs = {s.name: s for s in build_specs(options, redis_server="/usr/bin/redis-server")}
     assert list(specs) == ["redis", "llm", "retriever", "generator", "judge", "searcher"]
     retriever = load_settings("retriever", specs["retriever"].env, monkeypatch)
     assert retriever.corpus == options.corpus and retriever.index_dir == options.index_dir
@@ -142,12 +157,12 @@ def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.Mo
     assert searcher.policy.base_url == f"http://127.0.0.1:{llm_port}/v1"
     assert searcher.constrained is True  # the embedded SmolLM2 needs the grammar to emit valid actions
     assert searcher.ui is True  # the playground at /ui: on in the local stack, off by default in the service
-    external = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_url="http://gpu:8000/v1"),
+    external = {s.name: s for s in build_specs(make_options(tmp_path, llm_url="http://gpu:8000/v1"),
                                                      redis_server=None)}
     assert load_settings("searcher", external["searcher"].env, monkeypatch).constrained is False
     redis = specs["redis"].argv
     assert redis[redis.index("--port") + 1] == str(options.ports["redis"])
-    assert "-H 'Authorization" not in stack.curl_example(options)
+    assert "-H 'Authorization" not in curl_example(options)
 
 
 def test_redis_and_the_llm_get_per_run_secrets_never_on_a_command_line(tmp_path: Path,
@@ -157,7 +172,7 @@ def test_redis_and_the_llm_get_per_run_secrets_never_on_a_command_line(tmp_path:
     options, other = make_options(tmp_path), make_options(tmp_path)
     assert options.redis_password != other.redis_password and options.llm_api_key != other.llm_api_key
     assert options.redis_password not in repr(options) and options.llm_api_key not in repr(options)
-    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    specs = {s.name: s for s in build_specs(options, redis_server="/usr/bin/redis-server")}
     for spec in specs.values():  # every local user can list arguments; only the same user reads the env
         assert options.redis_password not in " ".join(spec.argv) and options.llm_api_key not in " ".join(spec.argv)
     assert specs["redis"].env == {"PLUGSEARCH_REDIS_PASSWORD": options.redis_password}
@@ -180,7 +195,7 @@ def test_redis_and_the_llm_get_per_run_secrets_never_on_a_command_line(tmp_path:
     assert key == options.llm_api_key and options.llm_api_key not in " ".join(cmd)
     assert llama_server.API_KEY_ENV not in llama_server.os.environ
     # an external endpoint gets no key of ours
-    external = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_url="http://gpu:8000/v1"))}
+    external = {s.name: s for s in build_specs(make_options(tmp_path, llm_url="http://gpu:8000/v1"))}
     assert load_settings("searcher", external["searcher"].env, monkeypatch).policy.api_key is None
 
 
@@ -189,7 +204,7 @@ def test_redis_requires_the_password_and_the_probe_presents_it(tmp_path: Path) -
     if exe is None:
         pytest.fail("redis-server is not installed (scripts/install.sh installs it)")
     options = make_options(tmp_path)
-    spec = {s.name: s for s in stack.build_specs(options, redis_server=exe)}["redis"]
+    spec = {s.name: s for s in build_specs(options, redis_server=exe)}["redis"]
     proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -220,16 +235,16 @@ def test_redis_requires_the_password_and_the_probe_presents_it(tmp_path: Path) -
 def test_api_key_external_llm_and_no_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = make_options(tmp_path, api_keys=["public-key-123"], llm_url="http://gpu-box:8000/v1",
                            llm_model="Qwen/Qwen2.5-7B-Instruct", redis=False)
-    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    specs = {s.name: s for s in build_specs(options, redis_server="/usr/bin/redis-server")}
     assert list(specs) == ["retriever", "generator", "judge", "searcher"]
     searcher = load_settings("searcher", specs["searcher"].env, monkeypatch)
     assert [k.get_secret_value() for k in searcher.api_keys] == ["public-key-123"]
     assert (searcher.policy.base_url, searcher.policy.model) == ("http://gpu-box:8000/v1", "Qwen/Qwen2.5-7B-Instruct")
     assert searcher.redis_url is None
-    example = stack.curl_example(options)
+    example = curl_example(options)
     assert "Authorization: Bearer $PLUGSEARCH_API_KEY" in example
     assert "public-key-123" not in example  # the key is never printed
-    body = stack.curl_example(options).rsplit("-d '", 1)[1].rstrip("'")
+    body = curl_example(options).rsplit("-d '", 1)[1].rstrip("'")
     assert json.loads(body)["question"]
 
 
@@ -240,8 +255,8 @@ def test_each_api_key_option_is_one_key_commas_included(tmp_path: Path, monkeypa
     monkeypatch.delenv("PLUGSEARCH_API_KEY", raising=False)
 
     def keys(*argv: str) -> list[str]:
-        options = make_options(tmp_path, api_keys=stack._parse_args(list(argv)).api_key)
-        spec = next(s for s in stack.build_specs(options) if s.name == "searcher")
+        options = make_options(tmp_path, api_keys=_parse_args(list(argv)).api_key)
+        spec = next(s for s in build_specs(options) if s.name == "searcher")
         return [k.get_secret_value() for k in load_settings("searcher", spec.env, monkeypatch).api_keys]
 
     assert keys("--api-key", "first-key-123,second-key-456") == ["first-key-123,second-key-456"]
@@ -251,16 +266,16 @@ def test_each_api_key_option_is_one_key_commas_included(tmp_path: Path, monkeypa
     assert keys() == ["env-key-1,env-key-2"]  # the variable names one key too
     for argv in (["--api-key", "k1,k2"], ["--api-key", "same-key-123", "--api-key", "same-key-123"]):
         with pytest.raises(SystemExit):
-            stack._parse_args(argv)
+            _parse_args(argv)
     assert "--api-key given twice" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        stack._parse_args(["--help"])
+        _parse_args(["--help"])
     assert "a comma is part of the key" in " ".join(capsys.readouterr().out.split())
 
 
 def test_index_command_uses_the_index_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     options = make_options(tmp_path)
-    argv, env = stack.index_command(options)
+    argv, env = index_command(options)
     assert argv[1:] == ["-m", "services.retriever.cli", "build"]
     assert console_scripts()["plugsearch-index"] == "services.retriever.cli:main"
     assert env == {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir)}
@@ -283,21 +298,21 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_corpus_choice(tmp_path: Path) -> None:
     data, var = tmp_path / "data", tmp_path / "var"
-    with pytest.raises(stack.StackError, match="no corpus"):
-        stack.resolve_corpus(None, data_dir=data, var_dir=var, download=False)
+    with pytest.raises(StackError, match="no corpus"):
+        resolve_corpus(None, data_dir=data, var_dir=var, download=False)
     (data / "corpus").mkdir(parents=True)
     shared = data / "corpus" / "combined.jsonl"
     shared.write_text('{"id": "a", "title": "A", "text": "aa"}\n')
-    assert stack.resolve_corpus(None, data_dir=data, var_dir=var, download=False) == shared.resolve()
+    assert resolve_corpus(None, data_dir=data, var_dir=var, download=False) == shared.resolve()
     mine = tmp_path / "mine.jsonl"
     mine.write_text('{"id": "1", "contents": "\\"T\\"\\ntext"}\n')
-    assert stack.resolve_corpus(mine, data_dir=data, var_dir=var) == mine.resolve()
-    with pytest.raises(stack.StackError, match="not a file"):
-        stack.resolve_corpus(tmp_path / "missing.jsonl", data_dir=data, var_dir=var)
+    assert resolve_corpus(mine, data_dir=data, var_dir=var) == mine.resolve()
+    with pytest.raises(StackError, match="not a file"):
+        resolve_corpus(tmp_path / "missing.jsonl", data_dir=data, var_dir=var)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"title": "no id"}\n')
-    with pytest.raises(stack.StackError, match="needs an `id`"):
-        stack.resolve_corpus(bad, data_dir=data, var_dir=var)
+    with pytest.raises(StackError, match="needs an `id`"):
+        resolve_corpus(bad, data_dir=data, var_dir=var)
 
 
 def test_sample_download(tmp_path: Path, http_files: tuple[str, Path]) -> None:
@@ -305,17 +320,17 @@ def test_sample_download(tmp_path: Path, http_files: tuple[str, Path]) -> None:
     (root / "sample.jsonl").write_text('{"id": "0", "contents": "\\"Evan Morris\\"\\nEvan Morris was"}\n')
     (root / "page.html").write_text("<html>not a corpus</html>")
     messages: list[str] = []
-    dest = tmp_path / "var" / "corpus" / stack.SAMPLE_NAME
-    assert stack.download_sample(dest, f"{base}/sample.jsonl", log=messages.append) == dest
+    dest = tmp_path / "var" / "corpus" / SAMPLE_NAME
+    assert download_sample(dest, f"{base}/sample.jsonl", log=messages.append) == dest
     assert json.loads(dest.read_text())["id"] == "0"
     assert "downloading a public sample corpus" in messages[0] and "--corpus" in messages[0]
-    assert stack.download_sample(dest, f"{base}/gone.jsonl", log=messages.append) == dest  # cached: no fetch
+    assert download_sample(dest, f"{base}/gone.jsonl", log=messages.append) == dest  # cached: no fetch
     assert len(messages) == 1
     other = tmp_path / "other.jsonl"
-    with pytest.raises(stack.StackError, match="could not download"):
-        stack.download_sample(other, f"{base}/page.html", log=messages.append)
-    with pytest.raises(stack.StackError, match="could not download"):
-        stack.download_sample(other, f"{base}/gone.jsonl", log=messages.append)
+    with pytest.raises(StackError, match="could not download"):
+        download_sample(other, f"{base}/page.html", log=messages.append)
+    with pytest.raises(StackError, match="could not download"):
+        download_sample(other, f"{base}/gone.jsonl", log=messages.append)
     assert not other.exists() and not list(tmp_path.glob(".other.jsonl.*"))
 
 
@@ -325,10 +340,10 @@ def test_index_dir_is_keyed_by_corpus_content(tmp_path: Path) -> None:
         path.parent.mkdir()
         path.write_text(f'{{"id": "1", "text": "{text}"}}\n')
     var = tmp_path / "var"
-    assert stack.index_dir_for(a, var) == stack.index_dir_for(b, var)
-    assert stack.index_dir_for(a, var) != stack.index_dir_for(c, var)
-    assert stack.index_dir_for(a, var).parent == (var / "indexes").resolve()
-    assert stack.index_dir_for(a, var).name.startswith("corpus-")
+    assert index_dir_for(a, var) == index_dir_for(b, var)
+    assert index_dir_for(a, var) != index_dir_for(c, var)
+    assert index_dir_for(a, var).parent == (var / "indexes").resolve()
+    assert index_dir_for(a, var).name.startswith("corpus-")
 
 
 # ------------------------------------------------------------------------------------------ readiness
@@ -344,7 +359,7 @@ def test_wait_ready_polls_until_every_check_passes() -> None:
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     with http_server(Handler) as base, procgroup.ProcessGroup() as group:
         group.add(procgroup.ProcessSpec("svc", sleeper, ready_url=f"{base}/health/ready"),
-                  procgroup.ProcessSpec("down", sleeper, ready_url=f"http://127.0.0.1:{stack.free_port()}/x"))
+                  procgroup.ProcessSpec("down", sleeper, ready_url=f"http://127.0.0.1:{free_port()}/x"))
         group.start()
         ready: list[str] = []
         group.wait_ready("svc", timeout_s=30, stop=threading.Event(), on_ready=lambda name, _s: ready.append(name),
@@ -362,13 +377,13 @@ def test_wait_ready_polls_until_every_check_passes() -> None:
 def test_redis_probe_uses_ping(redis_url: str) -> None:
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     assert procgroup.probe(procgroup.ProcessSpec("redis", [], port=port))
-    assert not procgroup.probe(procgroup.ProcessSpec("redis", [], port=stack.free_port()))
+    assert not procgroup.probe(procgroup.ProcessSpec("redis", [], port=free_port()))
 
 
 def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from services.common import llama_server
 
-    spec = {s.name: s for s in stack.build_specs(make_options(tmp_path, llm_threads=3, llm_prompt_cache_mb=64))}["llm"]
+    spec = {s.name: s for s in build_specs(make_options(tmp_path, llm_threads=3, llm_prompt_cache_mb=64))}["llm"]
     assert spec.argv[1:3] == ["-m", "services.common.llama_server"]
     captured: list[list[str]] = []
     monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(list(cmd)))
@@ -377,7 +392,7 @@ def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: 
     cmd = captured[0]
     assert cmd[cmd.index("--n_threads") + 1] == "3"
     assert cmd[cmd.index("--cache_size") + 1] == str(64 << 20)
-    assert stack._parse_args(["--llm-prompt-cache-mb", "0"]).llm_prompt_cache_mb == 0
+    assert _parse_args(["--llm-prompt-cache-mb", "0"]).llm_prompt_cache_mb == 0
 
 
 # --------------------------------------------------------------------------------- trained searcher
@@ -402,7 +417,7 @@ def test_the_trained_searcher_gets_its_own_llm_process_and_its_settings(tmp_path
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     trained = fake_trained(tmp_path / "trained")
     options = make_options(tmp_path, trained=trained)
-    specs = {s.name: s for s in stack.build_specs(options, redis_server=None)}
+    specs = {s.name: s for s in build_specs(options, redis_server=None)}
     assert list(specs) == ["llm", "retriever", "generator", "judge", "policy", "searcher"]
     policy_cmd = llama_command(specs["policy"].argv[3:], monkeypatch)
     assert policy_cmd[policy_cmd.index("--lora_path") + 1] == str(trained.adapter)
@@ -433,46 +448,46 @@ def test_an_altered_adapter_or_another_base_model_is_refused(tmp_path: Path) -> 
 
 def test_policy_choice(tmp_path: Path) -> None:
     said: list[str] = []
-    assert stack._trained_policy(stack._parse_args(["--policy", "base"]), said.append) is None
+    assert _trained_policy(_parse_args(["--policy", "base"]), said.append) is None
     assert "untrained" in said[-1]
     none = tmp_path / "none"
-    assert stack._trained_policy(stack._parse_args([]), said.append, none) is None  # auto, nothing shipped: base
-    with pytest.raises(stack.StackError, match="--policy base"):
-        stack._trained_policy(stack._parse_args(["--policy", "trained"]), said.append, none)
+    assert _trained_policy(_parse_args([]), said.append, none) is None  # auto, nothing shipped: base
+    with pytest.raises(StackError, match="--policy base"):
+        _trained_policy(_parse_args(["--policy", "trained"]), said.append, none)
     from services.common.llama_server import smollm2_gguf_path
     from services.searcher.trained import sha256
 
     base = sha256(smollm2_gguf_path())
     better = fake_trained(tmp_path / "better", base_sha=base).folder
     worse = fake_trained(tmp_path / "worse", base_sha=base, beats_base=False).folder
-    assert stack._trained_policy(stack._parse_args([]), said.append, better) is not None
-    assert stack._trained_policy(stack._parse_args([]), said.append, worse) is None  # auto: only a winner
+    assert _trained_policy(_parse_args([]), said.append, better) is not None
+    assert _trained_policy(_parse_args([]), said.append, worse) is None  # auto: only a winner
     assert "did not beat" in said[-1]
-    assert stack._trained_policy(stack._parse_args(["--policy", "trained"]), said.append, worse) is not None
+    assert _trained_policy(_parse_args(["--policy", "trained"]), said.append, worse) is not None
 
 
 def test_a_dense_stack_builds_and_serves_the_dense_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.unit.test_searcher_compact import DENSE_READER, NAME_SEEKER
 
     options = make_options(tmp_path, compact=DENSE_READER, dense=True)
-    specs = {s.name: s for s in stack.build_specs(options, redis_server=None)}
+    specs = {s.name: s for s in build_specs(options, redis_server=None)}
     retriever = load_settings("retriever", specs["retriever"].env, monkeypatch)
     assert retriever.dense and retriever.bm25 and retriever.faiss.index_type == "flat"
     assert "hybrid" in retriever.methods()
-    argv, env = stack.index_command(options)  # the first step builds BM25; the retriever builds the dense index
+    argv, env = index_command(options)  # the first step builds BM25; the retriever builds the dense index
     assert env["RETRIEVER_DENSE"] == "true" and env["RETRIEVER_FAISS__INDEX_TYPE"] == "flat"
     assert argv[-1] == "--no-dense" and retriever.dense_missing == "build"  # in the background, BM25 serving
     waited = make_options(tmp_path, compact=DENSE_READER, dense=True, dense_background=False)  # --wait-dense
-    assert "--no-dense" not in stack.index_command(waited)[0]
-    waited_specs = {s.name: s for s in stack.build_specs(waited, redis_server=None)}
+    assert "--no-dense" not in index_command(waited)[0]
+    waited_specs = {s.name: s for s in build_specs(waited, redis_server=None)}
     assert load_settings("retriever", waited_specs["retriever"].env, monkeypatch).dense_missing == "refuse"
-    bm25_only = {s.name: s for s in stack.build_specs(make_options(tmp_path), redis_server=None)}
+    bm25_only = {s.name: s for s in build_specs(make_options(tmp_path), redis_server=None)}
     assert not load_settings("retriever", bm25_only["retriever"].env, monkeypatch).dense
     # --dense auto: on when the served compact policy scores a dense pool
-    assert stack._parse_args([]).dense == "auto"
-    assert stack.serve_dense("auto", DENSE_READER) and not stack.serve_dense("auto", NAME_SEEKER)
-    assert not stack.serve_dense("auto", None) and stack.serve_dense("on", None)
-    assert not stack.serve_dense("off", DENSE_READER)
+    assert _parse_args([]).dense == "auto"
+    assert serve_dense("auto", DENSE_READER) and not serve_dense("auto", NAME_SEEKER)
+    assert not serve_dense("auto", None) and serve_dense("on", None)
+    assert not serve_dense("off", DENSE_READER)
 
 
 def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_path: Path,
@@ -484,7 +499,7 @@ def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_pat
 
     shipped = CompactPolicy.load(COMPACT_DIR)
     options = make_options(tmp_path, compact=shipped, dense=True, llm_services=False)
-    specs = {s.name: s for s in stack.build_specs(options, redis_server="/usr/bin/redis-server")}
+    specs = {s.name: s for s in build_specs(options, redis_server="/usr/bin/redis-server")}
     assert list(specs) == ["redis", "retriever", "searcher"]
     env = specs["searcher"].env
     assert env["SEARCHER_POLICY_KIND"] == "compact" and env["SEARCHER_COMPACT_POLICY"] == str(COMPACT_DIR)
@@ -492,18 +507,18 @@ def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_pat
                                                 "SEARCHER_SELECT_K", "SEARCHER_LLM_SLOTS"))]
     searcher = load_settings("searcher", env, monkeypatch)
     assert searcher.policy_kind == "compact" and searcher.retrieve_k == 8  # the manifest's 30 applies to s3 only
-    assert stack.missing_llm_packages(options) is None  # nothing LLM-backed to start
+    assert missing_llm_packages(options) is None  # nothing LLM-backed to start
     # asked for: the three LLM-backed services, and a clear message where their packages are missing
     with_llm = make_options(tmp_path, compact=shipped, llm_services=True)
-    assert [s.name for s in stack.build_specs(with_llm)] == ["llm", "retriever", "generator", "judge", "searcher"]
+    assert [s.name for s in build_specs(with_llm)] == ["llm", "retriever", "generator", "judge", "searcher"]
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llama_cpp" else real_find_spec(name, *a))
-    assert stack.missing_llm_packages(with_llm) == "llama-cpp-python"
-    assert stack.missing_llm_packages(make_options(tmp_path, llm_url="http://gpu:8000/v1")) is None
-    args = stack._parse_args(["--chat", "--with-llm", "--wait-dense"])
+    assert missing_llm_packages(with_llm) == "llama-cpp-python"
+    assert missing_llm_packages(make_options(tmp_path, llm_url="http://gpu:8000/v1")) is None
+    args = _parse_args(["--chat", "--with-llm", "--wait-dense"])
     assert args.chat and args.with_llm and args.wait_dense
 
 
@@ -516,7 +531,7 @@ def test_chat_without_the_llm_packages_says_how_to_install_them(tmp_path: Path, 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llama_cpp" else real_find_spec(name, *a))
-    code = stack.main(["--free-ports", "--no-color", "--no-redis", "--chat", "--corpus", str(corpus),
+    code = main(["--free-ports", "--no-color", "--no-redis", "--chat", "--corpus", str(corpus),
                        "--var-dir", str(tmp_path / "var")])
     out = capsys.readouterr().out
     assert code == 2

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from services.common.admission import AdaptiveLimit, FairAdmission, FairShare
-from services.stack import StackOptions, build_specs
+from services.stack.specs import StackOptions, build_specs
 
 
 class Clock:

@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 
-from services import stack
 from services.common.errors import NotReady
 from services.common.schemas.searcher import SearchParams
 from services.searcher.compact import CompactPolicy
 from services.searcher.policy_corpus import CorpusMismatch, check_corpus
 from services.searcher.serving import SearchService
 from services.searcher.settings import SearcherSettings
+from services.stack import StackError
+from services.stack.cli import _parse_args
+from services.stack.policy import _compact_policy, check_policy_corpus, serve_dense
 from tests.unit.test_searcher_compact import DENSE_READER, NAME_SEEKER, MemoryRetriever
 
 SHA = "ab" * 32
@@ -65,23 +67,23 @@ def test_the_stack_serves_a_policy_folder_on_its_own_corpus_only(tmp_path: Path)
     other.write_text('{"id": "1", "title": "B", "text": "beta"}\n')
     folder = policy_folder(tmp_path, corpus)
     said: list[str] = []
-    args = stack._parse_args(["--corpus", str(corpus), "--policy", str(folder)])
-    policy = stack._compact_policy(args, said.append)
+    args = _parse_args(["--corpus", str(corpus), "--policy", str(folder)])
+    policy = _compact_policy(args, said.append)
     assert policy is not None and policy.folder == folder and "beats_naive: True" in said[-1]
-    dense = stack.serve_dense(args.dense, policy)
+    dense = serve_dense(args.dense, policy)
     assert dense  # its dense scorer asks for the dense index
-    stack.check_policy_corpus(policy, corpus, dense, environ={})
-    with pytest.raises(stack.StackError, match="trained on mine.jsonl .*this corpus is sha256"):
-        stack.check_policy_corpus(policy, other, dense, environ={})
-    with pytest.raises(stack.StackError, match="serves no dense index"):
-        stack.check_policy_corpus(policy, corpus, False, environ={})
-    with pytest.raises(stack.StackError, match="encodes with intfloat/e5-base-v2"):
-        stack.check_policy_corpus(policy, corpus, dense, environ={"RETRIEVER_ENCODER__NAME": "intfloat/e5-base-v2"})
+    check_policy_corpus(policy, corpus, dense, environ={})
+    with pytest.raises(StackError, match="trained on mine.jsonl .*this corpus is sha256"):
+        check_policy_corpus(policy, other, dense, environ={})
+    with pytest.raises(StackError, match="serves no dense index"):
+        check_policy_corpus(policy, corpus, False, environ={})
+    with pytest.raises(StackError, match="encodes with intfloat/e5-base-v2"):
+        check_policy_corpus(policy, corpus, dense, environ={"RETRIEVER_ENCODER__NAME": "intfloat/e5-base-v2"})
     with pytest.raises(SystemExit):  # neither a choice nor a folder
-        stack._parse_args(["--policy", str(tmp_path / "missing")])
+        _parse_args(["--policy", str(tmp_path / "missing")])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(stack.StackError, match="not a compact policy folder"):
-        stack._compact_policy(stack._parse_args(["--policy", str(tmp_path / "empty")]), said.append)
+    with pytest.raises(StackError, match="not a compact policy folder"):
+        _compact_policy(_parse_args(["--policy", str(tmp_path / "empty")]), said.append)
 
 
 class Identity:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.searcher.compact import CompactPolicy
-from services.stack import index_dir_for
+from services.stack.corpus import index_dir_for
 from trainer.cli import main
 from trainer.common.evaluation import beats_naive
 from trainer.compact.config import CompactConfig
@@ -113,7 +113,8 @@ def user_files(data_dir: Path, folder: Path, rows: range = range(200, 280), dist
 
 def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus_only(
         data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from services import stack
+    from services.stack import StackError
+    from services.stack.policy import check_policy_corpus
 
     corpus, qa = user_files(data_dir, tmp_path / "mine", by_ids=True)  # half labelled by answers, half by ids
     out, var = tmp_path / "run", tmp_path / "var"
@@ -153,9 +154,9 @@ def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus
     assert [json.loads(line)["step"] for line in (out / "rl" / "rewards.jsonl").read_text().splitlines()] == [0, 1, 2]
     # served on its own corpus only
     served = CompactPolicy.load(out / "policy")
-    stack.check_policy_corpus(served, corpus, True, environ={})
-    with pytest.raises(stack.StackError, match="trained on my-corpus.jsonl"):
-        stack.check_policy_corpus(served, data_dir / "corpus" / "2wikimultihopqa.jsonl", True, environ={})
+    check_policy_corpus(served, corpus, True, environ={})
+    with pytest.raises(StackError, match="trained on my-corpus.jsonl"):
+        check_policy_corpus(served, data_dir / "corpus" / "2wikimultihopqa.jsonl", True, environ={})
 
 
 def test_bad_user_data_is_refused_before_any_work(data_dir: Path, tmp_path: Path) -> None:

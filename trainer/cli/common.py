@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from services.stack import default_llm_threads
+from services.stack.specs import default_llm_threads
 from trainer.common.baseline import BaselineConfig, BaselineStore
 from trainer.common.data import TRAIN_DATASETS
 from trainer.common.settings import TrainerSettings

@@ -22,7 +22,9 @@ from services.common.llama_server import DEFAULT_MODEL_ALIAS, llama_spec
 from services.common.procgroup import ProcessExited, ProcessGroup, ProcessGroupError, ProcessSpec
 from services.common.redis_server import redis_spec, redis_url
 from services.common.workers import free_port
-from services.stack import StackError, index_dir_for, service_spec
+from services.stack import StackError
+from services.stack.corpus import index_dir_for
+from services.stack.specs import service_spec
 from trainer.common.settings import TrainerSettings
 
 REPO = Path(__file__).resolve().parents[2]

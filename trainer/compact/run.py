@@ -98,7 +98,7 @@ def shipped_items(data_dir: Path, job: CompactRun) -> list[LabeledItem]:
     a user's run learns from them beside its own questions (the features are the same on any corpus)."""
     import random
 
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
 
     corpus = (data_dir / "corpus" / "combined.jsonl").resolve()
     if not corpus.is_file():
@@ -143,7 +143,7 @@ def run(job: CompactRun) -> dict[str, Any]:
     retriever: IndexRetriever | None = None
     pseudo_info: dict[str, Any] | None = None
     if job.pseudo:  # questions made from the corpus's own passages: a question file, then the labelled flow
-        from services.stack import index_dir_for
+        from services.stack.corpus import index_dir_for
         from trainer.compact.pseudo import pseudo_question_file
 
         if job.corpus is None or not job.corpus.is_file():
@@ -186,7 +186,7 @@ def run(job: CompactRun) -> dict[str, Any]:
                 f"{', '.join(config.datasets)} (yes/no dropped); the last {config.dev_per_dataset} of each set held "
                 "out as the RL stage's dev check")
     out.mkdir(parents=True, exist_ok=True)
-    from services.stack import index_dir_for
+    from services.stack.corpus import index_dir_for
 
     index_dir = job.index_dir or index_dir_for(corpus, job.var_dir)
     stages = {"questions": round(time.perf_counter() - t0, 1)}
