@@ -51,6 +51,7 @@ from services.common.llm import LLMSettings, OpenAIChatClient  # noqa: E402
 from services.common.schemas.base import Document  # noqa: E402
 from services.common.schemas.searcher import SearchParams  # noqa: E402
 from services.searcher.loop import run_search  # noqa: E402
+from services.searcher.policy import ChatPolicy  # noqa: E402
 from services.searcher.prompts import PromptSet  # noqa: E402
 from services.searcher.retrieval import ServiceRetriever  # noqa: E402
 from services.searcher.trained import LORA_DIR, TrainedSearcher, sha256  # noqa: E402
@@ -109,7 +110,7 @@ async def evaluate(args: argparse.Namespace, retriever_url: str, policies: dict[
                         if naive is None:
                             depth = max(20, *BUDGETS)
                             naive = (await retriever.retrieve([row.question], depth, params.method))[0]
-                        out = await run_search(row.question, params, policy=llm, retriever=retriever,
+                        out = await run_search(row.question, params, policy=ChatPolicy(llm), retriever=retriever,
                                                prompts=prompts)
                         answers = row.golden_answers
                         n = len(out.documents)

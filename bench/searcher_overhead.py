@@ -191,12 +191,13 @@ async def loop_only_slowdown(latency_s: float, repeats: int) -> float:
     """The loop alone (in-process, no HTTP): t(64 searches at once) / t(one search), policy latency 50 ms."""
     from services.common.schemas.searcher import SearchParams
     from services.searcher.loop import run_search
+    from services.searcher.policy import ChatPolicy
 
-    policy, retriever, params = SleepingPolicy(latency_s), MemoryRetriever(), SearchParams()
+    policy, retriever, params = ChatPolicy(SleepingPolicy(latency_s)), MemoryRetriever(), SearchParams()  # type: ignore[arg-type]
 
     async def burst(n: int) -> float:
         t0 = time.perf_counter()
-        await asyncio.gather(*(run_search(f"question {i}?", params, policy=policy,  # type: ignore[arg-type]
+        await asyncio.gather(*(run_search(f"question {i}?", params, policy=policy,
                                           retriever=retriever) for i in range(n)))
         return time.perf_counter() - t0
 

@@ -16,7 +16,7 @@ from services.common.app import add_component_schemas, build_app, from_state, se
 from services.common.cache import ResultCache, make_cache
 from services.common.clients import RetrieverClient
 from services.common.errors import ErrorEnvelope, error_responses
-from services.common.llm import LLMBackend, OpenAIChatClient
+from services.common.llm import OpenAIChatClient
 from services.common.schemas.searcher import (
     STREAM_EVENT_MODELS,
     SearchBatchRequest,
@@ -30,7 +30,7 @@ from services.searcher.compact import CompactPolicy
 from services.searcher.corpus_check import CorpusGate, Sampler
 from services.searcher.env import RetrieverBackend
 from services.searcher.index_identity import IndexIdentity
-from services.searcher.policy import ChatPolicy, SearcherPolicy, as_searcher_policy
+from services.searcher.policy import ChatPolicy, SearcherPolicy
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearcherMetrics, SearchService
@@ -124,15 +124,15 @@ def sampler(client: RetrieverClient) -> Sampler:
     return sample
 
 
-def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPolicy | LLMBackend | None = None,
+def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPolicy | None = None,
                retriever: RetrieverBackend | None = None, cache: ResultCache | None = None,
                answer: AnswerBackend | None = None) -> FastAPI:
     """The searcher app. Backends are built in the lifespan unless injected (tests, benches): `policy` (a
-    `SearcherPolicy`, or a chat LLM served as a `ChatPolicy`) replaces the one `policy_kind` names; `answer`:
+    `SearcherPolicy`: a chat LLM is served as `ChatPolicy(llm)`) replaces the one `policy_kind` names; `answer`:
     the answer LLM of the chat proxy (used only when `settings.chat` turns the proxy on)."""
     settings = settings or SearcherSettings()
     # the compact policy is a few kB of weights: loaded here, so /version names it before the lifespan ran
-    served: SearcherPolicy | None = as_searcher_policy(policy) if policy is not None else \
+    served: SearcherPolicy | None = policy if policy is not None else \
         CompactPolicy.load(settings.compact_policy) if settings.policy_kind == "compact" else None
     policy_model = served.model if served is not None else settings.policy.model
 
@@ -161,7 +161,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
             identity = None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s)
             gate = None
             if client is not None and settings.corpus_check == "auto" and checkable(the_policy):
-                gate = owned(CorpusGate(the_policy.acting, the_retriever, sampler(client),
+                gate = owned(CorpusGate(the_policy, the_retriever, sampler(client),
                                         questions=settings.corpus_check_questions,
                                         margin=settings.corpus_check_margin, manifest=the_policy.manifest))
             app.state.service = SearchService(

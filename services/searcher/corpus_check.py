@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from services.common.answers import span_match
-from services.common.llm import LLMBackend
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import RetrieverBackend
 from services.searcher.loop import ActingPolicy, run_search
@@ -74,7 +73,7 @@ def paired_interval(diffs: Sequence[float], *, resamples: int = 2000, seed: int 
     return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
 
 
-async def check_policy(policy: ActingPolicy | LLMBackend, params: SearchParams, retriever: RetrieverBackend,
+async def check_policy(policy: ActingPolicy, params: SearchParams, retriever: RetrieverBackend,
                        questions: Sequence[PseudoQuestion], *, margin: float = 0.0) -> CheckResult:
     """The policy (searching with `params`, mode s3) against naive BM25 top-`params.select_k` on `questions`:
     `policy` when its mean answer-recall difference is at least `-margin`, else `naive`."""
@@ -146,7 +145,7 @@ class CorpusGate:
     replaced) stands, and before any verdict (None) the caller serves naive. A check that cannot run (the
     retriever cannot sample passages, a search fails) is retried after `retry_s`; meanwhile naive serves."""
 
-    def __init__(self, policy: ActingPolicy | LLMBackend, retriever: RetrieverBackend, sample: Sampler, *, questions: int = 200,
+    def __init__(self, policy: ActingPolicy, retriever: RetrieverBackend, sample: Sampler, *, questions: int = 200,
                  margin: float = 0.0, seed: int = 0, manifest: Mapping[str, Any] | None = None,
                  retry_s: float = 30.0) -> None:
         self.policy = policy

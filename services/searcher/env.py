@@ -1,16 +1,24 @@
-"""One search as an environment: s3, QAgent and naive top-k behind `reset()` / `step(output)`.
+"""One search as an environment: s3, QAgent and naive top-k behind `reset()` / `act(action)`.
 
-Every driver uses this one object: the searcher service (`services.searcher.loop.run_search`, a chat
-policy over HTTP), TRL rollouts and veRL's agent loop (`trainer.llm.episode`, a token-level policy). The
-environment never calls the policy: the driver samples as `next_call()` says and hands the raw output to
-`step`; the documents come from the state (`documents()`), never parsed back out of a transcript.
+Every driver uses this one object: the searcher service (`services.searcher.loop.run_search`), TRL rollouts and
+veRL's agent loop (`trainer.llm.episode`, a token-level LLM policy) and the compact trainer's episodes. The
+environment never calls the policy: the driver asks the policy for its next `Action` (`policy.act(env)`: the
+compact policy decides from the state; an LLM policy samples as `next_call()` says from `messages` and parses
+its output into an action, `services.searcher.policy.ChatPolicy`) and hands it to `act`, the one path every
+action takes, under one set of rules for every policy; the documents come from the state (`documents()`),
+never parsed back out of a transcript.
 
-s3 (pat-jj/s3): naive top-k of the question first; then up to `max_turns` steps, each a search, a stop or
-an invalid action (re-prompted, at most `max_invalid` in a row); after the last search one more step to
-mark the last block; documents by s3's extraction rule (`select_documents`). QAgent: plan -> search ->
-information -> reflection, up to `max_turns` rounds; the documents are the union of every block, and a run
-that retrieved nothing falls back to the naive top-k. A policy failure (`fail()`) or a retriever failure
-after the first retrieval ends the search degraded; a failed first retrieval raises.
+The rules. s3 (pat-jj/s3): naive top-k of the question first (one block per method of `pool_methods`); then up
+to `max_turns` steps, each a search, a stop with a selection, or an invalid action (no query, or a query
+already searched: a turn spent, re-prompted, at most `max_invalid` in a row, then the end); after the last
+search one more step to mark the last block (only the selection counts); documents by s3's extraction rule
+(`select_documents`). QAgent: plan -> search -> information -> reflection, up to `max_turns` rounds; the
+documents are the union of every block, and a run that retrieved nothing falls back to the naive top-k.
+
+Degradation, one rule for every policy (`degrade`): when a search cannot finish (the policy's error or
+timeout, the search's deadline, the retriever failing after the first retrieval) it returns what the policy
+committed to at the document budget: s3, the documents it marked, else naive top-`select_k` of the first
+retrieval; QAgent, what its rounds retrieved, else the naive top-k. A failed first retrieval raises.
 """
 
 from __future__ import annotations
@@ -86,16 +94,26 @@ class PolicyCall:
 
 @dataclass(frozen=True)
 class Action:
-    """A structured policy's step (`SearchEnv.act`): `search` issues `query`; `complete` ends the search with
-    `selected`, the chosen documents as (block index, 1-based position) pairs, in order. `prefetch` (with a
+    """A policy's step, the one thing `SearchEnv.act` takes from any policy.
+
+    `search`: s3 searches `query`; QAgent a round of `queries` (or `query`). `complete`: the end. `selected`:
+    the documents it marks, as (block index, 1-based position) pairs, in order; `marked`: the blocks whose marks
+    it sets (a block keeps the first marks it gets), None: a final selection, every block (a block it names no
+    document of is marked empty) with `complete`, the blocks `selected` names otherwise. `prefetch` (with an s3
     search): queries the policy may search next; the environment retrieves them with `query`, in one request,
     and a later search of one of them takes its documents from there (the same documents, one round trip
-    fewer; a guess that is never searched costs a retrieval)."""
+    fewer; a guess that is never searched costs a retrieval). `text`: what the policy wrote (the transcript's
+    assistant message; None: the action written in s3's tags). `selection_ok`: whether it wrote a usable
+    selection (at s3's last step only the selection counts)."""
 
     kind: Literal["search", "complete"]
     query: str | None = None
     selected: tuple[tuple[int, int], ...] = ()
     prefetch: tuple[str, ...] = ()
+    queries: tuple[str, ...] = ()
+    marked: tuple[int, ...] | None = None
+    text: str | None = None
+    selection_ok: bool = True
 
 
 @dataclass(frozen=True)
@@ -142,8 +160,8 @@ def _as_query(text: str) -> str:
 
 
 class SearchEnv:
-    """One search: `await reset()`, then while not `done`: sample with `next_call()`, `await step(...)`;
-    finally `await finish()` for the `SearchOutcome`."""
+    """One search: `await reset()`, then while not `done`: `await act(policy's action)`; finally
+    `await finish()` for the `SearchOutcome`."""
 
     def __init__(self, question: str, params: SearchParams, retriever: RetrieverBackend, *,
                  prompts: PromptSet | None = None, on_event: EventSink | None = None) -> None:
@@ -160,7 +178,7 @@ class SearchEnv:
         self.valid = 0
         self.invalid = 0
         self.turns = 0
-        """Policy outputs taken (`step` calls)."""
+        """Policy actions taken (`act` calls)."""
         self.done = False
         self.stop_reason: StopReason = "max_turns"
         self.degraded_reason: str | None = None
@@ -225,65 +243,33 @@ class SearchEnv:
         return PolicyCall(stop=stop, max_tokens=p.max_new_tokens, temperature=p.temperature, grammar=grammar,
                           extra=extra)
 
-    async def step(self, output: str, *, stopped: bool) -> list[ChatMessage]:
-        """Take one raw policy output (`stopped`: the backend ended it at a stop string or end of turn).
-        Returns the messages the environment appended after the policy's (empty when the search ended)."""
-        if self.done:
-            raise RuntimeError("step() on a finished search")
-        self.turns += 1
-        before = len(self.messages)
-        if self.params.mode == "s3":
-            await self._step_s3(output, stopped=stopped)
-        else:
-            await self._step_qagent(output, stopped=stopped)
-        return self.messages[before + 1:]
-
-    async def act(self, action: Action) -> None:
-        """Take one structured action (s3 mode; the compact policy's steps): the same search, selection and
-        end as a parsed chat output, without the text. The transcript gets the action in s3's tags."""
+    async def act(self, action: Action) -> list[ChatMessage]:
+        """Take one action of the policy, whatever the policy: the one path, with one set of rules (the module's
+        docstring). Returns the messages the environment appended after the policy's (empty when it ended)."""
         if self.done:
             raise RuntimeError("act() on a finished search")
-        if self.params.mode != "s3":
-            raise ValueError("structured actions drive s3 mode")
         self.turns += 1
-        self.valid += 1
-        if action.kind == "search" and action.query and self.can_search \
-                and parsing.normalize_query(action.query) not in self.seen_queries:
-            query = _as_query(action.query)
-            self.messages.append(ChatMessage(role="assistant", content=f"<query>{json.dumps({'query': query})}</query>"))
-            self._emit("action", kind="search", query=query)
-            await self._s3_search(query, action.prefetch if self.searches_left > 1 else ())
-            return
-        if action.kind == "search":  # no search left, or a repeat: ends on what it has (s3's rule: every block)
-            self.valid -= 1
-            self.invalid += 1
-            self._emit("action", kind="invalid")
-            self._end("invalid_actions")
-            return
-        picks: dict[int, list[int]] = {b: [] for b in range(len(self.blocks))}
-        for b, position in action.selected:
-            if 0 <= b < len(self.blocks) and 1 <= position <= len(self.blocks[b].documents) \
-                    and position not in picks[b]:
-                picks[b].append(position)
-        for b, ids in picks.items():
-            self.blocks[b].selected = ids
-            if ids:
-                self._emit("action", kind="select", selected=ids, block=b)
-        self.messages.append(ChatMessage(role="assistant", content="".join(
-            f"<important_info>{ids}</important_info>" for ids in picks.values()) +
-            "<search_complete>True</search_complete>"))
-        self._emit("action", kind="complete")
-        self._end("complete")
+        before = len(self.messages)
+        self.messages.append(ChatMessage(role="assistant", content=action.text if action.text is not None
+                                         else self._written(action)))
+        if self.params.mode == "s3":
+            await self._act_s3(action)
+        else:
+            await self._act_qagent(action)
+        return self.messages[before + 1:]
 
-    def keep_naive(self) -> None:
-        """What a structured policy's search returns when it cannot finish (its own error, the deadline, the
-        retriever failing mid-search): naive top-k of the first retrieval at the search's document budget,
-        the first block's first `select_k` documents, and nothing else."""
-        for b, block in enumerate(self.blocks):
-            block.selected = list(range(1, min(self.params.select_k, len(block.documents)) + 1)) if b == 0 else []
-
-    def fail(self, reason: StopReason, message: str) -> None:
-        """The driver could not get a policy output (error, timeout, deadline): end, degraded."""
+    def degrade(self, reason: StopReason, message: str) -> None:
+        """End a search that cannot finish (the policy's error or timeout, the deadline, the retriever failing
+        mid-search) with what the policy committed to at the document budget, one rule for every policy: s3,
+        the documents it marked, else naive top-`select_k` of the first retrieval (a block it did not mark adds
+        nothing); QAgent, what its rounds retrieved (`finish` falls back to the naive top-k when nothing)."""
+        if self.params.mode == "s3":
+            marked = any(block.selected for block in self.blocks)
+            for b, block in enumerate(self.blocks):
+                if not marked and b == 0:
+                    block.selected = list(range(1, min(self.params.select_k, len(block.documents)) + 1))
+                elif block.selected is None:
+                    block.selected = []
         self.degraded_reason = message
         self._end(reason)
 
@@ -380,8 +366,7 @@ class SearchEnv:
             self._prefetched.update(zip(ahead, results[len(queries):], strict=True))
             return self._block(turn, queries, method, results[:len(queries)])
         except ServiceError as exc:
-            self.degraded_reason = f"retriever failed mid-search: {exc.message}"
-            self._end("retriever_error")
+            self.degrade("retriever_error", f"retriever failed mid-search: {exc.message}")
             return None
 
     async def _s3_search(self, query: str, prefetch: Sequence[str] = ()) -> InfoBlock | None:
@@ -413,31 +398,62 @@ class SearchEnv:
             return
         self.messages.append(ChatMessage(role="user", content=reprompt))
 
-    async def _step_s3(self, output: str, *, stopped: bool) -> None:
+    def _written(self, action: Action) -> str:
+        """An action the policy did not write as text (the compact policy's), in s3's tags for the transcript."""
+        if action.kind == "search":
+            query = action.query if action.query is not None else "; ".join(action.queries)
+            return f"<query>{json.dumps({'query': _as_query(query)})}</query>"
+        picks = self._picks(action)
+        return "".join(f"<important_info>{ids}</important_info>" for ids in picks.values()) + \
+            "<search_complete>True</search_complete>"
+
+    def _picks(self, action: Action) -> dict[int, list[int]]:
+        """The marks `action` sets, per block it marks: its positions in range, each once, in order."""
+        blocks = range(len(self.blocks))
+        if action.marked is not None:
+            marked = [b for b in action.marked if 0 <= b < len(self.blocks)]
+        elif action.kind == "complete":
+            marked = list(blocks)
+        else:
+            marked = list(dict.fromkeys(b for b, _ in action.selected if 0 <= b < len(self.blocks)))
+        picks: dict[int, list[int]] = {b: [] for b in marked}
+        for b, position in action.selected:
+            if b in picks and 1 <= position <= len(self.blocks[b].documents) and position not in picks[b]:
+                picks[b].append(position)
+        return picks
+
+    def _mark(self, action: Action) -> dict[int, list[int]]:
+        """Set the marks `action` gives to the blocks without marks yet; the marks set, per block."""
+        applied = {}
+        for b, ids in self._picks(action).items():
+            if self.blocks[b].selected is None:
+                self.blocks[b].selected = applied[b] = ids
+        return applied
+
+    async def _act_s3(self, action: Action) -> None:
         p = self.params
-        allow_search = self.can_search
         current = self.blocks[-1]
-        text = parsing.postprocess(output, "query", stopped=stopped)
-        self.messages.append(ChatMessage(role="assistant", content=text))
-        action = parsing.parse_s3(text, n_docs=len(current.documents), select_k=p.select_k)
-        if action.selection is not None and current.selected is None:
-            if action.selection.ids or action.selection.explicit_empty:
-                current.selected = action.selection.ids  # the tag applies to the most recent block
-        selected = current.selected
+        applied = self._mark(action)
+        final = action.marked is None and action.kind == "complete"  # a selection over every block
         if action.kind == "complete":
             self.valid += 1
-            self._emit("action", kind="complete", selected=selected)
+            if final:
+                for b, ids in applied.items():
+                    if ids:
+                        self._emit("action", kind="select", selected=ids, block=b)
+                self._emit("action", kind="complete")
+            else:
+                self._emit("action", kind="complete", selected=current.selected)
             self._end("complete")
             return
-        if not allow_search:
-            # s3's final step: only the selection counts; anything else ends the loop all the same.
-            ok = action.selection is not None and not action.selection.out_of_range
+        if not self.can_search:  # s3's final step: only the selection counts; anything else ends all the same
+            ok = action.selection_ok
             self.valid += ok
             self.invalid += not ok
-            self._emit("action", kind="select" if ok else "invalid", selected=selected)
+            self._emit("action", kind="select" if ok else "invalid", selected=current.selected)
             self._end("max_turns")
             return
-        query = action.query
+        query = _as_query(action.query) if action.query else None
         if query is not None and parsing.normalize_query(query) in self.seen_queries:
             self._invalid("duplicate", self.prompts.render("s3", "duplicate", query=query))
             return
@@ -446,27 +462,25 @@ class SearchEnv:
             return
         self.valid += 1
         self._in_a_row = 0
-        self._emit("action", kind="search", query=query, selected=selected)
-        block = await self._s3_search(query)
+        self._emit("action", kind="search", query=query, selected=current.selected)
+        block = await self._s3_search(query, action.prefetch if self.searches_left > 1 else ())
         if block is None:
             return
         part = "information" if self._steps < p.max_turns else "last_information"
         self.messages.append(ChatMessage(role="user", content=self.prompts.render(
             "s3", part, information=parsing.format_documents(block.documents, max_chars=p.doc_chars))))
 
-    async def _step_qagent(self, output: str, *, stopped: bool) -> None:
+    async def _act_qagent(self, action: Action) -> None:
         p = self.params
-        text = parsing.postprocess(output, "search", stopped=stopped)
-        self.messages.append(ChatMessage(role="assistant", content=text))
-        action = parsing.parse_qagent(text, max_queries=p.max_queries_per_round)
         if action.kind == "complete":
             self.valid += 1
             self._emit("action", kind="complete")
             self._end("complete")
             return
-        new = [q for q in action.queries if parsing.normalize_query(q) not in self.seen_queries]
+        queries = list(action.queries) or ([action.query] if action.query else [])
+        new = [q for q in queries if parsing.normalize_query(q) not in self.seen_queries]
         if not new:
-            part = "duplicate" if action.queries else "invalid"
+            part = "duplicate" if queries else "invalid"
             self._invalid(part, self.prompts.render("qagent", part))
         else:
             self.valid += 1

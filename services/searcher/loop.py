@@ -1,15 +1,15 @@
 """The driver of the search environment: `run_search` drives a `SearchEnv` (`services.searcher.env`) with any
-`services.common.llm.LLMBackend` as the policy, or an `ActingPolicy` (the compact policy). It is the one
-driver: the trainers drive their episodes through `drive` too (the LLM trainer with a chat backend that
-samples token ids, `trainer.llm.episode`; the compact trainer with its sampling policy and its demonstrator,
-`trainer.compact`), so what they reward and evaluate is what the service returns.
+policy, the one way: the policy's `act(env)` gives an `Action`, the environment takes it (`env.act`), until
+the search ends. It is the one driver: the trainers drive their episodes through `drive` too (the LLM trainer
+with a chat policy over a backend that samples token ids, `trainer.llm.episode`; the compact trainer with its
+sampling policy and its demonstrator, `trainer.compact`), so what they reward and evaluate is what the service
+returns.
 
-`SearchOutcome.messages` is the exact transcript: the i-th message, when an assistant one, came from
-`policy.chat(messages[:i], ...)`. A policy failure or timeout, or the time budget (`params.timeout_s`) spent,
-ends the search degraded with the documents gathered so far; only a failed first retrieval raises. An acting
-policy (the compact one) is held to the same budget, and any error of its own, its deadline or a retriever
-failure after its first retrieval ends the search degraded with naive top-k of the first retrieval at the
-search's document budget (`SearchEnv.keep_naive`).
+`SearchOutcome.messages` is the exact transcript: with an LLM policy (`services.searcher.policy.ChatPolicy`),
+the i-th message, when an assistant one, came from `chat(messages[:i], ...)`. Every policy is held to the
+search's time budget (`params.timeout_s`); its error (an upstream's error or timeout, or any fault of its own)
+or the budget spent ends the search degraded by the environment's one rule (`SearchEnv.degrade`: what the
+policy committed to at the document budget, else naive top-k); only a failed first retrieval raises.
 With tracing on (`services.common.tracing`), the search and each policy step are spans (each retrieval is
 one too: `SearchEnv`).
 """
@@ -19,16 +19,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from services.common import tracing
 from services.common.errors import ServiceError
-from services.common.llm import LLMBackend
 from services.common.schemas.searcher import SearchParams, StopReason
 from services.searcher.env import Action, EventSink, RetrieverBackend, SearchEnv, SearchOutcome
 from services.searcher.prompts import PromptSet
 
 logger = logging.getLogger(__name__)
+
+
+class ActingPolicy(Protocol):
+    """What the driver asks of a policy: its name and its next action in the environment."""
+
+    @property
+    def model(self) -> str: ...
+
+    async def act(self, env: SearchEnv) -> Action: ...
+
 
 class _PolicyFailed(Exception):
     def __init__(self, reason: StopReason, message: str) -> None:
@@ -45,27 +54,9 @@ def _time_left(deadline: float | None) -> float | None:
     return remaining
 
 
-async def _ask(env: SearchEnv, policy: LLMBackend, deadline: float | None) -> tuple[str, bool]:
-    """One policy output for the environment's next step; raises `_PolicyFailed` on error or deadline."""
-    call = env.next_call()
-    remaining = _time_left(deadline)
-    t0 = time.perf_counter()
-    try:
-        async with asyncio.timeout(remaining):
-            result = await policy.chat(list(env.messages), temperature=call.temperature, max_tokens=call.max_tokens,
-                                       stop=call.stop, extra=call.extra)
-    except TimeoutError as exc:
-        raise _PolicyFailed("deadline", "policy did not answer within the search time budget") from exc
-    except ServiceError as exc:
-        reason: StopReason = "policy_timeout" if exc.status == 504 else "policy_error"
-        raise _PolicyFailed(reason, f"policy failed: {exc.message}") from exc
-    finally:
-        env.record_policy_call(time.perf_counter() - t0)
-    return result.text, result.finish_reason == "stop"
-
-
 async def _act(env: SearchEnv, policy: ActingPolicy, deadline: float | None) -> Action:
-    """One action of an acting policy; raises `_PolicyFailed` on any error of the policy's or past the deadline."""
+    """The policy's next action; raises `_PolicyFailed` on its error (an upstream's error or timeout, or a fault
+    of its own, logged with its trace) or past the deadline."""
     remaining = _time_left(deadline)
     t0 = time.perf_counter()
     try:
@@ -73,6 +64,9 @@ async def _act(env: SearchEnv, policy: ActingPolicy, deadline: float | None) -> 
             return await policy.act(env)
     except TimeoutError as exc:
         raise _PolicyFailed("deadline", "policy did not act within the search time budget") from exc
+    except ServiceError as exc:  # the policy's upstream (its LLM) failed
+        reason: StopReason = "policy_timeout" if exc.status == 504 else "policy_error"
+        raise _PolicyFailed(reason, f"policy failed: {exc.message}") from exc
     except Exception as exc:  # a fault of the policy itself: the search degrades, the log keeps the trace
         logger.exception("policy %s failed", policy.model)
         raise _PolicyFailed("policy_error", f"policy failed ({type(exc).__name__})") from exc
@@ -80,18 +74,7 @@ async def _act(env: SearchEnv, policy: ActingPolicy, deadline: float | None) -> 
         env.record_policy_call(time.perf_counter() - t0)
 
 
-@runtime_checkable
-class ActingPolicy(Protocol):
-    """A policy that acts through `SearchEnv.act` (the compact policy, `services.searcher.compact`) instead of
-    writing chat outputs."""
-
-    @property
-    def model(self) -> str: ...
-
-    async def act(self, env: SearchEnv) -> Action: ...
-
-
-async def run_search(question: str, params: SearchParams, *, policy: LLMBackend | ActingPolicy | None,
+async def run_search(question: str, params: SearchParams, *, policy: ActingPolicy | None,
                      retriever: RetrieverBackend, prompts: PromptSet | None = None,
                      on_event: EventSink | None = None) -> SearchOutcome:
     """Run one search in `params.mode` (naive needs no policy). Raises only when no document at all
@@ -106,44 +89,29 @@ async def run_search(question: str, params: SearchParams, *, policy: LLMBackend 
     return outcome
 
 
-async def drive(env: SearchEnv, policy: LLMBackend | ActingPolicy | None) -> SearchOutcome:
+async def drive(env: SearchEnv, policy: ActingPolicy | None) -> SearchOutcome:
     """Drive a fresh environment (`env.params`) to its end with `policy`: `run_search` without its span, for
     callers that hold the environment (the trainers' episodes, whose policies read its state)."""
     return await _drive(env, env.params, policy)
 
 
-async def _drive(env: SearchEnv, params: SearchParams, policy: LLMBackend | ActingPolicy | None) -> SearchOutcome:
+async def _drive(env: SearchEnv, params: SearchParams, policy: ActingPolicy | None) -> SearchOutcome:
     deadline = None if params.timeout_s is None else time.perf_counter() + params.timeout_s
     await env.reset()
     while not env.done:
         if policy is None:
             raise ValueError(f"mode {params.mode} needs a policy")
         with tracing.span("searcher.policy_step", {"plugsearch.step": env.turns + 1}) as span:
-            if isinstance(policy, ActingPolicy):
-                if params.mode != "s3":
-                    raise ValueError(f"the {policy.model} policy searches in s3 mode only")
-                try:
-                    action = await _act(env, policy, deadline)
-                except _PolicyFailed as exc:
-                    span.set_attribute("plugsearch.policy_failed", exc.reason)
-                    env.keep_naive()
-                    env.fail(exc.reason, exc.message)
-                    break
-                span.set_attribute("plugsearch.action", action.kind)
-                await env.act(action)
-                if env.done and env.degraded_reason is not None:  # the retriever failed mid-search
-                    env.keep_naive()
-                continue
             try:
-                text, stopped = await _ask(env, policy, deadline)
+                action = await _act(env, policy, deadline)
             except _PolicyFailed as exc:
                 span.set_attribute("plugsearch.policy_failed", exc.reason)
-                env.fail(exc.reason, exc.message)
+                env.degrade(exc.reason, exc.message)
                 break
-            await env.step(text, stopped=stopped)
+            await env.act(action)
             if span.is_recording():
-                span.set_attributes({"plugsearch.valid_actions": env.valid, "plugsearch.invalid_actions": env.invalid,
-                                     "plugsearch.done": env.done})
+                span.set_attributes({"plugsearch.action": action.kind, "plugsearch.valid_actions": env.valid,
+                                     "plugsearch.invalid_actions": env.invalid, "plugsearch.done": env.done})
     outcome = await env.finish()
     if policy is not None and params.mode != "naive":
         outcome.policy_model = policy.model

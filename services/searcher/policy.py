@@ -4,10 +4,13 @@
 (`model`, part of the cache key), the modes it searches in, the setting it was trained in (`setting`: the
 defaults of its mode-s3 searches, read from its manifest), whether its searches call an LLM (LLM slots),
 the methods of its first retrieval given what the retriever serves (`first_retrieval`), what a search costs
-(`cost`), and which requests it refuses (`check_request`). `acting` is what `loop.run_search` drives.
+(`cost`), and which requests it refuses (`check_request`); and, as every policy, its next action in a search
+(`act`, what `loop.run_search` drives: one road for every policy).
 
-- `ChatPolicy`: a chat LLM behind any OpenAI-compatible endpoint (`SEARCHER_POLICY_KIND=llm`): s3 and QAgent,
-  no trained setting (the service's own defaults), `search_cost` per search.
+- `ChatPolicy`: a chat LLM behind any OpenAI-compatible endpoint (`SEARCHER_POLICY_KIND=llm`): s3 and QAgent;
+  its `act` samples an output as the environment's `next_call()` says and parses it into an action (the
+  environment re-prompts an invalid one); the setting of its manifest where it has one (the LoRA searcher),
+  else the service's own defaults; `search_cost` per search.
 - `services.searcher.compact.CompactPolicy`: the compact learned policy, in the searcher's process (the
   default): s3 only, the setting of its manifest, one cost unit per retrieval.
 """
@@ -15,7 +18,7 @@ the methods of its first retrieval given what the retriever serves (`first_retri
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -29,7 +32,8 @@ from services.common.schemas.searcher import (
     check_select_k,
     search_cost,
 )
-from services.searcher.loop import ActingPolicy
+from services.searcher import parsing
+from services.searcher.env import Action, SearchEnv
 
 
 class PolicyRefusal(ValueError):
@@ -64,7 +68,6 @@ class PolicySetting(BaseModel):
                 "method": self.method}
 
 
-@runtime_checkable
 class SearcherPolicy(Protocol):
     """What `services.searcher.serving.SearchService` asks of the policy it serves."""
 
@@ -89,9 +92,8 @@ class SearcherPolicy(Protocol):
         retriever's (`services.searcher.policy_corpus`)."""
         ...
 
-    @property
-    def acting(self) -> LLMBackend | ActingPolicy:
-        """What `services.searcher.loop.run_search` drives."""
+    async def act(self, env: SearchEnv) -> Action:
+        """Its next action in `env` (what `services.searcher.loop.run_search` drives)."""
         ...
 
     def uses_llm(self, mode: SearchMode) -> bool:
@@ -120,23 +122,28 @@ class SearcherPolicy(Protocol):
 
 
 class ChatPolicy:
-    """A chat LLM as the searcher's policy (s3 and QAgent through `SearchEnv.step`), with the service's own
-    defaults and `search_cost` per search."""
+    """A chat LLM as the searcher's policy (s3 and QAgent): each action one sampled output, parsed. Its setting
+    is its manifest's `search` (the LoRA searcher's, `manifest`), else the service's own defaults; `search_cost`
+    per search."""
 
     modes: tuple[SearchMode, ...] = ("s3", "qagent")
-    setting: PolicySetting | None = None
-    manifest: Mapping[str, Any] = {}
 
-    def __init__(self, llm: LLMBackend) -> None:
+    def __init__(self, llm: LLMBackend, manifest: Mapping[str, Any] | None = None) -> None:
         self.llm = llm
+        self.manifest: Mapping[str, Any] = manifest or {}
+        self.setting: PolicySetting | None = read_chat_setting(self.manifest)
 
     @property
     def model(self) -> str:
         return self.llm.model
 
-    @property
-    def acting(self) -> LLMBackend:
-        return self.llm
+    async def act(self, env: SearchEnv) -> Action:
+        """One output sampled as `env.next_call()` says from the transcript, parsed into an action against the
+        newest block (`parse_output`)."""
+        call = env.next_call()
+        result = await self.llm.chat(list(env.messages), temperature=call.temperature, max_tokens=call.max_tokens,
+                                     stop=call.stop, extra=call.extra)
+        return parse_output(env, result.text, stopped=result.finish_reason == "stop")
 
     def uses_llm(self, mode: SearchMode) -> bool:
         return mode != "naive"
@@ -159,9 +166,39 @@ class ChatPolicy:
         await self.llm.aclose()
 
 
-def as_searcher_policy(policy: SearcherPolicy | LLMBackend) -> SearcherPolicy:
-    """A policy as the service serves it: a `SearcherPolicy` as is, a bare chat LLM (`LLMBackend`: the
-    client, or a scripted fake in tests) as a `ChatPolicy`."""
-    if isinstance(policy, SearcherPolicy):
-        return policy
-    return ChatPolicy(policy)
+def read_chat_setting(manifest: Mapping[str, Any]) -> PolicySetting | None:
+    """The setting an LLM policy's manifest records (`search`: retrieve_k, select_k, max_turns, optionally method),
+    None when it records none (the service's own defaults). Raises `ValueError` saying what is wrong."""
+    recorded = manifest.get("search")
+    if recorded is None:
+        return None
+    if not isinstance(recorded, Mapping):
+        raise ValueError(f"the manifest's `search` must be an object, not {type(recorded).__name__}")
+    fields = {k: recorded[k] for k in ("retrieve_k", "select_k", "max_turns", "method") if k in recorded}
+    missing = [k for k in ("retrieve_k", "select_k", "max_turns") if k not in fields]
+    if missing:
+        raise ValueError(f"the manifest's `search` lacks {', '.join(missing)}")
+    return PolicySetting(**fields)
+
+
+def parse_output(env: SearchEnv, output: str, *, stopped: bool) -> Action:
+    """An LLM's raw output (`stopped`: it ended at a stop string or the end of its turn) as the action it asks
+    for in `env`'s mode: s3, a search of its query or the stop, with the `<important_info>` marks of the newest
+    block (a tag whose ids are all out of range marks nothing; `[]` marks it empty); QAgent, a round of its
+    queries or the answer. An output that asks for nothing is a search without a query: the environment
+    counts it invalid and re-prompts."""
+    p = env.params
+    if p.mode == "s3":
+        text = parsing.postprocess(output, "query", stopped=stopped)
+        current = len(env.blocks) - 1
+        parsed = parsing.parse_s3(text, n_docs=len(env.blocks[current].documents), select_k=p.select_k)
+        selection = parsed.selection
+        marks = selection is not None and bool(selection.ids or selection.explicit_empty)
+        return Action("complete" if parsed.kind == "complete" else "search", query=parsed.query,
+                      selected=tuple((current, i) for i in selection.ids) if marks and selection else (),
+                      marked=(current,) if marks else (), text=text,
+                      selection_ok=selection is not None and not selection.out_of_range)
+    text = parsing.postprocess(output, "search", stopped=stopped)
+    parsed_q = parsing.parse_qagent(text, max_queries=p.max_queries_per_round)
+    return Action("complete" if parsed_q.kind == "complete" else "search", queries=tuple(parsed_q.queries),
+                  marked=(), text=text)

@@ -28,7 +28,6 @@ from services.common.errors import (
     RateLimited,
     ServiceError,
 )
-from services.common.llm import LLMBackend
 from services.common.logging import get_request_id
 from services.common.metrics import LATENCY_BUCKETS
 from services.common.schemas.searcher import (
@@ -49,7 +48,7 @@ from services.searcher.corpus_check import CorpusGate
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import run_search
-from services.searcher.policy import PolicyRefusal, SearcherPolicy, as_searcher_policy
+from services.searcher.policy import PolicyRefusal, SearcherPolicy
 from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
@@ -127,7 +126,7 @@ class SearchService:
     `ChatPolicy`). Its trained setting gives the defaults of s3 searches (`defaults`); naive and QAgent
     searches keep the service's own."""
 
-    def __init__(self, settings: SearcherSettings, *, policy: SearcherPolicy | LLMBackend,
+    def __init__(self, settings: SearcherSettings, *, policy: SearcherPolicy,
                  retriever: RetrieverBackend, cache: ResultCache | None = None,
                  metrics: SearcherMetrics | None = None, index_identity: IndexIdentity | None = None,
                  rate_limiter: RateLimiter | None = None, corpus_gate: CorpusGate | None = None) -> None:
@@ -137,7 +136,7 @@ class SearchService:
         self._blocked: dict[str, float] = {}
         """caller id -> until when it cannot afford one cost unit (`door`)"""
         self.index_identity = index_identity
-        self.policy = as_searcher_policy(policy)
+        self.policy = policy
         self.retriever = retriever
         self.corpus_gate = corpus_gate
         self._background: set[asyncio.Task[None]] = set()
@@ -412,7 +411,7 @@ class SearchService:
 
     async def _run(self, request: SearchRequest, prepared: _Prepared, on_event: EventSink | None = None
                    ) -> SearchResponse:
-        outcome = await run_search(request.question, prepared.params, policy=self.policy.acting,
+        outcome = await run_search(request.question, prepared.params, policy=self.policy,
                                    retriever=self.retriever,
                                    prompts=self.prompts, on_event=on_event)
         if prepared.fallback is not None:

@@ -27,6 +27,7 @@ from services.generator.tokens import EstimatedTokens
 from services.searcher.retrieval import ServiceRetriever
 from tests.asgi import app_client
 from tests.support import fake_policy
+from tests.support.chat_policy import chat as chat_policy
 from tests.support.fake_llm import create_fake_llm_app, yes
 
 TINY_PASSAGES = 300
@@ -108,7 +109,7 @@ async def searcher_client(index: tuple[Path, Path], **settings: Any) -> AsyncIte
         policy = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", model="fake-policy", max_retries=0),
                                   transport=httpx.ASGITransport(app=llm))
         stack.push_async_callback(policy.aclose)
-        app = create_app(SearcherSettings(**settings), policy=policy, retriever=ServiceRetriever(rclient),
+        app = create_app(SearcherSettings(**settings), policy=chat_policy(policy), retriever=ServiceRetriever(rclient),
                          cache=ResultCache(MemoryCache(), name="search"))
         client = await stack.enter_async_context(app_client(app))
         deadline = asyncio.get_running_loop().time() + 60

@@ -17,6 +17,7 @@ from services.searcher.retrieval import ServiceRetriever
 from services.searcher.settings import ChatProxySettings, SearcherSettings
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client
+from tests.support.chat_policy import chat as chat_policy
 from tests.support.fake_llm import create_fake_llm_app, last_user
 
 KEY = "chat-proxy-key-123"
@@ -38,7 +39,7 @@ class ChatStack(Stack):
                                        name="answer", transport=httpx.ASGITransport(app=self.answer_llm))
         chat = ChatProxySettings(answer=LLMSettings(base_url="http://answer/v1", model="answer-model"),
                                  **(chat or {}))
-        self.app = create_app(SearcherSettings(chat=chat, **settings), policy=self.policy,
+        self.app = create_app(SearcherSettings(chat=chat, **settings), policy=chat_policy(self.policy),
                               retriever=ServiceRetriever(self.retriever_client), cache=self.cache, answer=self.answer)
 
     async def aclose(self) -> None:

@@ -25,6 +25,7 @@ from services.retriever.manifest import Manifest
 from services.retriever.serving import index_identity
 from services.retriever.settings import RetrieverSettings
 from services.searcher.index_identity import IndexIdentity
+from services.searcher.policy import ChatPolicy
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import SearchService
 from services.searcher.settings import SearcherSettings
@@ -71,7 +72,8 @@ async def setup() -> tuple[FastAPI, SearchService, RetrieverClient]:
     app = retriever_app()
     client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0, breaker_failures=100),
                              transport=httpx.ASGITransport(app=app))
-    service = SearchService(SearcherSettings(), policy=NoPolicy(), retriever=ServiceRetriever(client),  # type: ignore[arg-type]
+    service = SearchService(SearcherSettings(), policy=ChatPolicy(NoPolicy()),  # type: ignore[arg-type]
+                            retriever=ServiceRetriever(client),
                             cache=ResultCache(MemoryCache(), name="search"),
                             index_identity=IndexIdentity(client, ttl_s=0))
     return app, service, client
@@ -82,14 +84,14 @@ async def test_a_reindex_changes_the_key_so_old_results_are_not_served(
     app, service, client = setup
     request = SearchRequest(question="who wrote it", mode="naive", retrieve_k=2)
     try:
-        first = await service.search(request)
-        again = await service.search(request)
+        first = await service.search(await service.prepare(request))
+        again = await service.search(await service.prepare(request))
         assert not first.cached and again.cached and app.state.retrievals == 1
         app.state.index_id, app.state.corpus = "idx-new", "new"  # the retriever now serves a new index
-        after = await service.search(request)
+        after = await service.search(await service.prepare(request))
         assert not after.cached and [d.id for d in after.documents] == ["new-0", "new-1"]
         assert app.state.retrievals == 2
-        assert (await service.search(request)).cached
+        assert (await service.search(await service.prepare(request))).cached
     finally:
         await client.aclose()
 
@@ -100,8 +102,8 @@ async def test_without_a_known_identity_searches_bypass_the_cache(
     app.state.version_status = 503
     request = SearchRequest(question="who wrote it", mode="naive", retrieve_k=2)
     try:
-        assert not (await service.search(request)).cached
-        assert not (await service.search(request)).cached  # nothing stored while the index is unknown
+        assert not (await service.search(await service.prepare(request))).cached
+        assert not (await service.search(await service.prepare(request))).cached  # nothing stored while the index is unknown
         assert app.state.retrievals == 2
     finally:
         await client.aclose()

@@ -22,6 +22,7 @@ from services.searcher.retrieval import ServiceRetriever
 from services.searcher.settings import SearcherSettings
 from tests.asgi import app_client
 from tests.support import fake_policy
+from tests.support.chat_policy import chat as chat_policy
 from tests.support.fake_llm import create_fake_llm_app
 
 Q = "Which city is the director of Big Stone Gap based in?"
@@ -59,7 +60,7 @@ class Stack:
         self.policy = OpenAIChatClient(LLMSettings(base_url="http://llm/v1", model="fake-policy", max_retries=0),
                                        transport=httpx.ASGITransport(app=self.llm))
         self.cache = ResultCache(MemoryCache(), name="search")
-        self.app = create_app(SearcherSettings(**settings), policy=self.policy,
+        self.app = create_app(SearcherSettings(**settings), policy=chat_policy(self.policy),
                               retriever=ServiceRetriever(self.retriever_client), cache=self.cache)
 
     async def aclose(self) -> None:
@@ -155,7 +156,8 @@ async def test_policy_failure_degrades_to_naive_top_k_not_an_error() -> None:
     assert response.status_code == 200
     body = response.json()
     assert body["degraded"] and body["stop_reason"] == "policy_error" and "policy" in body["degraded_reason"]
-    assert [d["id"] for d in body["documents"]] == [f"{Q}#{i}" for i in range(1, 9)]
+    # naive top-k at the search's document budget (select_k 3 of the 8 retrieved), as for every policy
+    assert [d["id"] for d in body["documents"]] == [f"{Q}#{i}" for i in range(1, 4)]
     assert 'searcher_degraded_total{mode="s3",reason="policy_error"} 1.0' in metrics
 
 

@@ -16,12 +16,12 @@ from services.common.errors import BadRequest
 from services.common.http import ClientSettings
 from services.common.schemas.retriever import MAX_QUERY_CHARS
 from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchParams
-from services.searcher.loop import run_search
 from services.searcher.policy import ChatPolicy
 from services.searcher.retrieval import ServiceRetriever
 from services.searcher.serving import CACHE_NAMESPACE
 from tests.api.test_searcher_api import Q, Stack, fake_retriever_app
 from tests.asgi import app_client
+from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy
 
 ORDINARY = [f"who wrote book number {i}" for i in range(20)]

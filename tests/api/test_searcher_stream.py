@@ -30,6 +30,7 @@ from services.searcher.api import create_app
 from services.searcher.settings import SearcherSettings
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client, served_in_thread
+from tests.support.chat_policy import chat as chat_policy
 
 
 async def lines_of(text: str) -> AsyncIterator[str]:
@@ -149,7 +150,7 @@ class FlakyRetriever:
 
 async def test_a_bug_after_the_stream_began_is_a_generic_error_event() -> None:
     stack = Stack()
-    app = create_app(SearcherSettings(), policy=stack.policy, retriever=FlakyRetriever(), cache=stack.cache)
+    app = create_app(SearcherSettings(), policy=chat_policy(stack.policy), retriever=FlakyRetriever(), cache=stack.cache)
     try:
         async with app_client(app) as client:
             streamed = await events_of(await client.post("/search", json={"question": Q, "stream": True}))
@@ -188,7 +189,7 @@ class BlockingPolicy:
 async def test_a_client_that_disconnects_cancels_the_search() -> None:
     stack = Stack()
     policy = BlockingPolicy()
-    app = create_app(SearcherSettings(search_timeout_s=60), policy=policy,
+    app = create_app(SearcherSettings(search_timeout_s=60), policy=chat_policy(policy),
                      retriever=FlakyRetriever(), cache=stack.cache)
     try:
         with served_in_thread(app) as url:

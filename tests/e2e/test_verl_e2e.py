@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from services.common.clients import RetrieverClient
-from services.searcher.loop import run_search
 from services.searcher.retrieval import ServiceRetriever
 from tests.e2e.test_trainer_e2e import stack  # noqa: F401 - fixture: the local services
+from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
 from tests.unit.test_trainer_verl import (
     SEARCH,

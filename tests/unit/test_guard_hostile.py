@@ -26,6 +26,7 @@ from services.searcher.api import create_app as create_searcher
 from services.searcher.settings import SearcherSettings
 from tests.api.test_searcher_stream import BlockingPolicy, FlakyRetriever
 from tests.asgi import app_client, served_in_thread
+from tests.support.chat_policy import chat as chat_policy
 
 
 class Echo(StrictModel):
@@ -178,7 +179,7 @@ async def test_a_client_that_hangs_up_cancels_its_request() -> None:
 
 async def test_a_search_whose_client_hangs_up_is_cancelled() -> None:
     policy = BlockingPolicy()
-    app = create_searcher(SearcherSettings(search_timeout_s=60), policy=policy, retriever=FlakyRetriever())
+    app = create_searcher(SearcherSettings(search_timeout_s=60), policy=chat_policy(policy), retriever=FlakyRetriever())
     with served_in_thread(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             request = asyncio.create_task(client.post("/search", json={"question": "who wrote it?"}))

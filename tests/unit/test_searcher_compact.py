@@ -153,11 +153,17 @@ async def test_no_search_is_offered_without_turns_left() -> None:
     assert outcome.queries == [] and len(outcome.documents) == 2
 
 
-async def test_a_repeated_search_action_ends_the_search_on_every_block() -> None:
-    env = SearchEnv(QUESTION, params(), MemoryRetriever())
+async def test_a_repeated_search_action_is_invalid_for_every_policy_and_ends_after_max_invalid_in_a_row() -> None:
+    """One rule for every policy (an LLM's repeated query is re-prompted the same way): a turn spent, counted
+    invalid, the environment asks again; past `max_invalid` in a row the search ends on every block."""
+    env = SearchEnv(QUESTION, params(max_turns=5, max_invalid=2), MemoryRetriever())
     await env.reset()
-    await env.act(Action("search", query=QUESTION.upper()))  # the question itself: a repeat
-    assert env.done and env.stop_reason == "invalid_actions" and env.invalid == 1
+    for n in (1, 2):
+        await env.act(Action("search", query=QUESTION.upper()))  # the question itself: a repeat
+        assert not env.done and env.invalid == n and env.messages[-1].role == "user"
+        assert "already searched" in env.messages[-1].content
+    await env.act(Action("search", query=QUESTION.upper()))
+    assert env.done and env.stop_reason == "invalid_actions" and env.invalid == 3 and env.queries == []
     assert [d.id for d in env.documents()] == ["d1", "d2", "d3"]  # s3's rule: a block with no tag counts whole
 
 
@@ -224,11 +230,19 @@ async def test_selection_outside_the_blocks_is_ignored() -> None:
     assert [d.id for d in env.documents()] == ["d2"]
 
 
-async def test_structured_actions_are_for_s3_mode() -> None:
-    env = SearchEnv(QUESTION, params().model_copy(update={"mode": "qagent"}), MemoryRetriever())
+async def test_every_mode_takes_its_actions_through_act_and_naive_takes_none() -> None:
+    env = SearchEnv(QUESTION, params(max_turns=2).model_copy(update={"mode": "qagent"}), MemoryRetriever())
     await env.reset()
-    with pytest.raises(ValueError, match="s3"):
-        await env.act(Action("complete"))
+    await env.act(Action("search", queries=("big stone gap film", "Adriana Trigiani")))
+    assert env.queries == ["big stone gap film", "Adriana Trigiani"] and not env.done
+    await env.act(Action("complete"))
+    assert env.done and env.stop_reason == "complete"
+    assert {d.id for d in env.documents()} == {"d1", "d2", "d3", "d4"}  # QAgent: the union of its rounds
+    naive = SearchEnv(QUESTION, params().model_copy(update={"mode": "naive"}), MemoryRetriever())
+    await naive.reset()
+    assert naive.done
+    with pytest.raises(RuntimeError, match="finished"):
+        await naive.act(Action("complete"))
 
 
 async def test_training_episode_reward_reads_the_environments_documents() -> None:

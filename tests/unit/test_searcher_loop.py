@@ -14,9 +14,9 @@ from services.common.llm import ChatMessage, ChatResult
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import select_documents
-from services.searcher.loop import run_search
 from services.searcher.prompts import PROMPT_VERSION
 from tests.support import fake_policy
+from tests.support.chat_policy import run_search
 
 Q = "Who directed the film that won Best Picture in 1998?"
 
@@ -204,17 +204,22 @@ async def test_s3_repeated_query_is_not_searched_again() -> None:
 
 @pytest.mark.parametrize("error, reason", [(UpstreamError("llm down"), "policy_error"),
                                            (UpstreamTimeout("llm slow"), "policy_timeout")])
-async def test_s3_policy_error_mid_loop_degrades_with_documents_so_far(error: Exception, reason: str) -> None:
+async def test_s3_policy_error_mid_loop_degrades_to_what_it_marked_else_naive_top_k(error: Exception,
+                                                                                    reason: str) -> None:
+    """One rule for every policy (`SearchEnv.degrade`): the documents it marked, else naive top-select_k."""
     policy = ScriptedPolicy([s3("q1"), error])
     out = await run_search(Q, SearchParams(), policy=policy, retriever=FakeRetriever())
     assert out.degraded and out.stop_reason == reason and "llm" in (out.degraded_reason or "")
-    assert [d.id for d in out.documents] == [f"{Q}#{i}" for i in range(1, 9)] + [f"q1#{i}" for i in range(1, 9)]
+    assert [d.id for d in out.documents] == [f"{Q}#{i}" for i in range(1, 4)]  # nothing marked: naive top-3
+    marked = ScriptedPolicy([s3("q1", ids="[2, 5]"), error])
+    out = await run_search(Q, SearchParams(), policy=marked, retriever=FakeRetriever())
+    assert out.degraded and [d.id for d in out.documents] == [f"{Q}#2", f"{Q}#5"]  # q1's block was not marked
 
 
 async def test_s3_policy_error_first_call_returns_naive_top_k() -> None:
     out = await run_search(Q, SearchParams(), policy=ScriptedPolicy([UpstreamError("down")]),
                            retriever=FakeRetriever())
-    assert out.degraded and [d.id for d in out.documents] == [f"{Q}#{i}" for i in range(1, 9)]
+    assert out.degraded and [d.id for d in out.documents] == [f"{Q}#{i}" for i in range(1, 4)]
     assert out.messages[-1].role == "user"  # no assistant message for the failed call
 
 
@@ -232,7 +237,7 @@ async def test_s3_deadline_degrades() -> None:
     policy = HangingAfterFirst([s3("q1"), s3("q2")])
     out = await run_search(Q, SearchParams(timeout_s=1.0), policy=policy, retriever=FakeRetriever())
     assert out.degraded and out.stop_reason == "deadline"
-    assert out.queries == ["q1"] and len(out.documents) == 16
+    assert out.queries == ["q1"] and [d.id for d in out.documents] == [f"{Q}#{i}" for i in range(1, 4)]
 
 
 async def test_retriever_down_at_start_raises_and_mid_loop_degrades() -> None:
@@ -240,7 +245,7 @@ async def test_retriever_down_at_start_raises_and_mid_loop_degrades() -> None:
         await run_search(Q, SearchParams(), policy=ScriptedPolicy([]), retriever=FakeRetriever(fail_after=0))
     out = await run_search(Q, SearchParams(), policy=ScriptedPolicy([s3("q1")]),
                            retriever=FakeRetriever(fail_after=1))
-    assert out.degraded and out.stop_reason == "retriever_error" and len(out.documents) == 8
+    assert out.degraded and out.stop_reason == "retriever_error" and len(out.documents) == 3
 
 
 async def test_constrained_decoding_sends_a_grammar_matching_the_block() -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from services.common.schemas.searcher import SearchParams, SearchRequest
-from services.searcher.loop import run_search
 from services.searcher.prompts import PROMPT_VERSION, VARIABLES, PromptError, PromptSet
 from services.searcher.serving import SearchService
 from services.searcher.settings import SearcherSettings
+from tests.support.chat_policy import chat as chat_policy
+from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import FakeRetriever, ScriptedPolicy, s3
 
 
@@ -54,7 +55,7 @@ def test_missing_folder_is_refused(tmp_path: Path) -> None:
 
 def test_prompt_folder_is_part_of_the_cache_key(tmp_path: Path) -> None:
     (tmp_path / "s3.system.txt").write_text("Other prompt, $select_k.")
-    policy, retriever = ScriptedPolicy([]), FakeRetriever()
+    policy, retriever = chat_policy(ScriptedPolicy([])), FakeRetriever()
     default = SearchService(SearcherSettings(), policy=policy, retriever=retriever)
     custom = SearchService(SearcherSettings(prompts_dir=tmp_path), policy=policy, retriever=retriever)
     params = default.params_for(SearchRequest(question="q"))

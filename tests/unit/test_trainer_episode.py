@@ -14,7 +14,7 @@ from services.common.llm import ChatMessage
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import PolicyCall
-from services.searcher.loop import run_search
+from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
 from trainer.llm.episode import ChatTokens, Sampled, run_episode
 

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 from services.common.schemas.base import Document
 from services.searcher.env import PolicyCall
-from services.searcher.loop import run_search
 from services.searcher.prompts import PromptSet
+from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
 from tests.unit.test_trainer_episode import PARAMS, TWO_BLOCKS, Blocks
 from trainer.common.rewards import RewardComputer

@@ -31,7 +31,6 @@ from pydantic import BaseModel
 
 from services.common.answers import span_match
 from services.common.clients import SearcherClient
-from services.common.llm import LLMBackend
 from services.common.schemas.base import Document
 from services.common.schemas.searcher import SearchParams, SearchRequest
 from services.searcher.env import RetrieverBackend
@@ -222,7 +221,7 @@ class PolicyRun:
     with `select_k` = each budget (the compact policy chooses that many), else its documents are cut to the
     budget (an LLM policy's marked documents)."""
 
-    policy: LLMBackend | ActingPolicy
+    policy: ActingPolicy
     params: SearchParams
     per_budget: bool = True
 
@@ -373,7 +372,7 @@ def beats_naive(result: Mapping[str, Any], key: str = "compact_rl", budget: int 
     return bool(per_set) and low > 0 and all(g is not None and g >= -tolerance for g in per_set)
 
 
-def dev_check(policy: LLMBackend | ActingPolicy, items: Sequence[QAItem], retriever: RetrieverBackend,
+def dev_check(policy: ActingPolicy, items: Sequence[QAItem], retriever: RetrieverBackend,
               params: SearchParams) -> dict[str, Any]:
     """A policy's greedy searches on held-out questions against naive BM25 top-n at its own n, per set:
     `{set: {"n", "recall", "naive"}, "mean_gain"}` (the compact trainer's check of each stage)."""

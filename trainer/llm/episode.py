@@ -18,6 +18,7 @@ from services.common.llm import ChatMessage, ChatResult
 from services.common.schemas.searcher import SearchParams
 from services.searcher.env import PolicyCall, RetrieverBackend, SearchEnv, SearchOutcome
 from services.searcher.loop import drive
+from services.searcher.policy import ChatPolicy
 from services.searcher.prompts import PromptSet
 
 _MARK = "\u2063PLUGSEARCH\u2063"  # an assistant content no template rewrites, to find where content ends
@@ -174,5 +175,5 @@ async def episode_in(env: SearchEnv, sampler: TokenSampler, chat: ChatTokens, *,
                      max_completion_tokens: int | None = None) -> Episode:
     """`run_episode` on a given (fresh) environment, driven by the searcher's own driver."""
     policy = TokenPolicy(env, sampler, chat)
-    outcome = await drive(env, policy)
+    outcome = await drive(env, ChatPolicy(policy))
     return policy.episode(outcome, max_completion_tokens)

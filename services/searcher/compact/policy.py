@@ -216,10 +216,6 @@ class CompactPolicy:
     def modes(self) -> tuple[SearchMode, ...]:
         return ("s3",)
 
-    @property
-    def acting(self) -> CompactPolicy:
-        return self
-
     def uses_llm(self, mode: SearchMode) -> bool:
         return False
 

@@ -1,0 +1,21 @@
+"""Chat LLM fakes (a scripted `chat`) driven as the policy they stand for: `ChatPolicy(llm)`, the one road every
+policy takes (`act`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.common.schemas.searcher import SearchParams
+from services.searcher.env import SearchOutcome
+from services.searcher.loop import run_search as _run_search
+from services.searcher.policy import ChatPolicy
+
+
+def chat(llm: Any) -> ChatPolicy:
+    """A fake chat LLM (any object with `model` and `chat`) as the searcher's policy."""
+    return ChatPolicy(llm)
+
+
+async def run_search(question: str, params: SearchParams, *, policy: Any, **kwargs: Any) -> SearchOutcome:
+    """`services.searcher.loop.run_search` with a fake chat LLM as its policy (None: no policy, naive)."""
+    return await _run_search(question, params, policy=None if policy is None else ChatPolicy(policy), **kwargs)
