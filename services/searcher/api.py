@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -33,7 +33,7 @@ from services.searcher.index_identity import IndexIdentity
 from services.searcher.policy import ChatPolicy, SearcherPolicy
 from services.searcher.prompts import PromptSet
 from services.searcher.retrieval import ServiceRetriever
-from services.searcher.serving import SearcherMetrics, SearchService
+from services.searcher.serving import PreparedSearch, SearcherMetrics, SearchService
 from services.searcher.settings import SearcherSettings
 from services.searcher.ui import OPEN_PATHS as UI_PATHS
 from services.searcher.ui import add_ui_routes
@@ -63,10 +63,10 @@ ERRORS = error_responses({
     503: "the retriever is unavailable; retry after Retry-After", 504: "request deadline exceeded"})
 
 
-def accounted(request: Request, service: SearchService, items: list[SearchRequest]) -> Caller | None:
-    """Who asks (as the guard authenticated it), after telling the guard what the request costs (its
-    latency is judged per cost unit by the adaptive admission limit)."""
-    setattr(request.state, COST_STATE, service.cost(items))
+def accounted(request: Request, items: Sequence[PreparedSearch]) -> Caller | None:
+    """Who asks (as the guard authenticated it), after telling the guard what the request costs, its
+    searches' prices (its latency is judged per cost unit by the adaptive admission limit)."""
+    setattr(request.state, COST_STATE, sum(item.cost for item in items))
     caller = getattr(request.state, CALLER_STATE, None)
     return caller if isinstance(caller, Caller) else None
 
@@ -92,10 +92,11 @@ EVENTS = {"schema": {"oneOf": [event_schema(name, model) for name, model in STRE
 async def search(body: SearchRequest, request: Request) -> Response:
     """Search for the documents an LLM needs to answer `question` (`stream: true`: as server-sent events)."""
     service = _service(request)
-    caller = accounted(request, service, [body])
+    prepared = await service.prepare(body)
+    caller = accounted(request, [prepared])
     if body.stream:
-        return sse.EventStreamResponse(await service.open_stream(body, caller))
-    return Response((await service.search(body, caller)).model_dump_json(), media_type=JSON)
+        return sse.EventStreamResponse(await service.open_stream(prepared, caller))
+    return Response((await service.search(prepared, caller)).model_dump_json(), media_type=JSON)
 
 
 @router.post("/search/batch", response_class=Response,
@@ -103,8 +104,9 @@ async def search(body: SearchRequest, request: Request) -> Response:
 async def search_batch(body: SearchBatchRequest, request: Request) -> Response:
     """Many searches in one call, run concurrently; results in request order."""
     service = _service(request)
-    caller = accounted(request, service, body.items)
-    results = SearchBatchResponse(results=await service.search_batch(body.items, caller))
+    items = [await service.prepare(item) for item in body.items]  # in order: the first bad item is the answer
+    caller = accounted(request, items)
+    results = SearchBatchResponse(results=await service.search_batch(items, caller))
     return Response(results.model_dump_json(), media_type=JSON)
 
 
@@ -170,7 +172,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
                 corpus_gate=gate)
             stack.push_async_callback(app.state.service.aclose)  # closed before the clients it uses
             app.state.service.start_corpus_check()
-            app.state.door = app.state.service.door  # a key that spent its budget: 429 before its body is read
+            app.state.door = app.state.service.admission.door  # a key that spent its budget: 429 before its body is read
             if settings.chat is not None:
                 the_answer = answer if answer is not None else owned(
                     OpenAIChatClient(settings.chat.answer, name="answer", metrics=metrics))

@@ -13,8 +13,9 @@ What a request makes the LLMs do is charged to its caller before anything starts
 tokens (`max_tokens`: the settings' default when unset, at most `max_tokens_limit`; `min_tokens` at most
 that), the caller's messages (`max_prompt_chars`, refused over it) and the documents pasted in
 (`max_context_chars`, cut to it). Its cost (`answer_cost`) is added to the search's for the per-request bound
-and the key's budget, and the request holds one of the LLM's slots (`SearchService.take_llm_slots`: waiting
-for its turn among keys while they are all held) from search to last token. The answer is always asked of the
+and the key's budget, and the request holds one of the LLM's slots (`SearchAdmission.take_llm_slots`: waiting
+for its turn among keys while they are all held) from search to last token. A request is checked and priced
+once (`ChatProxy.prepare`, its search by `SearchService.prepare`). The answer is always asked of the
 LLM as a stream, so a caller that leaves stops the generation and gives its slot back at once.
 """
 
@@ -24,7 +25,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from string import Template
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 from pydantic import ValidationError
@@ -48,7 +49,7 @@ from services.common.schemas.chat import (
 )
 from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchRequest
 from services.searcher import parsing
-from services.searcher.serving import SearchService
+from services.searcher.serving import PreparedSearch, SearchService
 from services.searcher.settings import ChatProxySettings
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,22 @@ def augment(messages: list[ChatMessageIn], index: int, text: str) -> list[dict[s
     return out
 
 
+class PreparedChat(NamedTuple):
+    """A chat request checked and priced once (`ChatProxy.prepare`)."""
+
+    request: ChatCompletionRequest
+    search: PreparedSearch
+    """The search of its last user message (`message`: where it is in `request.messages`)."""
+    message: int
+    max_tokens: int
+    answer_cost: float
+
+    @property
+    def cost(self) -> float:
+        """Its cost units, search and answer (the guard's admission, the per-request bound, the budget)."""
+        return self.search.cost + self.answer_cost
+
+
 class ChatProxy:
     def __init__(self, search: SearchService, answer: AnswerBackend, settings: ChatProxySettings) -> None:
         self.search = search
@@ -160,14 +177,14 @@ class ChatProxy:
                                     param="min_tokens")
         return tokens
 
-    def cost(self, request: ChatCompletionRequest) -> float:
-        """The request's cost units, search and answer (for the guard's admission; bad input raises)."""
+    async def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
+        """The request checked (bad input raises, before any work), its search prepared, its answer priced."""
         self.check(request)
-        search_request = self._search_request(request)[1]
-        return self.search.cost([search_request]) + self._answer_cost(request)
-
-    def _answer_cost(self, request: ChatCompletionRequest) -> float:
-        return answer_cost(self.max_tokens(request), prompt_chars(request) + self.settings.max_context_chars)
+        index, search_request = self._search_request(request)
+        search = await self.search.prepare(search_request)
+        max_tokens = self.max_tokens(request)
+        return PreparedChat(request, search, index, max_tokens,
+                            answer_cost(max_tokens, prompt_chars(request) + self.settings.max_context_chars))
 
     def _search_request(self, request: ChatCompletionRequest) -> tuple[int, SearchRequest]:
         index = last_user_index(request.messages)
@@ -186,14 +203,11 @@ class ChatProxy:
                                  param=f"messages.{index}.content") from exc
             raise BadRequest(f"search options: {first.get('msg', 'invalid')}", param="search") from exc
 
-    async def prepare(self, request: ChatCompletionRequest, caller: Caller | None = None
-                      ) -> tuple[dict[str, Any], SearchSummary]:
+    async def _searched(self, prepared: PreparedChat, caller: Caller | None = None
+                        ) -> tuple[dict[str, Any], SearchSummary]:
         """Search (charging the caller for search and answer), and the request body for the answer LLM."""
-        self.check(request)
-        index, search_request = self._search_request(request)
-        max_tokens = self.max_tokens(request)
-        found = await self.search.search(search_request, caller, extra_cost=self._answer_cost(request),
-                                         hold_llm=False)
+        request, index, max_tokens = prepared.request, prepared.message, prepared.max_tokens
+        found = await self.search.search(prepared.search, caller, extra_cost=prepared.answer_cost, hold_llm=False)
         question = request.messages[index].text()
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         context, used = fit_context(found.documents, self.settings.max_context_chars)
@@ -208,23 +222,23 @@ class ChatProxy:
                                    document_ids=[d.id for d in pasted], titles=[d.title for d in pasted],
                                    degraded=found.degraded)
 
-    async def complete(self, request: ChatCompletionRequest, caller: Caller | None = None) -> dict[str, Any]:
-        release = await self.search.take_llm_slots(caller)
+    async def complete(self, prepared: PreparedChat, caller: Caller | None = None) -> dict[str, Any]:
+        release = await self.search.admission.take_llm_slots(caller)
         try:
-            body, summary = await self.prepare(request, caller)
+            body, summary = await self._searched(prepared, caller)
             completion = await self.answer.complete(body)
         finally:
             release()  # also when the caller left (cancelled): the slot goes to the next key's turn at once
         completion["search"] = summary.model_dump(mode="json")
         return completion
 
-    async def open_stream(self, request: ChatCompletionRequest, caller: Caller | None = None
+    async def open_stream(self, prepared: PreparedChat, caller: Caller | None = None
                           ) -> AsyncGenerator[bytes, None]:
         """Search and wait for the first chunk (so that failures up to there answer with their status),
         then the server-sent events of the rest; the first chunk carries `search`."""
-        release = await self.search.take_llm_slots(caller)
+        release = await self.search.admission.take_llm_slots(caller)
         try:
-            body, summary = await self.prepare(request, caller)
+            body, summary = await self._searched(prepared, caller)
             chunks = self.answer.stream(body)
             try:
                 first = await anext(chunks)

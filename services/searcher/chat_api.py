@@ -41,10 +41,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     proxy = from_state(request, "chat", ChatProxy, starting="searcher is still starting")
     caller = getattr(request.state, CALLER_STATE, None)
     try:
-        setattr(request.state, COST_STATE, proxy.cost(body))  # admission judges latency per cost unit
+        prepared = await proxy.prepare(body)
     except CostLimitExceeded:
-        await proxy.search.charge_refusal(caller)  # refusing it was work too (see SearchService.check_cost)
+        await proxy.search.admission.charge_refusal(caller)  # refusing it was work too (see SearchAdmission.check_cost)
         raise
+    setattr(request.state, COST_STATE, prepared.cost)  # admission judges latency per cost unit
     if body.stream:
-        return sse.EventStreamResponse(await proxy.open_stream(body, caller))
-    return Response(orjson.dumps(await proxy.complete(body, caller)), media_type="application/json")
+        return sse.EventStreamResponse(await proxy.open_stream(prepared, caller))
+    return Response(orjson.dumps(await proxy.complete(prepared, caller)), media_type="application/json")

@@ -1,4 +1,6 @@
-"""The searcher's logic behind the API: request -> loop parameters -> cached search -> response + metrics.
+"""The searcher's logic behind the API: request -> prepared search (checked, its parameters, its price, its cache
+key: `SearchService.prepare`, once) -> admission (`services.searcher.admission`) -> cached search -> response +
+metrics.
 
 Knows nothing of FastAPI. The loop itself lives in `services.searcher.loop` (shared with the trainer).
 """
@@ -9,25 +11,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from services.common import sse, tracing
-from services.common.admission import Caller, FairShare, RateLimiter
+from services.common.admission import Caller, RateLimiter
 from services.common.cache import ResultCache, cache_key
-from services.common.errors import (
-    BadRequest,
-    CostLimitExceeded,
-    ErrorDetail,
-    ErrorEnvelope,
-    NotReady,
-    RateLimited,
-    ServiceError,
-)
+from services.common.errors import BadRequest, ErrorDetail, ErrorEnvelope, NotReady, ServiceError
 from services.common.logging import get_request_id
 from services.common.metrics import LATENCY_BUCKETS
 from services.common.schemas.searcher import (
@@ -44,6 +37,7 @@ from services.common.schemas.searcher import (
     search_cost,
 )
 from services.searcher import parsing
+from services.searcher.admission import SearchAdmission
 from services.searcher.corpus_check import CorpusGate
 from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
 from services.searcher.index_identity import IndexIdentity
@@ -59,9 +53,6 @@ CACHE_NAMESPACE = "search"
 REQUEST_PARAMS = {"max_turns", "retrieve_k", "select_k", "constrained"}
 """Search parameters a request may set; where it does not, the service's setting of the same name (for s3, the
 served policy's trained setting first: `SearchService.defaults`)."""
-REFUSAL_COST = 1.0
-"""What a request refused for its cost costs its caller (its reading and refusal)."""
-MAX_BLOCKED = 100_000
 SETTINGS_PARAMS = REQUEST_PARAMS | {"temperature", "max_new_tokens", "constraint_style", "max_invalid",
                                     "max_queries_per_round", "doc_chars"}
 SETTING_FIELDS = ("retrieve_k", "select_k", "max_turns")
@@ -121,20 +112,35 @@ def to_response(outcome: SearchOutcome, *, return_trace: bool) -> SearchResponse
         prompt_version=outcome.prompt_version, trace=trace)
 
 
+class PreparedSearch(NamedTuple):
+    """A search request prepared once (`SearchService.prepare`), then admitted, looked up and run as it is."""
+
+    request: SearchRequest
+    params: SearchParams
+    """What it runs with: its mode's defaults (s3: the policy's trained setting), what it asked, the methods of
+    its first retrieval; naive BM25 top-k where the corpus check serves an s3 search so (`fallback`)."""
+    cost: float
+    """Its price, from its parameters before the corpus check (a fallback costs what was asked)."""
+    key: str
+    cache: ResultCache | None
+    """Where its result is looked up and kept (None: not cached, e.g. while the served index is unknown)."""
+    fallback: str | None
+    """Why naive BM25 top-k serves this s3 search instead of the policy (the corpus check), None when it does not."""
+    uses_llm: bool
+    """Whether it calls an LLM, so holds one of the LLM's slots."""
+
+
 class SearchService:
     """`policy`: the served policy (`services.searcher.policy.SearcherPolicy`; a bare chat LLM is served as a
     `ChatPolicy`). Its trained setting gives the defaults of s3 searches (`defaults`); naive and QAgent
-    searches keep the service's own."""
+    searches keep the service's own. `admission` (`SearchAdmission`): the bound, budgets and LLM slots."""
 
     def __init__(self, settings: SearcherSettings, *, policy: SearcherPolicy,
                  retriever: RetrieverBackend, cache: ResultCache | None = None,
                  metrics: SearcherMetrics | None = None, index_identity: IndexIdentity | None = None,
                  rate_limiter: RateLimiter | None = None, corpus_gate: CorpusGate | None = None) -> None:
         self.settings = settings
-        self.rate_limiter = rate_limiter
-        self.llm_share = FairShare(settings.llm_slots)
-        self._blocked: dict[str, float] = {}
-        """caller id -> until when it cannot afford one cost unit (`door`)"""
+        self.admission = SearchAdmission(settings, rate_limiter)
         self.index_identity = index_identity
         self.policy = policy
         self.retriever = retriever
@@ -214,8 +220,8 @@ class SearchService:
 
     def _cost(self, params: SearchParams, question: str) -> float:
         """The search's price (`search_cost`, the one pricing of every policy: its retrievals, and an LLM
-        policy's calls): naive top-k as such; in a loop mode, as the policy prices it (the same before and
-        after its first retrieval's methods are known)."""
+        policy's calls): naive top-k as such; in a loop mode, as the policy prices it (whatever the retriever
+        serves at the moment: the compact policy prices its trained pool)."""
         if params.mode == "naive":
             return search_cost(params, len(question))
         return self.policy.cost(params, len(question))
@@ -263,88 +269,14 @@ class SearchService:
         except CorpusMismatch as exc:
             raise NotReady(str(exc)) from exc
 
-    def cost(self, requests: Sequence[SearchRequest]) -> float:
-        """Cost units of these searches (`_cost`: what each encodes and returns, and its LLM calls); bad
-        parameters raise `BadRequest`."""
-        return sum(self._cost(self._params(r), r.question) for r in requests)
-
-    def _limited(self, caller: Caller | None) -> bool:
-        return caller is not None and (caller.kind == "key" or (caller.kind == "anonymous"
-                                                                and self.settings.limit_anonymous))
-
-    async def check_cost(self, caller: Caller | None, cost: float) -> None:
-        """The per-request bound: raises `CostLimitExceeded` for a limited caller's too costly request, which
-        costs the caller `REFUSAL_COST` (reading and refusing it is work too: a key that keeps sending such
-        requests spends its budget, then is refused at the door, `door`)."""
-        limit = self.settings.max_request_cost
-        if self._limited(caller) and cost > limit:
-            await self.charge_refusal(caller)
-            raise CostLimitExceeded(f"the request costs {cost:g} units, over the limit of {limit:g} per request "
-                                    "(fewer turns, documents or batch items)", param="items")
-
-    async def charge_refusal(self, caller: Caller | None) -> None:
-        """Spend `REFUSAL_COST` of the caller's budget for a request refused for its cost (when the budget cannot
-        afford it, the door closes instead: the refusal itself is still the answer)."""
-        with contextlib.suppress(RateLimited):
-            await self.charge(caller, REFUSAL_COST)
-
-    def door(self, caller: Caller) -> float:
-        """Seconds for which `caller` cannot afford even one cost unit (`app.state.door`: the guard refuses its
-        requests with 429 before reading their bodies); 0.0 when it may come in."""
-        until = self._blocked.get(caller.id)
-        left = 0.0 if until is None else until - time.monotonic()
-        if until is not None and left <= 0:
-            del self._blocked[caller.id]
-        return max(0.0, left)
-
-    def uses_llm(self, params: SearchParams) -> bool:
-        """Whether a search with these parameters calls an LLM (so holds one of its slots)."""
-        return params.mode != "naive" and self.policy.uses_llm(params.mode)
-
-    async def take_llm_slots(self, caller: Caller | None, slots: int = 1) -> Callable[[], None]:
-        """Hold `slots` of the LLM's slots for a limited caller (`FairShare`: waiting up to `llm_wait_s` for its
-        turn while other keys hold them all), or raise `RateLimited` with when to retry; returns the release
-        (call it once, when the LLM work is over)."""
-        if slots <= 0 or caller is None or not self._limited(caller):
-            return lambda: None
-        slots = min(slots, self.llm_share.share(caller.id))  # a batch: at most the key's share, never starved
-        wait = await self.llm_share.acquire(caller.id, slots, timeout_s=self.settings.llm_wait_s)
-        if wait > 0:
-            raise RateLimited(f"this key holds or waits for its share of the LLM ({self.llm_share.share(caller.id)} "
-                              f"of {self.llm_share.slots} requests at once while other keys use it), or its turn "
-                              f"did not come within {self.settings.llm_wait_s:g} s: retry later", retry_after=wait)
-        t0, released = time.monotonic(), False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.llm_share.release(caller.id, time.monotonic() - t0, slots)
-
-        return release
-
-    async def charge(self, caller: Caller | None, cost: float) -> None:
-        """Spend `cost` of the caller's budget, or raise `RateLimited` with the seconds until it could."""
-        if self.rate_limiter is None or caller is None or not self._limited(caller):
-            return
-        wait = await self.rate_limiter.take(caller.id, cost)
-        if wait > 0:
-            broke = wait - (cost - 1) / self.rate_limiter.rate  # until even one unit is affordable
-            if broke > 0:
-                if len(self._blocked) > MAX_BLOCKED:
-                    self._blocked = {k: t for k, t in self._blocked.items() if t > time.monotonic()}
-                self._blocked[caller.id] = time.monotonic() + broke
-            raise RateLimited(f"rate limit: {self.settings.rate_limit_per_s:g} cost units per second per key "
-                              f"(this request: {cost:g})", retry_after=max(1.0, wait))
-
-    async def _prepare(self, request: SearchRequest, caller: Caller | None = None, extra_cost: float = 0.0
-                       ) -> _Prepared:
-        """Parameters, cache key and cache of one search; bad parameters and a cost over the bound raise
-        here, before any work."""
-        params = self._params(request)
-        cost = self._cost(params, request.question)  # before the pool's methods are known, as `cost` guessed it
-        await self.check_cost(caller, cost + extra_cost)
-        params = await self._pool(params)
+    async def prepare(self, request: SearchRequest) -> PreparedSearch:
+        """The one preparation of a search, before any admission or work (the route's, once per request or
+        batch item): its parameters checked (400: `_params`, the policy's `check_request`), made effective
+        (defaults, the methods of its first retrieval: `_pool`, which refuses with 503 to search another corpus
+        than the one a bound policy was trained on), priced (`_cost`), then the corpus check's decision and its
+        cache key."""
+        params = await self._pool(self._params(request))
+        cost = self._cost(params, request.question)
         cache, index_id = self.cache, None
         if self.index_identity is not None and (cache is not None or self.corpus_gate is not None):
             index_id = await self.index_identity.current()
@@ -352,7 +284,8 @@ class SearchService:
             cache = None  # which index would answer is unknown: no cache
         params, fallback = await self._gated(params, index_id)
         key = self.key(request.question, params, index_id, fallback=fallback)
-        return _Prepared(params, key, cache, cost, fallback)
+        uses_llm = params.mode != "naive" and self.policy.uses_llm(params.mode)
+        return PreparedSearch(request, params, cost, key, cache, fallback, uses_llm)
 
     async def _gated(self, params: SearchParams, index_id: str | None) -> tuple[SearchParams, str | None]:
         """An s3 search's parameters after the corpus check (`services.searcher.corpus_check`): the policy's
@@ -383,7 +316,7 @@ class SearchService:
 
         async def warm() -> None:
             with contextlib.suppress(ServiceError, ValidationError):
-                await self._prepare(SearchRequest(question="corpus check"))
+                await self.prepare(SearchRequest(question="corpus check"))
 
         task = asyncio.get_running_loop().create_task(warm())
         self._background.add(task)
@@ -401,16 +334,17 @@ class SearchService:
         if self.corpus_gate is not None:
             await self.corpus_gate.settled()
 
-    async def _cached(self, request: SearchRequest, prepared: _Prepared) -> SearchResponse | None:
+    async def _cached(self, prepared: PreparedSearch) -> SearchResponse | None:
         if prepared.cache is None:
             return None
         response = await prepared.cache.get_model(prepared.key, SearchResponse)
         if response is None:
             return None
-        return response.model_copy(update={"cached": True, "trace": response.trace if request.return_trace else None})
+        trace = response.trace if prepared.request.return_trace else None
+        return response.model_copy(update={"cached": True, "trace": trace})
 
-    async def _run(self, request: SearchRequest, prepared: _Prepared, on_event: EventSink | None = None
-                   ) -> SearchResponse:
+    async def _run(self, prepared: PreparedSearch, on_event: EventSink | None = None) -> SearchResponse:
+        request = prepared.request
         outcome = await run_search(request.question, prepared.params, policy=self.policy,
                                    retriever=self.retriever,
                                    prompts=self.prompts, on_event=on_event)
@@ -433,43 +367,42 @@ class SearchService:
             await store.set_json(prepared.key, full.model_dump(mode="json"))
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
 
-    async def search(self, request: SearchRequest, caller: Caller | None = None, *, extra_cost: float = 0.0,
+    async def search(self, prepared: PreparedSearch, caller: Caller | None = None, *, extra_cost: float = 0.0,
                      hold_llm: bool = True) -> SearchResponse:
-        """One search. Raises (-> 503) only when the retriever cannot give even the naive top-k. A cache
-        hit is free; a miss spends the caller's budget first (`caller` None: no bound, no budget), and an
-        LLM-bound one holds one of the LLM's slots while it runs. `extra_cost`: work the caller's request
-        does besides (the chat proxy's answer), bounded and charged with the search, hit or miss; `hold_llm`
-        False: the caller holds the LLM slot itself (the chat proxy, for search and answer)."""
-        prepared = await self._prepare(request, caller, extra_cost)
-        hit = await self._cached(request, prepared)
+        """One search (`prepare`d). Raises (-> 503) only when the retriever cannot give even the naive top-k.
+        A cost over the bound is refused (422) before the cache is read; a cache hit is free; a miss spends the
+        caller's budget first (`caller` None: no bound, no budget), and an LLM-bound one holds one of the LLM's
+        slots while it runs. `extra_cost`: work the caller's request does besides (the chat proxy's answer),
+        bounded and charged with the search, hit or miss; `hold_llm` False: the caller holds the LLM slot
+        itself (the chat proxy, for search and answer)."""
+        await self.admission.check_cost(caller, prepared.cost + extra_cost)
+        hit = await self._cached(prepared)
         tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
-            await self.charge(caller, extra_cost)
+            await self.admission.charge(caller, extra_cost)
             return hit
-        with _admission_span(caller, prepared.cost + extra_cost):
-            await self.charge(caller, prepared.cost + extra_cost)
-            release = await self.take_llm_slots(caller, int(hold_llm and self.uses_llm(prepared.params)))
+        release = await self.admission.admit(caller, prepared.cost + extra_cost, int(hold_llm and prepared.uses_llm))
         try:
-            return await self._run(request, prepared)
+            return await self._run(prepared)
         finally:
             release()
 
-    async def open_stream(self, request: SearchRequest, caller: Caller | None = None) -> AsyncGenerator[bytes, None]:
+    async def open_stream(self, prepared: PreparedSearch, caller: Caller | None = None
+                          ) -> AsyncGenerator[bytes, None]:
         """One search as server-sent events (`services.common.schemas.searcher`: retrieval, action, end,
-        then result). Bad input, and failures before the first event (the retriever down), raise here, so
-        they answer with their status; a failure after it becomes an `error` event. A cache hit is the
-        `result` event alone. Closing the returned generator (the client went away) cancels the search."""
-        prepared = await self._prepare(request, caller)
-        hit = await self._cached(request, prepared)
+        then result). Its cost over the bound, and failures before the first event (the retriever down),
+        raise here, so they answer with their status; a failure after it becomes an `error` event. A cache
+        hit is the `result` event alone. Closing the returned generator (the client went away) cancels the
+        search."""
+        await self.admission.check_cost(caller, prepared.cost)
+        hit = await self._cached(prepared)
         tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
             return _single(sse.encode(hit.model_dump_json().encode(), "result"))
-        with _admission_span(caller, prepared.cost):
-            await self.charge(caller, prepared.cost)
-            release = await self.take_llm_slots(caller, int(self.uses_llm(prepared.params)))
+        release = await self.admission.admit(caller, prepared.cost, int(prepared.uses_llm))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
-        task = asyncio.create_task(self._run(request, prepared, on_event=events.on_event))
+        task = asyncio.create_task(self._run(prepared, on_event=events.on_event))
 
         def done(_: asyncio.Task[SearchResponse]) -> None:
             release()
@@ -488,23 +421,23 @@ class SearchService:
             return _single(_result_event(task))
         return _stream(first, queue, task)
 
-    async def search_batch(self, items: Sequence[SearchRequest], caller: Caller | None = None
+    async def search_batch(self, items: Sequence[PreparedSearch], caller: Caller | None = None
                            ) -> list[SearchResponse]:
-        """Many searches at once (bounded concurrency); fails as a whole only if the retriever is down.
-        The bound and the budget apply to the batch's total cost, spent up front."""
-        cost = self.cost(items)
-        await self.check_cost(caller, cost)
-        await self.charge(caller, cost)
+        """Many searches (each `prepare`d) at once (bounded concurrency); fails as a whole only if the
+        retriever is down. The bound and the budget apply to the batch's total cost, spent up front."""
+        cost = sum(item.cost for item in items)
+        await self.admission.check_cost(caller, cost)
+        await self.admission.charge(caller, cost)
         sem = asyncio.Semaphore(self.settings.batch_concurrency)
 
-        async def one(i: int, item: SearchRequest) -> SearchResponse:
+        async def one(i: int, item: PreparedSearch) -> SearchResponse:
             async with sem:
                 with tracing.span("searcher.batch_item", {"plugsearch.item": i}):  # (its own `cached`)
                     return await self.search(item)  # bound and budget: the whole batch's, above
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
-        llm_items = sum(self.uses_llm(self._params(item)) for item in items)
-        release = await self.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
+        llm_items = sum(item.uses_llm for item in items)
+        release = await self.admission.take_llm_slots(caller, min(llm_items, self.settings.batch_concurrency))
         try:
             results = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)), return_exceptions=True)
         finally:
@@ -515,27 +448,10 @@ class SearchService:
         return [r for r in results if isinstance(r, SearchResponse)]
 
 
-def _admission_span(caller: Caller | None, cost: float) -> AbstractContextManager[Any]:
-    """The span of a search's admission: its cost charged to the caller's budget (a Redis round trip where
-    there is one) and the LLM slot it holds; a refusal (429) ends it with the error."""
-    return tracing.span("searcher.admission", {"plugsearch.cost": cost,
-                                                "plugsearch.caller": caller.kind if caller else "none"}
-                        if tracing.enabled() else None)
-
-
 # ------------------------------------------------------------------------------------------ streaming
 STREAM_KEEP_ALIVE_S = 15.0
 """A comment line after this long without events: proxies keep the connection, and a client that went
 away is noticed even while the policy thinks."""
-
-
-class _Prepared(NamedTuple):
-    params: SearchParams
-    key: str
-    cache: ResultCache | None
-    cost: float
-    fallback: str | None = None
-    """Why naive BM25 top-k serves this s3 search instead of the policy (the corpus check), None when it does not."""
 
 
 class _StreamEvents:

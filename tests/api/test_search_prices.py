@@ -77,7 +77,7 @@ async def test_the_budget_and_the_admission_limit_spend_that_price() -> None:
     try:  # the bucket: 128 units, refilled at 0.01 a second
         async with app_client(stack.app) as client:
             service = stack.app.state.service
-            service_costs.append(service.cost([SearchRequest(**HEAVY_ITEM)]))  # type: ignore[arg-type]
+            service_costs.append((await service.prepare(SearchRequest(**HEAVY_ITEM))).cost)  # type: ignore[arg-type]
             statuses = []
             for i in range(7):  # 6 x 19.1 = 114.6 of the 128 units of the key's bucket; the 7th does not fit
                 response = await client.post("/search", headers=AUTH, json={**HEAVY_ITEM, "question": f"{LONG[:4000]} {i}"})

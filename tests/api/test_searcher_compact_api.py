@@ -105,8 +105,8 @@ async def test_qagent_is_refused_and_a_compact_search_costs_its_retrievals(polic
 
     first = retrieval_cost(Retrieval(None, len(Q), 5))  # BM25 (the default method), k 5: 0.85
     follow_up = retrieval_cost(Retrieval(None, len(Q) + 64, 5))
-    assert service.cost([SearchRequest(question=Q)]) == first + follow_up == 1.7  # max_turns 1, no LLM call
-    assert service.cost([SearchRequest(question=Q, mode="naive")]) == first
+    assert (await service.prepare(SearchRequest(question=Q))).cost == first + follow_up == 1.7  # max_turns 1, no LLM call
+    assert (await service.prepare(SearchRequest(question=Q, mode="naive"))).cost == first
 
 
 # ------------------------------------------------------------------- the dense block of the first retrieval
@@ -143,7 +143,7 @@ async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_t
 
     dense = retrieval_cost(Retrieval("dense", len(Q), 5))  # it encodes the question: dearer than BM25's
     assert dense > retrieval_cost(Retrieval("bm25", len(Q), 5))
-    assert service.cost([SearchRequest(question=Q)]) == (  # BM25 + dense + max_turns 1
+    assert (await service.prepare(SearchRequest(question=Q))).cost == (  # BM25 + dense + max_turns 1
         retrieval_cost(Retrieval("bm25", len(Q), 5)) + dense + retrieval_cost(Retrieval(None, len(Q) + 64, 5)))
 
 
@@ -168,26 +168,26 @@ async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy
                             index_identity=IndexIdentity(client, ttl_s=0))
 
     async def methods(question: str) -> list[str | None]:
-        response = await service.search(SearchRequest(question=question, return_trace=True))
+        response = await service.search(await service.prepare(SearchRequest(question=question, return_trace=True)))
         assert response.trace is not None
         return [b.method for b in response.trace.blocks]
 
     async def charged(question: str) -> float:
-        return (await service._prepare(SearchRequest(question=question))).cost
+        return (await service.prepare(SearchRequest(question=question))).cost
 
     try:
         assert await methods(Q) == ["bm25", "dense"]
-        # the cost guessed before the search (the guard's, before /version is read) is what it is charged
-        # its price: the trained pool (bm25 + dense, k 5) and one bm25 follow-up, no LLM call
+        # its one price (the guard's, the bound's and the budget's): the trained pool (bm25 + dense, k 5) and
+        # one bm25 follow-up, no LLM call
         price = search_cost(SearchParams(retrieve_k=5, select_k=2, max_turns=1, method="bm25",
                                          pool_methods=["bm25", "dense"]), len(Q), llm_policy=False)
-        assert service.cost([SearchRequest(question=Q)]) == await charged(Q) == pytest.approx(price)
+        assert await charged(Q) == pytest.approx(price)
         retriever.state.details = {**retriever.state.details, "encoder": "intfloat/e5-base-v2"}  # other cosines
         assert await methods(Q + " 2") == ["bm25"]
         retriever.state.details = {"index_id": "i2", "methods": ["bm25"], "encoder": None}  # no dense index
         assert await methods(Q + " 3") == ["bm25"]
         # the same price whatever the retriever serves now: the pool it was trained on is what is priced
-        assert service.cost([SearchRequest(question=Q + " 4")]) == await charged(Q + " 4") == pytest.approx(
+        assert await charged(Q + " 4") == pytest.approx(
             search_cost(SearchParams(retrieve_k=5, select_k=2, max_turns=1, method="bm25",
                                      pool_methods=["bm25", "dense"]), len(Q + " 4"), llm_policy=False))
     finally:
@@ -324,7 +324,7 @@ async def test_the_follow_up_method_does_not_follow_the_retrievers_default(searc
     service = SearchService(settings, policy=CompactPolicy.load(searching_dir), retriever=ServiceRetriever(client),
                             index_identity=IndexIdentity(client, ttl_s=0))
     try:
-        response = await service.search(SearchRequest(question=Q))
+        response = await service.search(await service.prepare(SearchRequest(question=Q)))
     finally:
         await client.aclose()
     assert len(response.queries) == 2

@@ -70,24 +70,24 @@ async def test_a_policy_that_loses_on_the_corpus_is_replaced_by_naive_bm25_and_s
     svc = service(bad, retriever)
     assert svc.corpus_gate is not None
     svc.start_corpus_check()
-    pending = await svc.search(SearchRequest(question=QUESTION))  # the check runs: naive meanwhile
+    pending = await svc.search(await svc.prepare(SearchRequest(question=QUESTION)))  # the check runs: naive meanwhile
     assert pending.fallback is not None and "running" in pending.fallback
     await svc.corpus_checked()
     result = svc.corpus_gate.last
     assert result is not None and result.decision == "naive" and result.questions >= 30
     assert result.policy_recall < result.naive_recall and result.interval[1] < 0
-    response = await svc.search(SearchRequest(question=QUESTION))
+    response = await svc.search(await svc.prepare(SearchRequest(question=QUESTION)))
     naive = (await retriever.retrieve([QUESTION], k=3, method="bm25")).results[0]
     assert response.mode == "s3" and response.stop_reason == "naive" and response.policy_model is None
     assert response.fallback is not None and "naive BM25 top-3 serves" in response.fallback
     assert [d.id for d in response.documents] == [d.id for d in naive]
-    cached = await svc.search(SearchRequest(question=QUESTION))
+    cached = await svc.search(await svc.prepare(SearchRequest(question=QUESTION)))
     assert cached.cached and cached.fallback == response.fallback
     described = svc.corpus_gate.describe()
     assert described["state"] == "done" and described["last"]["decision"] == "naive"
 
     unchecked = service(bad, retriever, check=False)  # SEARCHER_CORPUS_CHECK=off: the policy serves, unchecked
-    served = await unchecked.search(SearchRequest(question=QUESTION))
+    served = await unchecked.search(await unchecked.prepare(SearchRequest(question=QUESTION)))
     assert served.fallback is None and served.policy_model == bad.model and served.stop_reason == "complete"
 
 
@@ -99,7 +99,7 @@ async def test_the_shipped_policy_is_checked_and_served_when_it_holds_up(retriev
     await svc.corpus_checked()
     result = svc.corpus_gate.last
     assert result is not None and result.questions >= 30
-    response = await svc.search(SearchRequest(question=QUESTION))
+    response = await svc.search(await svc.prepare(SearchRequest(question=QUESTION)))
     if result.decision == "policy":
         assert response.fallback is None and response.policy_model == shipped.model
     else:
@@ -117,6 +117,6 @@ async def test_before_the_retriever_says_what_it_serves_naive_answers(retriever:
     shipped = CompactPolicy.load(COMPACT_DIR)
     svc = service(shipped, retriever)
     svc.index_identity = UnknownIndex(retriever)
-    response = await svc.search(SearchRequest(question=QUESTION))
+    response = await svc.search(await svc.prepare(SearchRequest(question=QUESTION)))
     assert response.fallback is not None and "has not said which index" in response.fallback
     assert response.policy_model is None and response.stop_reason == "naive" and len(response.documents) == 3
