@@ -148,7 +148,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
                 return resource
 
             the_policy: SearcherPolicy = served if served is not None else ChatPolicy(
-                owned(OpenAIChatClient(settings.policy, name="policy", metrics=metrics)))
+                owned(OpenAIChatClient(settings.policy, name="policy", metrics=metrics)),
+                manifest=settings.chat_manifest())
             client: RetrieverClient | None = None
             the_retriever = retriever
             if the_retriever is None:
@@ -195,7 +196,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
         service: SearchService | None = getattr(app.state, "service", None)
         info: dict[str, Any] = {"prompt_version": PromptSet.load(settings.prompts_dir).version,
                                 "policy_model": policy_model}
-        setting = served.setting if served is not None else None
+        policy = service.policy if service is not None else served  # the LLM's is built in the lifespan
+        setting = policy.setting if policy is not None else None
         if setting is not None:
             info["policy_setting"] = setting.model_dump()
         if service is not None and service.corpus_gate is not None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from string import Template
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.http import ClientSettings
@@ -149,9 +150,31 @@ class SearcherSettings(ServiceSettings):
         "still serves"))
     corpus_check_questions: int = Field(300, ge=30, le=2000, description=(
         "pseudo-questions the corpus check makes (from twice as many sampled passages)"))
+    policy_manifest: Path | None = Field(None, description=(
+        "with policy_kind llm: the manifest of the trained LLM searcher it serves (its `manifest.json`, e.g. "
+        "services/searcher/trained/smollm2-s3/manifest.json): the setting it records (`search`: retrieve_k, "
+        "select_k, max_turns) gives the defaults of its s3 searches, as a compact policy's manifest does; "
+        "plugsearch-stack --policy trained sets it. Checked at start-up"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "services/searcher/prompts); checked at start-up, part of the cache key"))
+
+    def chat_manifest(self) -> dict[str, Any]:
+        """The LLM policy's manifest (`policy_manifest`; empty when none), its setting checked. Raises
+        `ValueError` saying what is wrong, with the file."""
+        if self.policy_manifest is None:
+            return {}
+        from services.searcher.policy import read_chat_setting
+
+        path = self.policy_manifest
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+            read_chat_setting(manifest)
+        except (OSError, ValueError, ValidationError) as exc:
+            raise ValueError(f"policy_manifest {path}: {exc}") from exc
+        return manifest
 
     @model_validator(mode="after")
     def _check_searcher(self) -> SearcherSettings:
@@ -166,6 +189,8 @@ class SearcherSettings(ServiceSettings):
             from services.searcher.compact import CompactPolicy
 
             CompactPolicy.load(self.compact_policy)  # refuse a bad folder or manifest at start-up, with the reason
+        if self.policy_manifest is not None:
+            self.chat_manifest()  # refuse a bad manifest at start-up, with the reason
         if self.prompts_dir is not None:
             PromptSet.load(self.prompts_dir)  # refuse a bad folder at start-up, with the file and variable
         if self.rate_limit_per_s and self.rate_limit_burst < self.max_request_cost:

@@ -3,7 +3,9 @@ policy), real RetrieverClient against a tiny fake retriever app, both over ASGI 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -256,3 +258,40 @@ def test_openapi_contract() -> None:
     assert set(schemas["EndEvent"]["properties"]) == {"step", "stop_reason", "degraded", "elapsed_ms"}
     # the playground page is not part of the API
     assert create_app(SearcherSettings(ui=True)).openapi()["paths"].keys() == doc["paths"].keys()
+
+
+class ManifestStack(Stack):
+    """The fake LLM served as a trained LLM searcher: its manifest's setting, as the stack passes it."""
+
+    def __init__(self, manifest: Path, **settings: Any) -> None:
+        super().__init__(**settings)
+        from services.searcher.policy import ChatPolicy
+
+        served = SearcherSettings(policy_manifest=manifest, **settings)
+        self.app = create_app(served, policy=ChatPolicy(self.policy, manifest=served.chat_manifest()),
+                              retriever=ServiceRetriever(self.retriever_client), cache=self.cache)
+
+
+async def test_a_trained_llm_searcher_carries_its_setting_in_its_manifest(tmp_path: Path) -> None:
+    """Like a compact policy: the manifest's `search` is the default of its s3 searches (not environment
+    variables set by the stack), /version shows it, and qagent keeps the service's own defaults."""
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"model_alias": "s", "search": {"mode": "s3", "max_turns": 1, "retrieve_k": 5,
+                                                                    "select_k": 2, "method": None}}))
+    stack = ManifestStack(manifest)
+    try:
+        async with app_client(stack.app) as client:
+            version = (await client.get("/version")).json()
+            body = (await client.post("/search", json={"question": Q})).json()
+            await client.post("/search", json={"question": Q, "mode": "qagent"})
+    finally:
+        await stack.aclose()
+    assert version["details"]["policy_setting"]["retrieve_k"] == 5
+    assert version["details"]["policy_setting"]["max_turns"] == 1
+    assert len(body["queries"]) == 1 and [r.k for r in stack.retriever_app.state.requests][:2] == [5, 5]
+    assert stack.retriever_app.state.requests[-1].k == 8  # qagent: the service's retrieve_k
+    manifest.write_text(json.dumps({"search": {"retrieve_k": 5}}))
+    with pytest.raises(ValueError, match="policy_manifest .*lacks select_k, max_turns"):
+        SearcherSettings(policy_manifest=manifest)
+    with pytest.raises(ValueError, match="policy_manifest"):
+        SearcherSettings(policy_manifest=tmp_path / "missing.json")

@@ -427,7 +427,15 @@ def test_the_trained_searcher_gets_its_own_llm_process_and_its_settings(tmp_path
     searcher = load_settings("searcher", specs["searcher"].env, monkeypatch)
     assert searcher.policy.base_url == f"http://127.0.0.1:{options.ports['policy']}/v1"
     assert searcher.policy.model == "smollm2-135m-searcher"
-    assert (searcher.max_turns, searcher.retrieve_k, searcher.select_k, searcher.doc_chars) == (1, 5, 3, 200)
+    # its setting travels in its manifest, as a compact policy's does: no SEARCHER_MAX_TURNS etc. from the stack
+    assert not [k for k in specs["searcher"].env if k.startswith(("SEARCHER_RETRIEVE_K", "SEARCHER_MAX_TURNS",
+                                                                    "SEARCHER_SELECT_K"))]
+    assert searcher.policy_manifest == trained.folder / "manifest.json"
+    from services.searcher.policy import ChatPolicy
+
+    setting = ChatPolicy(object(), manifest=searcher.chat_manifest()).setting  # type: ignore[arg-type]
+    assert setting is not None and (setting.max_turns, setting.retrieve_k, setting.select_k) == (1, 5, 3)
+    assert searcher.doc_chars == 200
     assert searcher.prompts_dir == trained.prompts_dir and searcher.constrained is True
 
 

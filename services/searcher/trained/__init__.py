@@ -89,11 +89,12 @@ class TrainedSearcher:
                                        "serve it on that model or use --policy base")
 
     def searcher_env(self) -> dict[str, str]:
-        """`SEARCHER_*` settings (without the prefix) that serve it as trained."""
+        """`SEARCHER_*` settings (without the prefix) that serve it as trained: its manifest (whose `search`
+        setting, retrieve_k, select_k and max_turns, the searcher reads as the defaults of its s3 searches, as it
+        reads a compact policy's), its prompts and how its outputs are sampled."""
         s = self.search
-        env = {"PROMPTS_DIR": str(self.prompts_dir), "MAX_TURNS": str(s.max_turns),
-               "RETRIEVE_K": str(s.retrieve_k), "SELECT_K": str(s.select_k), "MAX_NEW_TOKENS": str(s.max_new_tokens),
-               "CONSTRAINED": "true"}
+        env = {"POLICY_MANIFEST": str(self.folder / MANIFEST), "PROMPTS_DIR": str(self.prompts_dir),
+               "MAX_NEW_TOKENS": str(s.max_new_tokens), "CONSTRAINED": "true"}
         if s.doc_chars is not None:
             env["DOC_CHARS"] = str(s.doc_chars)
         return env
