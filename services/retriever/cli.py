@@ -8,7 +8,9 @@ re-encoding, see `services.retriever.importer`; prints the RETRIEVER_* settings 
 (exit 0 when the service would start, 2 otherwise), `info` (print the manifests), `encoder` (load the dense
 encoder as the service would: the default backend exports it to ONNX once into RETRIEVER_ENCODER__ONNX_DIR;
 prints which backend serves and why; `--require-onnx` exits 1 where it would fall back to torch: the image
-build prepares the default model's export this way).
+build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
+and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
+`services.retriever.ingest`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import fcntl
 import functools
 import json
 import logging
+import re
 import shlex
 import sys
 import time
@@ -197,6 +200,56 @@ def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
     print("  " + " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\\n  plugsearch-retriever")
 
 
+CORPUS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _ingest_parser(sub: Any) -> None:
+    from services.retriever.ingest.passages import DEFAULT_WORDS
+    from services.retriever.ingest.run import DEFAULT_MAX_MB
+
+    ing = sub.add_parser("ingest", help="documents as files (txt, md, html, pdf, jsonl) into a corpus JSONL",
+                         description="Read the files under PATH... (folders recursively), cut them into passages, "
+                         "write the corpus (one passage per line) and a JSON report of what was skipped and why.")
+    ing.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files and folders to ingest")
+    out = ing.add_mutually_exclusive_group(required=True)
+    out.add_argument("--corpus", dest="corpus_name", metavar="NAME",
+                     help="write <var-dir>/corpora/NAME.jsonl (and NAME.report.json beside it)")
+    out.add_argument("--out", type=Path, metavar="FILE", help="write this corpus file instead (report beside it)")
+    ing.add_argument("--var-dir", type=Path, default=Path("var"), help="where corpora/ goes (default: var)")
+    ing.add_argument("--allow", type=Path, action="append", default=[], metavar="DIR",
+                     help="only files inside DIR (after following links; repeatable); default: the paths given")
+    ing.add_argument("--words", type=int, default=DEFAULT_WORDS,
+                     help=f"about this many words per passage, cut at sentences (default {DEFAULT_WORDS})")
+    ing.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB,
+                     help=f"skip larger files without reading them (default {DEFAULT_MAX_MB:g})")
+    ing.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    """`plugsearch-index ingest`: 0 = every file ingested (or only ignored ones skipped), 1 = the corpus was
+    written but some files were refused (errors in the report), 2 = nothing written."""
+    from services.retriever.ingest import IngestOptions, ingest
+    from services.retriever.ingest.run import IngestError
+
+    if args.corpus_name is not None and not CORPUS_NAME.fullmatch(args.corpus_name):
+        print(f"error: --corpus {args.corpus_name!r}: a name (letters, digits, '.', '_', '-'), not a path; "
+              "use --out FILE for a path", file=sys.stderr)
+        return 2
+    out = args.out or args.var_dir / "corpora" / f"{args.corpus_name}.jsonl"
+    try:
+        options = IngestOptions(paths=tuple(args.paths), out=out, allow=tuple(args.allow), words=args.words,
+                                max_mb=args.max_mb, show_progress=not args.quiet)
+        report = ingest(options)
+    except IngestError as exc:
+        if exc.report is not None:
+            print("\n".join(exc.report.summary()), file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(report.summary()), file=sys.stderr)
+    print(f"report: {options.report_path}", file=sys.stderr)
+    return 1 if report.errors else 0
+
+
 def prepare_encoder(settings: EncoderSettings, *, require_onnx: bool) -> None:
     """Load the encoder once (the export, when missing, happens here) and print what serves it."""
     from services.retriever.encoder import Encoder
@@ -232,7 +285,12 @@ def main(argv: list[str] | None = None) -> None:
     enc = sub.add_parser("encoder", help="load the dense encoder as the service would (exports it to ONNX once)")
     enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
+    _ingest_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "ingest":  # reads no RETRIEVER_* setting
+        configure_logging("INFO", service="plugsearch-index")
+        logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged PDF's reason is in the report, by name
+        sys.exit(run_ingest(args))
 
     overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name, None))}
     try:
