@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -21,10 +22,14 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from services.common import tracing
-from services.common.admission import COST_STATE
+from services.common.admission import CALLER_STATE, COST_STATE, Caller, key_id
 from services.common.app import build_app, from_state, service_router
-from services.common.errors import error_responses
+from services.common.errors import BadRequest, Conflict, Forbidden, error_responses
 from services.common.schemas.retriever import (
+    ChangeResponse,
+    DeleteDocumentsRequest,
+    DocumentIn,
+    PutDocumentsRequest,
     RetrieveRequest,
     RetrieveResponse,
     SampleRequest,
@@ -32,6 +37,8 @@ from services.common.schemas.retriever import (
     SearchR1Request,
     SearchR1Response,
 )
+from services.retriever.changelog import Passage
+from services.retriever.live import LiveIndex
 from services.retriever.manifest import IndexMismatch, IndexMissing
 from services.retriever.serving import (
     IndexCheck,
@@ -102,6 +109,82 @@ async def sample_passages(body: SampleRequest, request: Request) -> Response:
     setattr(request.state, COST_STATE, float(max(1, body.n // 100)))
     svc = _service(request)
     return Response(await asyncio.to_thread(svc.sample, body.n, body.seed), media_type=JSON)
+
+
+CHANGE_ERRORS = error_responses({
+    403: "the caller may not change documents (the internal token or a RETRIEVER_ADMIN_KEYS key may; a search key "
+         "never)", 409: "documents cannot change on this retriever (RETRIEVER_CHANGES=off, or a backend that cannot)",
+    503: "indexes still loading; retry after Retry-After"})
+
+
+def _changing(request: Request) -> LiveIndex:
+    """The live index of a caller who may change documents: the internal token, or an admin key."""
+    caller = getattr(request.state, CALLER_STATE, None)
+    settings: RetrieverSettings = request.app.state.settings
+    admins = {key_id(hashlib.sha256(k.get_secret_value().encode()).digest()) for k in settings.admin_keys}
+    allowed = isinstance(caller, Caller) and (caller.kind == "internal" or (caller.kind == "key" and caller.id in admins))
+    if not allowed:
+        raise Forbidden("changing documents needs the internal token or an admin key (RETRIEVER_ADMIN_KEYS); "
+                        + ("a search key may only search" if isinstance(caller, Caller) and caller.kind == "key"
+                           else "this retriever has none configured"))
+    svc = _service(request)
+    if svc.live is None:
+        raise Conflict(f"documents cannot change on this retriever: {svc.changes_off}")
+    return svc.live
+
+
+def passages_of(documents: list[DocumentIn]) -> list[Passage]:
+    """Each document's passages, `<id>#0`, `<id>#1`, ...: as given, or its text cut as `plugsearch-index ingest`
+    cuts (about 100 words, at sentence boundaries)."""
+    from services.retriever.ingest.passages import Piece, pack, sentences
+
+    out: list[Passage] = []
+    for doc in documents:
+        if doc.passages is not None:
+            parts = [(p.title or doc.title, p.text) for p in doc.passages]
+        else:
+            pieces = [Piece(s, len(s.split())) for s in sentences(doc.text or "")]
+            parts = [(doc.title, piece.text) for piece in pack(pieces)]
+        if not parts:
+            raise BadRequest(f"document {doc.id!r} has no text", param="documents")
+        out.extend(Passage(f"{doc.id}#{i}", doc.id, title, text) for i, (title, text) in enumerate(parts))
+    return out
+
+
+@router.put("/documents", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})
+async def put_documents(body: PutDocumentsRequest, request: Request) -> ChangeResponse:
+    """Add documents, or replace them whole (every passage of a document already served, by its id): durable
+    before this answers, searched by every worker within RETRIEVER_CHANGES_POLL_S (this one at once)."""
+    live = _changing(request)
+    passages = passages_of(body.documents)
+    setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
+    t0 = time.perf_counter()
+    change = await asyncio.to_thread(live.write, passages, [])
+    return ChangeResponse(seq=change.seq, documents=len(body.documents), passages=len(passages),
+                          index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
+
+
+@router.post("/documents/delete", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})
+async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> ChangeResponse:
+    """Delete documents (every passage of each); durable before this answers."""
+    live = _changing(request)
+    t0 = time.perf_counter()
+    change = await asyncio.to_thread(live.write, [], list(dict.fromkeys(body.ids)))
+    return ChangeResponse(seq=change.seq, documents=len(change.delete), passages=0,
+                          index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
+
+
+async def follow_changes(service: RetrieverService, poll_s: float) -> None:
+    """Apply the changes other workers acknowledge, every `poll_s` (each worker follows the log)."""
+    live = service.live
+    if live is None:
+        return
+    while True:
+        await asyncio.sleep(poll_s)
+        try:
+            await asyncio.to_thread(live.poll)
+        except Exception:  # a bad read is retried at the next poll; the log keeps the trace
+            logger.exception("reading the change log failed")
 
 
 BUILDER_STOP_S = 10.0
@@ -198,8 +281,13 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
             if checked.dense_pending is not None:
                 service.dense_status = "building" if settings.dense_missing == "build" else "waiting"
             app.state.retriever = service
-            if checked.dense_pending is not None:
-                await pending_dense(service, settings, checked)
+            following = asyncio.create_task(follow_changes(service, settings.changes_poll_s))
+            try:
+                if checked.dense_pending is not None:
+                    await pending_dense(service, settings, checked)
+                await following
+            finally:
+                following.cancel()
 
         loading = asyncio.create_task(load())
 
@@ -213,8 +301,9 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
         try:
             yield
         finally:
-            if not loading.done() and checked.dense_pending is not None and app.state.retriever is not None:
-                loading.cancel()  # waiting for (or building) the dense index: stops, resumable next start
+            if not loading.done() and app.state.retriever is not None:
+                loading.cancel()  # following the change log, or waiting for (or building) the dense index:
+                # stops (a build resumes at the next start)
             if not loading.done():
                 await asyncio.wait({loading}, timeout=60)
             if app.state.retriever is not None:

@@ -129,6 +129,36 @@ class Bm25sRetriever(Retriever):
         ids = np.where(sc > 0, ids, -1)  # no matching term: bm25s returns arbitrary zero-score documents
         return Hits(ids, np.where(ids >= 0, sc, 0).astype(np.float32))
 
+    def tokenize(self, texts: list[str]) -> list[list[str]]:
+        """Texts as the index tokenised its passages (stopwords, stemmer): what the live overlay scores with."""
+        import bm25s
+
+        if not texts:
+            return []
+        tokens: list[list[str]] = bm25s.tokenize(texts, stopwords=_STOPWORDS, stemmer=self._stemmer,
+                                                 return_ids=False, show_progress=False)
+        return tokens
+
+    def lexical_stats(self, store: DocumentStore, *, sample: int = 2000, seed: int = 0) -> Any:
+        """The index's BM25 statistics for the live overlay (`services.retriever.live.LexicalStats`): k1, b,
+        the passage count, each term's document frequency (read off the score matrix: a term's column holds one
+        entry per passage that has it) and the average passage length, estimated on a seeded sample."""
+        import random
+
+        from services.retriever.live import LexicalStats
+
+        vocab, indptr = self._model.vocab_dict, np.asarray(self._model.scores["indptr"])
+        n_terms = len(indptr) - 1
+
+        def df(term: str) -> int:
+            t = vocab.get(term)
+            return int(indptr[t + 1] - indptr[t]) if t is not None and t < n_terms else 0
+
+        positions = sorted(random.Random(seed).sample(range(len(store)), min(sample, len(store))))
+        lengths = [len(t) for t in self.tokenize([store.passage(p) for p in positions])]
+        avgdl = max(1.0, sum(lengths) / max(1, len(lengths)))
+        return LexicalStats(k1=float(self._model.k1), b=float(self._model.b), n=self._n, avgdl=avgdl, df=df)
+
     def close(self) -> None:
         self._model = None
 

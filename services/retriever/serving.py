@@ -29,6 +29,7 @@ from services.retriever.dense_build import dense_folder
 from services.retriever.docstore import DocumentStore, corpus_checksum, open_store
 from services.retriever.encoder import Encoder, encoder_identity
 from services.retriever.fusion import rrf_fuse
+from services.retriever.live import LiveCorpus, LiveIndex, LiveRetriever
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.settings import IVF_TYPES, RetrieverSettings
 
@@ -167,14 +168,21 @@ class SearchMetrics:
 
 class RetrieverService:
     def __init__(self, corpus: DocumentStore, retrievers: dict[str, Retriever], settings: RetrieverSettings,
-                 *, index_id: str, metrics: SearchMetrics | None = None, check: IndexCheck | None = None) -> None:
+                 *, index_id: str, metrics: SearchMetrics | None = None, check: IndexCheck | None = None,
+                 live: LiveIndex | None = None) -> None:
         for name, retriever in retrievers.items():
             self._check_count(name, retriever, corpus)
+        self.live = live
+        """The changes made while serving (None: RETRIEVER_CHANGES off, or not servable here)."""
+        self.changes_off: str | None = None
+        """Why documents cannot be changed here (None: they can)."""
+        if live is not None:
+            corpus = LiveCorpus(live)  # type: ignore[assignment]
         self.corpus = corpus
         self.retrievers = retrievers
         self.settings = settings
         self.metrics = metrics
-        self.index_id = index_id
+        self.base_index_id = index_id
         self.check = check
         self.dense_status: str | None = None
         """While the dense index is pending: `waiting` for it, `building` it, or why its build failed."""
@@ -188,7 +196,9 @@ class RetrieverService:
 
     def _batcher(self, name: str, retriever: Retriever) -> MicroBatcher:
         metrics = self.metrics
-        return MicroBatcher(name, retriever.batch_search, max_batch=self.settings.max_batch_queries,
+        search = retriever.batch_search if self.live is None else \
+            LiveRetriever(retriever, self.live, "dense" if name == "dense" else "lexical").batch_search
+        return MicroBatcher(name, search, max_batch=self.settings.max_batch_queries,
                             max_chars=self.settings.max_batch_chars,
                             max_queue=self.settings.max_queue, workers=self._workers(name),
                             observe=metrics.observer(name) if metrics is not None else None)
@@ -197,12 +207,21 @@ class RetrieverService:
         """Serve the dense index that was pending (built while BM25 served): `dense` and `hybrid` join
         `methods`, and `index_id` changes (callers' cache keys of the BM25-only time are left behind)."""
         self._check_count("dense", dense, self.corpus)
+        if self.live is not None:
+            self.live.serve_dense(dense.encoder.encode_passages)
         self.batchers["dense"] = self._batcher("dense", dense)
         self.retrievers["dense"] = dense
         if self.check is not None:
             self.check = IndexCheck(self.check.corpus_checksum, {**self.check.manifests, "dense": manifest})
-            self.index_id = index_identity(self.settings, self.check.corpus_checksum, self.check.manifests)
+            self.base_index_id = index_identity(self.settings, self.check.corpus_checksum, self.check.manifests)
         self.dense_status = None
+
+    @property
+    def index_id(self) -> str:
+        """The built indexes' identity, and the last change applied (a cache keyed on it never serves a result
+        from before a change)."""
+        seq = self.live.seq if self.live is not None else 0
+        return f"{self.base_index_id}-c{seq}" if seq else self.base_index_id
 
     def _workers(self, method: str) -> int:
         # bm25s: several single-threaded scorer calls at once rather than one multi-threaded call: they are
@@ -234,11 +253,14 @@ class RetrieverService:
                                                        search=settings.lucene_search)
         if settings.dense and "dense" in check.manifests:
             retrievers["dense"] = load_dense(settings)
+        live, off = open_live(settings, corpus, retrievers)
         logger.info("retriever ready in %.1f s: %s over %s documents%s", time.perf_counter() - t0,
                     ", ".join(retrievers), len(corpus),
                     " (the dense index is not ready: BM25 serves until it is)" if check.dense_pending else "")
-        return cls(corpus, retrievers, settings, metrics=metrics, check=check,
-                   index_id=index_identity(settings, check.corpus_checksum, check.manifests))
+        service = cls(corpus, retrievers, settings, metrics=metrics, check=check, live=live,
+                      index_id=index_identity(settings, check.corpus_checksum, check.manifests))
+        service.changes_off = off
+        return service
 
     def _check_size(self, queries: int, k: int) -> None:
         if k > self.settings.max_k:
@@ -333,15 +355,23 @@ class RetrieverService:
     def sample(self, n: int, seed: int) -> bytes:
         """`n` passages drawn at random (by `seed`) from the served corpus (`SampleResponse`): what the searcher
         makes its pseudo-questions of when it checks its policy on this corpus."""
-        size = len(self.corpus)
-        positions = random.Random(seed).sample(range(size), min(n, size))
+        if self.live is not None:
+            state = self.live.state
+            positions, total = self.live.sample(state, n, seed), state.served
+        else:
+            total = len(self.corpus)
+            positions = random.Random(seed).sample(range(total), min(n, total))
         docs = self.corpus.documents(positions)
         return orjson.dumps({"passages": [{"id": i, "title": t, "text": x} for i, t, x in docs],
-                             "total": len(self.corpus), "index_id": self.index_id})
+                             "total": total, "index_id": self.index_id})
 
     def describe(self) -> dict[str, Any]:
+        state = self.live.state if self.live is not None else None
         return {"methods": self.methods, "default_method": self.settings.default_method,
-                "documents": len(self.corpus), "corpus_checksum": self.corpus.checksum, "index_id": self.index_id,
+                "documents": state.served if state is not None else len(self.corpus),
+                "corpus_checksum": self.corpus.checksum, "index_id": self.index_id,
+                "changes": None if state is None else {"seq": state.seq, **state.changed},
+                "changes_off": self.changes_off,
                 "bm25_backend": self.settings.bm25_backend if "bm25" in self.retrievers else None,
                 "dense_index": self.settings.dense_index_type() if "dense" in self.retrievers else None,
                 "dense_backend": self.settings.dense_backend if "dense" in self.retrievers else None,
@@ -370,3 +400,32 @@ class RetrieverService:
         for retriever in self.retrievers.values():
             retriever.close()
         self.corpus.close()
+
+
+CHANGES_DIR = "changes"
+
+
+def open_live(settings: RetrieverSettings, corpus: DocumentStore, retrievers: dict[str, Retriever]
+              ) -> tuple[LiveIndex | None, str | None]:
+    """The changes made while serving, replayed over the built indexes (`services.retriever.live`), or why
+    documents cannot change here."""
+    if settings.changes == "off":
+        return None, "RETRIEVER_CHANGES=off"
+    bm25 = retrievers.get("bm25")
+    if bm25 is not None and not isinstance(bm25, Bm25sRetriever):
+        return None, "changes while serving need the bm25s BM25 backend (RETRIEVER_BM25_BACKEND=bm25s)"
+    dense = retrievers.get("dense")
+    folder = (settings.changes_dir or settings.index_dir / CHANGES_DIR) / corpus.checksum.split(":")[-1][:16]
+    try:
+        live = LiveIndex(folder, corpus,
+                         stats=bm25.lexical_stats(corpus) if isinstance(bm25, Bm25sRetriever) else None,
+                         tokenize=bm25.tokenize if isinstance(bm25, Bm25sRetriever) else None,
+                         encode=dense.encoder.encode_passages if isinstance(dense, DenseRetriever) else None)
+    except OSError as exc:
+        logger.warning("documents cannot change while serving: %s", exc)
+        return None, f"the change log cannot be opened in {folder}: {exc}"
+    if live.seq:
+        state = live.state
+        logger.info("changes since the build: %d applied (documents added %d, replaced %d, deleted %d)",
+                    live.seq, state.changed["added"], state.changed["replaced"], state.changed["deleted"])
+    return live, None

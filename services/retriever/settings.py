@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.common.paths import default_data_dir
 from services.common.settings import ServiceSettings
@@ -205,6 +205,26 @@ class RetrieverSettings(ServiceSettings):
     searchr1_topk: int = Field(3, ge=1, le=1000, description="topk of /searchr1/retrieve when a request "
                                "sends none (Search-R1's server default is 3)")
 
+    changes: Literal["on", "off"] = Field("on", description=(
+        "documents put (added or replaced) and deleted while serving (PUT /documents, POST /documents/delete, "
+        "by the internal token or an admin key): logged durably in RETRIEVER_INDEX_DIR/changes before they are "
+        "acknowledged, searched beside the built indexes by every worker within RETRIEVER_CHANGES_POLL_S "
+        "(services/retriever/live.py); needs the bm25s BM25 backend where BM25 is served. off: the corpus is "
+        "fixed while serving"))
+    changes_dir: Path | None = Field(None, description=(
+        "where the change log is kept (default RETRIEVER_INDEX_DIR/changes); one log per corpus checksum, so a "
+        "rebuild from another corpus file starts a new one"))
+    changes_poll_s: float = Field(0.5, gt=0, le=60, description=(
+        "how often each worker reads the changes other workers acknowledged"))
+    admin_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list, description=(
+        "keys that may change the documents (comma-separated, as RETRIEVER_API_KEYS; also accepted for "
+        "searches); a search key never may"))
+
+    @field_validator("admin_keys", mode="before")
+    @classmethod
+    def _split_admin_keys(cls, value: object) -> object:
+        return [k.strip() for k in value.split(",") if k.strip()] if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _check_combination(self) -> RetrieverSettings:
         if not self.bm25 and not self.dense:
@@ -231,6 +251,8 @@ class RetrieverSettings(ServiceSettings):
         if self.dense_missing != "refuse" and self.default_method != "bm25":
             raise ValueError(f"RETRIEVER_DEFAULT_METHOD={self.default_method} is not served until the dense index "
                              f"is loaded (RETRIEVER_DENSE_MISSING={self.dense_missing}): use bm25, or refuse")
+        have = {k.get_secret_value() for k in self.api_keys}
+        self.api_keys = [*self.api_keys, *(k for k in self.admin_keys if k.get_secret_value() not in have)]
         if self.redis_url is not None:
             raise ValueError("RETRIEVER_REDIS_URL is not used: the retriever keeps no result cache (the "
                              "searcher, generator and judge cache in Redis); unset it")

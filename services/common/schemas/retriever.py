@@ -86,6 +86,66 @@ class SampleResponse(BaseModel):
     index_id: str | None = Field(None, description="the identity of the index they were drawn from")
 
 
+# Changing the served documents (PUT /documents, POST /documents/delete): a document is its passages.
+MAX_PUT_DOCUMENTS = 1000
+MAX_PUT_PASSAGES = 20_000
+MAX_DELETE = 10_000
+MAX_DOCUMENT_CHARS = 2_000_000
+DocumentId = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^#\s][^\s]*$"),
+                       AfterValidator(no_nul)]
+"""A document's id: no spaces, not starting with `#`; its passages are `<id>#0`, `<id>#1`, ..."""
+
+
+class PassageIn(StrictModel):
+    title: str = Field("", max_length=2048)
+    text: str = Field(..., min_length=1, max_length=MAX_DOCUMENT_CHARS)
+
+
+class DocumentIn(StrictModel):
+    id: DocumentId
+    title: str = Field("", max_length=2048, description="the document's title (each passage's, unless it has its own)")
+    text: str | None = Field(None, min_length=1, max_length=MAX_DOCUMENT_CHARS, description=(
+        "the document's text, cut into passages of about 100 words at sentence boundaries (as "
+        "`plugsearch-index ingest` cuts)"))
+    passages: list[PassageIn] | None = Field(None, min_length=1, max_length=MAX_PUT_PASSAGES, description=(
+        "the document's passages, ready-cut (instead of `text`)"))
+
+    @model_validator(mode="after")
+    def _one_of(self) -> DocumentIn:
+        if (self.text is None) == (self.passages is None):
+            raise ValueError("give the document's `text` or its `passages`, one of them")
+        if self.text is not None and not self.text.strip():
+            raise ValueError("the document's text is empty")
+        return self
+
+
+class PutDocumentsRequest(StrictModel):
+    documents: list[DocumentIn] = Field(..., min_length=1, max_length=MAX_PUT_DOCUMENTS, description=(
+        "documents to add, or to replace (all the passages of a document already served, by its id)"))
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PutDocumentsRequest:
+        seen: set[str] = set()
+        for doc in self.documents:
+            if doc.id in seen:
+                raise ValueError(f"document id {doc.id!r} is given twice")
+            seen.add(doc.id)
+        return self
+
+
+class DeleteDocumentsRequest(StrictModel):
+    ids: list[DocumentId] = Field(..., min_length=1, max_length=MAX_DELETE, description=(
+        "ids of the documents to delete (every passage of each); an id not served is no error"))
+
+
+class ChangeResponse(BaseModel):
+    seq: int = Field(..., description="the change's number in the log: acknowledged, durable")
+    documents: int = Field(..., description="documents put or deleted")
+    passages: int = Field(..., description="passages put")
+    index_id: str = Field(..., description="the served index's identity after the change (this worker)")
+    took_ms: float
+
+
 # Search-R1 / veRL search-tool compatible shapes (POST /retrieve in Search-R1's retrieval_server.py).
 # A blank query is allowed here (a policy that writes `<search> </search>`): Search-R1's server answers it
 # with an empty list instead of failing the whole batch, and a training run must not die on one.

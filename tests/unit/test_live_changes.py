@@ -1,0 +1,163 @@
+"""Documents put and deleted while serving (`services.retriever.changelog`, `services.retriever.live`): the durable
+log and its torn tail, the overlay over a real bm25s index and document store (a put passage found, a replaced
+document's old passages and a deleted one's never), every worker's view through the log, and the API's rules
+(who may change, what a search key gets)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.retriever.changelog import LOG_FILE, ChangeLog, Passage
+from services.retriever.serving import RetrieverService, check_indexes
+from tests.asgi import app_client
+from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+
+
+def passage(doc: str, n: int, text: str, title: str = "") -> Passage:
+    return Passage(f"{doc}#{n}", doc, title, text)
+
+
+def test_the_log_keeps_acknowledged_changes_and_drops_a_torn_tail(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path)
+    first = log.append([passage("a", 0, "alpha text")], [])
+    second = log.append([], ["b"])
+    assert (first.seq, second.seq) == (1, 2)
+    with (tmp_path / LOG_FILE).open("ab") as fh:  # a crash mid-write: half a line, no CRC
+        fh.write(b'{"seq": 3, "put": [{"id": "c#0"')
+    changes, end = ChangeLog(tmp_path).read_from(0)
+    assert [c.seq for c in changes] == [1, 2] and changes[0].put[0].text == "alpha text"
+    assert changes[1].delete == ("b",) and end < (tmp_path / LOG_FILE).stat().st_size
+    third = ChangeLog(tmp_path).append([passage("c", 0, "gamma")], [])  # cuts the torn line off first
+    assert third.seq == 3
+    assert [c.seq for c in ChangeLog(tmp_path).read_from(0)[0]] == [1, 2, 3]
+    lines = (tmp_path / LOG_FILE).read_bytes().splitlines()
+    lines[1] = lines[1].replace(b'"b"', b'"x"')  # a garbled line: its CRC no longer matches
+    (tmp_path / LOG_FILE).write_bytes(b"\n".join(lines) + b"\n")
+    assert [c.seq for c in ChangeLog(tmp_path).read_from(0)[0]] == [1]
+
+
+@pytest.fixture(scope="module")
+def tiny(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    corpus = write_tiny_corpus(data_dir, tmp_path_factory.mktemp("live") / "tiny.jsonl")
+    index_dir = cached_index_dir(var_dir, corpus)
+    ensure_tiny_indexes(tiny_settings(corpus, index_dir, dense=False), bm25=["bm25s"], dense=False)
+    return corpus, index_dir
+
+
+def service(tiny: tuple[Path, Path], changes: Path) -> RetrieverService:
+    settings = tiny_settings(*tiny, dense=False, changes_dir=changes)
+    return RetrieverService.load(settings, check_indexes(settings))
+
+
+def first_ids(svc: RetrieverService, query: str, k: int = 3) -> list[str]:
+    hits = svc.batchers["bm25"].fn([query], k)
+    return [doc for doc, _, _ in svc.corpus.documents([int(d) for d in hits.ids[0] if d >= 0])]
+
+
+def test_put_replace_and_delete_are_searched_by_every_worker_whole(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    one, two = service(tiny, tmp_path), service(tiny, tmp_path)  # two workers, one log
+    corpus_ids = [json.loads(line)["id"] for line in tiny[0].read_text().splitlines()]
+    base_id = one.index_id
+    victim = first_ids(one, "Big Stone Gap", 1)[0]
+    assert victim in corpus_ids
+    change = one.live.write([passage("zx-doc", 0, "Quorvexian turbines hum at dawn", "Quorvex"),  # type: ignore[union-attr]
+                             passage("zx-doc", 1, "A second passage about quorvexian rotors")], [victim])
+    assert change.seq == 1 and one.index_id == f"{base_id}-c1"
+    assert first_ids(one, "quorvexian turbines", 2) == ["zx-doc#0", "zx-doc#1"]
+    assert victim not in first_ids(one, "Big Stone Gap", 50)
+    assert first_ids(two, "quorvexian turbines", 2) == []  # not yet read by the other worker
+    assert two.live is not None and two.live.poll() == 1
+    assert first_ids(two, "quorvexian turbines", 2) == ["zx-doc#0", "zx-doc#1"] and two.index_id == one.index_id
+    # a document put again replaces all its passages
+    one.live.write([passage("zx-doc", 0, "Now only about velzarine pumps")], [])  # type: ignore[union-attr]
+    assert first_ids(one, "quorvexian", 5) == [] and first_ids(one, "velzarine", 5) == ["zx-doc#0"]
+    one.live.write([], ["zx-doc"])  # type: ignore[union-attr]
+    assert first_ids(one, "velzarine", 5) == []
+    described = one.describe()
+    assert described["changes"] == {"seq": 3, "added": 1, "replaced": 1, "deleted": 2}
+    assert described["documents"] == len(corpus_ids) - 1
+    # a restart replays the log: the same state
+    again = service(tiny, tmp_path)
+    assert again.index_id == one.index_id and first_ids(again, "velzarine", 5) == []
+    assert victim not in first_ids(again, "Big Stone Gap", 50)
+    sampled = json.loads(again.sample(len(corpus_ids) + 10, seed=1))
+    assert sampled["total"] == len(corpus_ids) - 1 and victim not in {p["id"] for p in sampled["passages"]}
+
+
+async def test_only_the_internal_token_or_an_admin_key_changes_documents(tiny: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    from services.retriever.api import create_app
+
+    search_key, admin_key, token = "search-key-123456", "admin-key-1234567", "internal-token-123"
+    settings = tiny_settings(*tiny, dense=False, changes_dir=tmp_path, api_keys=search_key, admin_keys=admin_key,
+                             internal_token=token)
+    doc = {"documents": [{"id": "memo-7", "title": "Memo", "text": "The plinthorax audit starts Monday. "
+                          "It covers every plinthorax ledger."}]}
+    async with app_client(create_app(settings)) as client:
+        await wait_ready(client, token)
+        refused = await client.put("/documents", json=doc, headers={"Authorization": f"Bearer {search_key}"})
+        assert refused.status_code == 403 and "search key" in refused.json()["error"]["message"]
+        anonymous = await client.put("/documents", json=doc)
+        assert anonymous.status_code == 401
+        put = await client.put("/documents", json=doc, headers={"Authorization": f"Bearer {admin_key}"})
+        assert put.status_code == 200, put.text
+        assert put.json()["seq"] == 1 and put.json()["passages"] == 1
+        found = await client.post("/retrieve", json={"queries": ["plinthorax audit"], "k": 1},
+                                  headers={"Authorization": f"Bearer {search_key}"})
+        assert [d["id"] for d in found.json()["results"][0]] == ["memo-7#0"]
+        bad = await client.put("/documents", json={"documents": [{"id": "x", "text": "a", "passages": [{"text": "b"}]}]},
+                               headers={"Authorization": f"Bearer {token}"})
+        assert bad.status_code == 422
+        gone = await client.post("/documents/delete", json={"ids": ["memo-7"]},
+                                 headers={"Authorization": f"Bearer {token}"})
+        assert gone.status_code == 200 and gone.json()["seq"] == 2
+        found = await client.post("/retrieve", json={"queries": ["plinthorax audit"], "k": 1},
+                                  headers={"Authorization": f"Bearer {search_key}"})
+        assert found.json()["results"][0] == [] or found.json()["results"][0][0]["id"] != "memo-7#0"
+        version = (await client.get("/version")).json()
+        assert version["details"]["changes"]["seq"] == 2
+    off = tiny_settings(*tiny, dense=False, changes_dir=tmp_path / "off", changes="off", internal_token=token)
+    async with app_client(create_app(off)) as client:
+        await wait_ready(client, token)
+        refused = await client.put("/documents", json=doc, headers={"Authorization": f"Bearer {token}"})
+        assert refused.status_code == 409 and "RETRIEVER_CHANGES=off" in refused.json()["error"]["message"]
+
+
+async def wait_ready(client: httpx.AsyncClient, token: str) -> None:
+    import asyncio
+
+    for _ in range(600):
+        if (await client.get("/health/ready")).status_code == 200:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the retriever did not get ready")
+
+
+def test_a_put_passage_is_found_by_dense_and_hybrid_search_too(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """The writer encodes the passages put (as the base's were) and logs their vectors: every worker searches
+    them by inner product beside the FAISS index, and hybrid fuses both."""
+    import asyncio
+
+    settings = tiny_settings(*tiny, changes_dir=tmp_path)
+    ensure_tiny_indexes(settings, bm25=["bm25s"], dense=True)
+    one = RetrieverService.load(settings, check_indexes(settings))
+    one.live.write([passage("orchid-note", 0, "Orchids bloom in humid greenhouses every spring",  # type: ignore[union-attr]
+                            "Greenhouse orchids")], [])
+    two = RetrieverService.load(settings, check_indexes(settings))  # another worker: the vectors from the log
+
+    async def top(svc: RetrieverService, method: str) -> str:
+        _, hits = await svc.search(["when do greenhouse orchids flower"], 3, method)
+        return svc.corpus.documents([int(hits.ids[0][0])])[0][0]
+
+    async def run() -> list[str]:
+        try:
+            return [await top(svc, m) for svc in (one, two) for m in ("dense", "hybrid")]
+        finally:
+            await one.aclose()
+            await two.aclose()
+
+    assert asyncio.run(run()) == ["orchid-note#0"] * 4
