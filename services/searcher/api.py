@@ -200,6 +200,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
         setting = policy.setting if policy is not None else None
         if setting is not None:
             info["policy_setting"] = setting.model_dump()
+        if service is not None and service.drift is not None:
+            info["corpus_drift"] = service.drift
         if service is not None and service.corpus_gate is not None:
             info["corpus_check"] = service.corpus_gate.describe()
         elif served is not None and checkable(served):

@@ -6,7 +6,9 @@ shipped policy records its corpus too but is not bound (it is the general defaul
 README "The default searcher").
 
 `plugsearch-stack --policy DIR` checks before it starts anything; the searcher service checks the retriever's
-`/version` before a search (a mismatch is a 503 whose message says what differs and what to do).
+`/version` before a search (a mismatch is a 503 whose message says what differs and what to do). Documents
+changed while serving (the retriever's change log) keep the corpus's identity: the policy keeps serving it, and
+the searcher says how far it has moved (`corpus_drift`), advising retraining past `RETRAIN_SHARE`.
 """
 
 from __future__ import annotations
@@ -60,3 +62,24 @@ def check_corpus(manifest: Mapping[str, Any], *, corpus_sha256: str | None, enco
         if trained_index and dense_index is not None and dense_index != trained_index:
             raise CorpusMismatch(f"{name} was trained on a {trained_index} dense index; the retriever serves a "
                                  f"{dense_index} one (RETRIEVER_FAISS__INDEX_TYPE={trained_index} serves it)")
+
+
+RETRAIN_SHARE = 0.2
+"""Past this share of the trained corpus's documents added, replaced or deleted while serving, the searcher advises
+training the policy again on the corpus as it is now."""
+
+
+def corpus_drift(manifest: Mapping[str, Any], changes: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """How far the served corpus has moved from the one a bound policy was trained on, from the retriever's
+    changes since its build (`/version` `changes`: documents added, replaced, deleted): the counts, their share of
+    the trained corpus's passages, and the advice past `RETRAIN_SHARE`. None for a policy bound to no corpus."""
+    corpus = bound_corpus(manifest)
+    if corpus is None:
+        return None
+    counts = {k: int((changes or {}).get(k) or 0) for k in ("added", "replaced", "deleted")}
+    trained = max(1, int(corpus.get("documents") or 1))
+    share = round(sum(counts.values()) / trained, 4)
+    advice = (f"{share:.0%} of the corpus it was trained on has changed (over {RETRAIN_SHARE:.0%}): train the "
+              "policy again on the corpus as it is now (plugsearch-train compact --corpus ... --qa ...)"
+              if share > RETRAIN_SHARE else None)
+    return {**counts, "share": share, "retrain_past": RETRAIN_SHARE, "advice": advice}

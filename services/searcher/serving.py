@@ -43,7 +43,7 @@ from services.searcher.env import EventSink, RetrieverBackend, SearchEvent, Sear
 from services.searcher.index_identity import IndexIdentity
 from services.searcher.loop import run_search
 from services.searcher.policy import PolicyRefusal, SearcherPolicy
-from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus
+from services.searcher.policy_corpus import CorpusMismatch, bound_corpus, check_corpus, corpus_drift
 from services.searcher.prompts import PromptSet
 from services.searcher.settings import SearcherSettings
 
@@ -142,6 +142,8 @@ class SearchService:
         self.settings = settings
         self.admission = SearchAdmission(settings, rate_limiter)
         self.index_identity = index_identity
+        self.drift: dict[str, Any] | None = None
+        """How far the served corpus has moved from the one a bound policy was trained on (`corpus_drift`)."""
         self.policy = policy
         self.retriever = retriever
         self.corpus_gate = corpus_gate
@@ -268,6 +270,11 @@ class SearchService:
                          name=f"the policy {policy.model}")
         except CorpusMismatch as exc:
             raise NotReady(str(exc)) from exc
+        changes = details.get("changes")
+        drift = corpus_drift(policy.manifest, changes if isinstance(changes, dict) else None)
+        if drift is not None and drift["advice"] and drift["advice"] != (self.drift or {}).get("advice"):
+            logger.warning("the policy %s: %s", policy.model, drift["advice"])
+        self.drift = drift
 
     async def prepare(self, request: SearchRequest) -> PreparedSearch:
         """The one preparation of a search, before any admission or work (the route's, once per request or

@@ -120,3 +120,33 @@ async def test_the_searcher_refuses_to_search_another_corpus_with_a_bound_policy
     # naive searches never ask the policy
     naive = params.model_copy(update={"mode": "naive"})
     assert await service({**served, "corpus_checksum": "sha256:" + "f" * 64})._pool(naive) == naive
+
+
+async def test_a_bound_policy_keeps_serving_a_changing_corpus_and_says_how_far_it_moved(tmp_path: Path) -> None:
+    """Documents put and deleted while serving keep the corpus's identity (the policy serves on), and the
+    searcher reports the drift, advising retraining past the documented share."""
+    from services.searcher.policy_corpus import RETRAIN_SHARE, corpus_drift
+
+    corpus = tmp_path / "mine.jsonl"
+    corpus.write_text('{"id": "1", "title": "A", "text": "alpha"}\n')
+    policy = CompactPolicy.load(policy_folder(tmp_path, corpus, NAME_SEEKER))
+    trained = int(policy.manifest["corpus"]["documents"])
+    sha = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    params = SearchParams(mode="s3", retrieve_k=3, select_k=2, max_turns=1)
+
+    def service(changes: dict[str, int]) -> SearchService:
+        details = {"methods": ["bm25", "dense", "hybrid"], "encoder": "all-MiniLM-L6-v2", "dense_index": "flat",
+                   "corpus_checksum": f"sha256:{sha}", "changes": {"seq": 3, **changes}}
+        return SearchService(SearcherSettings(retrieve_k=3, select_k=2, max_turns=1), policy=policy,
+                             retriever=MemoryRetriever(), index_identity=Identity(details))  # type: ignore[arg-type]
+
+    small = service({"added": 1, "replaced": 0, "deleted": 1})
+    await small._pool(params)  # serves
+    assert small.drift == {"added": 1, "replaced": 0, "deleted": 1, "share": round(2 / trained, 4),
+                           "retrain_past": RETRAIN_SHARE, "advice": None}
+    moved = int(trained * RETRAIN_SHARE) + 1
+    large = service({"added": moved, "replaced": 0, "deleted": 0})
+    await large._pool(params)  # still serves: the same corpus, changed
+    assert large.drift is not None and large.drift["share"] > RETRAIN_SHARE
+    assert "train the policy again" in (large.drift["advice"] or "")
+    assert corpus_drift({}, {"added": 5}) is None  # the shipped policy is bound to no corpus
