@@ -10,7 +10,8 @@ encoder as the service would: the default backend exports it to ONNX once into R
 prints which backend serves and why; `--require-onnx` exits 1 where it would fall back to torch: the image
 build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
-`services.retriever.ingest`).
+`services.retriever.ingest`), `put` / `delete` (a running retriever's documents changed through its API:
+`services.retriever.changes_cli`).
 """
 
 from __future__ import annotations
@@ -286,7 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
     _ingest_parser(sub)
+    from services.retriever import changes_cli
+
+    changes_cli.add_parsers(sub)
     args = parser.parse_args(argv)
+    if args.command in ("put", "delete"):  # a running retriever's documents, through its API
+        configure_logging("WARNING", service="plugsearch-index")
+        sys.exit(changes_cli.run(args))
     if args.command == "ingest":  # reads no RETRIEVER_* setting
         configure_logging("INFO", service="plugsearch-index")
         logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged PDF's reason is in the report, by name

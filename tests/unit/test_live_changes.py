@@ -161,3 +161,45 @@ def test_a_put_passage_is_found_by_dense_and_hybrid_search_too(tiny: tuple[Path,
             await two.aclose()
 
     assert asyncio.run(run()) == ["orchid-note#0"] * 4
+
+
+def test_the_command_line_puts_an_ingested_corpus_and_deletes_through_the_api(
+        tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`plugsearch-index ingest` then `plugsearch-index put` into a running retriever (a real server in a thread,
+    the project's HTTP client), then `delete`; a wrong token is one line and exit 1."""
+    import time
+
+    from services.retriever.api import create_app
+    from services.retriever.cli import main
+    from tests.asgi import served_in_thread
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "memo.md").write_text("# Brintel memo\n\nThe brintel rollout starts in March. It needs two teams.\n")
+    (folder / "note.txt").write_text("Kaporite samples were shipped to the lab on Friday.\n")
+    with pytest.raises(SystemExit) as done:
+        main(["ingest", str(folder), "--out", str(tmp_path / "docs.jsonl"), "--quiet"])
+    assert done.value.code == 0
+    token = "internal-token-12345"
+    settings = tiny_settings(*tiny, dense=False, changes_dir=tmp_path / "changes", internal_token=token)
+    with served_in_thread(create_app(settings)) as url:
+        for _ in range(600):
+            if httpx.get(f"{url}/health/ready").status_code == 200:
+                break
+            time.sleep(0.05)
+        with pytest.raises(SystemExit) as done:
+            main(["put", str(tmp_path / "docs.jsonl"), "--url", url, "--token", token, "--quiet"])
+        assert done.value.code == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {"documents": 2, "passages": 2,
+                                                                              "seq": 1}
+        headers = {"Authorization": f"Bearer {token}"}
+        found = httpx.post(f"{url}/retrieve", json={"queries": ["kaporite samples"], "k": 1}, headers=headers).json()
+        assert found["results"][0][0]["id"] == "note.txt#0"
+        with pytest.raises(SystemExit) as done:
+            main(["delete", "note.txt", "--url", url, "--token", token])
+        assert done.value.code == 0
+        found = httpx.post(f"{url}/retrieve", json={"queries": ["kaporite samples"], "k": 1}, headers=headers).json()
+        assert not found["results"][0] or found["results"][0][0]["id"] != "note.txt#0"
+        with pytest.raises(SystemExit) as done:
+            main(["delete", "memo.md", "--url", url, "--token", "wrong-token-123"])
+        assert done.value.code == 1 and "answered 401" in capsys.readouterr().err
