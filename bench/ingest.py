@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import CORPUS, DATA, REPO, load_questions, log  # noqa: E402
 from bench.retriever_common import ServedRetriever  # noqa: E402
 
-TOKEN = "bench-ingest-internal-token"
+TOKEN = secrets.token_hex(16)
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 
 
