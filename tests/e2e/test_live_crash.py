@@ -27,16 +27,20 @@ TOKEN = "crash-test-internal-token"
 
 
 def start(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The retriever, ready when every worker has loaded (a worker still loading answers 503)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    since = log.stat().st_size if log.exists() else 0
+    workers = int(env["RETRIEVER_WORKERS"])
     with log.open("ab") as out:  # the child keeps its own copy of the file
         proc = subprocess.Popen([sys.executable, "-m", "services.retriever"], cwd=REPO, start_new_session=True,
                                 env={**os.environ, **env, "RETRIEVER_PORT": str(port)}, stdout=out,
                                 stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
+        loaded = log.read_bytes()[since:].count(b"retriever ready in")
         try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+            if loaded >= workers and httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
@@ -136,7 +140,7 @@ def test_acknowledged_changes_survive_a_power_cut_and_nothing_is_half_applied(
     env = {"RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(settings.index_dir),
            "RETRIEVER_BM25": "true", "RETRIEVER_DENSE": "true", "RETRIEVER_DEFAULT_METHOD": "bm25",
            "RETRIEVER_CHANGES_DIR": str(tmp_path / "changes"), "RETRIEVER_INTERNAL_TOKEN": TOKEN,
-           "RETRIEVER_WORKERS": "2", "RETRIEVER_LOG_LEVEL": "warning", "RETRIEVER_CHANGES_POLL_S": "0.2"}
+           "RETRIEVER_WORKERS": "2", "RETRIEVER_LOG_LEVEL": "info", "RETRIEVER_CHANGES_POLL_S": "0.2"}
     live: dict[str, bool] = {}
     word_of: dict[str, str] = {}
     start_at = 0
