@@ -134,17 +134,21 @@ def _changing(request: Request) -> LiveIndex:
 
 
 def passages_of(documents: list[DocumentIn]) -> list[Passage]:
-    """Each document's passages, `<id>#0`, `<id>#1`, ...: as given, or its text cut as `plugsearch-index ingest`
-    cuts (about 100 words, at sentence boundaries)."""
-    from services.retriever.ingest.passages import Piece, pack, sentences
+    """Each document's passages, `<id>#0`, `<id>#1`, ...: as given, or its text read and cut as `plugsearch-index
+    ingest` reads and cuts a text file (paragraphs, then sentences packed to about 100 words)."""
+    from services.retriever.ingest.formats import SkipFile, read_text
+    from services.retriever.ingest.passages import cut
 
     out: list[Passage] = []
     for doc in documents:
         if doc.passages is not None:
             parts = [(p.title or doc.title, p.text) for p in doc.passages]
         else:
-            pieces = [Piece(s, len(s.split())) for s in sentences(doc.text or "")]
-            parts = [(doc.title, piece.text) for piece in pack(pieces)]
+            try:
+                document = read_text((doc.text or "").encode(), doc.title)
+            except SkipFile as exc:
+                raise BadRequest(f"document {doc.id!r}: {exc}", param="documents") from exc
+            parts = [(p.title, p.text) for p in cut(document, doc_id=doc.id, source=doc.id)]
         if not parts:
             raise BadRequest(f"document {doc.id!r} has no text", param="documents")
         out.extend(Passage(f"{doc.id}#{i}", doc.id, title, text) for i, (title, text) in enumerate(parts))

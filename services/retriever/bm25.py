@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from services.retriever.base import Hits, Retriever
+from services.retriever.corpus import indexed_text
 from services.retriever.docstore import DocumentStore
 from services.retriever.manifest import Manifest, atomic_folder
 
@@ -49,7 +50,7 @@ def build_bm25s(corpus: DocumentStore, out: Path, *, k1: float | None = None, b:
               "b": b if b is not None else BM25S_DEFAULTS["b"]}
     t0 = time.perf_counter()
     with atomic_folder(out) as tmp:
-        texts = [f"{title}\n{text}" if title else text for _, title, text in corpus.iter_documents()]
+        texts = [indexed_text(title, text) for _, title, text in corpus.iter_documents()]
         tokens = bm25s.tokenize(texts, stopwords=_STOPWORDS, stemmer=_stemmer(), show_progress=show_progress)
         model = bm25s.BM25(k1=params["k1"], b=params["b"], backend="numba")
         model.index(tokens, show_progress=show_progress)
@@ -206,7 +207,7 @@ def write_lucene_input(corpus: DocumentStore, folder: Path, *, part_docs: int = 
                     out.close()
                 out = gzip.open(folder / f"part-{parts:05d}.jsonl.gz", "wb", compresslevel=1)
                 parts += 1
-            out.write(orjson.dumps({"id": doc_id, "contents": f"{title}\n{text}" if title else text}) + b"\n")
+            out.write(orjson.dumps({"id": doc_id, "contents": indexed_text(title, text)}) + b"\n")
     finally:
         if out is not None:
             out.close()

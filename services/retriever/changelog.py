@@ -27,6 +27,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from services.retriever.corpus import indexed_text
+
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "changes.jsonl"
@@ -42,6 +44,11 @@ class Passage:
     doc_id: str
     title: str
     text: str
+
+    @property
+    def indexed(self) -> str:
+        """The passage as the indexes read it (`services.retriever.corpus.indexed_text`)."""
+        return indexed_text(self.title, self.text)
 
 
 @dataclass(frozen=True)

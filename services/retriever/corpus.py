@@ -48,6 +48,12 @@ def join_contents(title: str, text: str) -> str:
     return f'"{title}"\n{text}'
 
 
+def indexed_text(title: str, text: str) -> str:
+    """A passage as every index reads it (BM25 tokens, dense vectors, the changes put while serving): its title
+    and its text, one line apart; the text alone without a title."""
+    return f"{title}\n{text}" if title else text
+
+
 def parse_line(line: bytes, lineno: int, path: Path) -> tuple[str, str, str]:
     try:
         row = orjson.loads(line)
@@ -105,8 +111,7 @@ class Corpus:
 
     def passage(self, i: int) -> str:
         """Text used for indexing: title and body together."""
-        title = self.titles[i]
-        return f"{title}\n{self.texts[i]}" if title else self.texts[i]
+        return indexed_text(self.titles[i], self.texts[i])
 
     def documents(self, positions: Sequence[int]) -> list[tuple[str, str, str]]:
         """(id, title, text) of each document number."""

@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from services.retriever.corpus import Corpus, CorpusError, file_checksum, parse_line
+from services.retriever.corpus import Corpus, CorpusError, file_checksum, indexed_text, parse_line
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
 
 logger = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class DiskStore:
 
     def passage(self, i: int) -> str:
         _, title, text = self.document(i)
-        return f"{title}\n{text}" if title else text
+        return indexed_text(title, text)
 
     def iter_documents(self) -> Iterator[tuple[str, str, str]]:
         for i in range(self._n):

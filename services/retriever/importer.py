@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from services.retriever.corpus import CorpusError, corpus_lines, file_checksum, parse_line
+from services.retriever.corpus import CorpusError, corpus_lines, file_checksum, indexed_text, parse_line
 from services.retriever.dense_build import dense_folder
 from services.retriever.encoder import Encoder, encoder_identity
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
@@ -97,7 +97,7 @@ def passage_for_encoding(line: bytes, lineno: int, path: Path, how: PassageText)
     if how == "contents":
         raise CorpusError(f"{path}:{lineno}: --passage-text contents, but the row has no 'contents' field")
     _, title, text = parse_line(line, lineno, path)
-    return f"{title}\n{text}" if title else text
+    return indexed_text(title, text)
 
 
 def _place(source: Path, target: Path, how: LinkMode) -> None:

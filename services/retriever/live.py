@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from services.retriever.base import Hits, Retriever
 from services.retriever.changelog import Change, ChangeLog, Passage
+from services.retriever.corpus import indexed_text
 from services.retriever.docstore import DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -106,11 +107,15 @@ class LiveIndex:
     """The base (its document store and the lexical statistics of its BM25 index) and the change log, applied
     in order; `state` is what searches read."""
 
-    def __init__(self, folder: Path, store: DocumentStore, *, stats: LexicalStats | None, tokenize: Any = None,
-                 encode: Any = None) -> None:
+    def __init__(self, folder: Path, store: DocumentStore, *, stats: Callable[[], LexicalStats] | None,
+                 tokenize: Any = None, encode: Any = None) -> None:
         self.log = ChangeLog(folder)
         self.store = store
-        self.stats = stats
+        self._stats = stats
+        """Reads the base's statistics (a sample of its passages) the first time passages put are searched, not at
+        start-up: a retriever whose documents never change never pays for it."""
+        self._stats_read: LexicalStats | None = None
+        self._stats_lock = threading.Lock()
         self.tokenize = tokenize
         """queries or texts -> their tokens, as the base's BM25 index tokenised (None: no BM25)."""
         self.encode = encode
@@ -125,12 +130,19 @@ class LiveIndex:
     def seq(self) -> int:
         return self.state.seq
 
+    @property
+    def stats(self) -> LexicalStats | None:
+        if self._stats_read is None and self._stats is not None:
+            with self._stats_lock:  # read once, whichever search asks first
+                if self._stats_read is None:
+                    self._stats_read = self._stats()
+        return self._stats_read
+
     def serve_dense(self, encode: Callable[[list[str]], npt.NDArray[np.float32]]) -> None:
         """A dense index arrived after changes were applied: encode the passages put so far, then every new one."""
         with self._lock:
             state = self.state
-            vectors = encode([f"{p.title}\n{p.text}" if p.title else p.text for p in state.added]) \
-                if state.added else None
+            vectors = encode([p.indexed for p in state.added]) if state.added else None
             self.encode = encode
             self.state = replace(state, vectors=vectors)
 
@@ -148,8 +160,7 @@ class LiveIndex:
 
     def write(self, put: Sequence[Passage], delete: Sequence[str]) -> Change:
         """Encode, log (durable: acknowledged once this returns) and apply one change here."""
-        vectors = self.encode([f"{p.title}\n{p.text}" if p.title else p.text for p in put]) \
-            if self.encode is not None and put else None
+        vectors = self.encode([p.indexed for p in put]) if self.encode is not None and put else None
         change = self.log.append(put, delete, vectors)
         self.poll()
         return change
@@ -187,7 +198,7 @@ class LiveIndex:
             changed["replaced" if drop(doc_id) else "added"] += 1
             put_docs[doc_id] = []
         first = len(state.added)
-        texts = [f"{p.title}\n{p.text}" if p.title else p.text for p in change.put]
+        texts = [p.indexed for p in change.put]
         words = self.tokenize(texts) if self.tokenize is not None and texts else [[] for _ in texts]
         new_postings: dict[str, tuple[list[int], list[float]]] = {}
         for i, (passage, tokens) in enumerate(zip(change.put, words, strict=True)):
@@ -206,10 +217,12 @@ class LiveIndex:
             postings[term] = new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
         documents.update({d: tuple(p) for d, p in put_docs.items()})
         vectors = state.vectors
-        if self.encode is not None and change.put:
+        if self.encode is not None and change.put:  # a change logged without vectors (by a worker whose dense
+            # index was still pending) is encoded here: every passage put has its row, in order
             new_vectors = self.log.vectors(change)
-            if new_vectors is not None:
-                vectors = new_vectors if vectors is None else np.concatenate([vectors, new_vectors])
+            if new_vectors is None:
+                new_vectors = self.encode(texts)
+            vectors = new_vectors if vectors is None else np.concatenate([vectors, new_vectors])
         return LiveState(seq=change.seq, base_n=state.base_n, removed=frozenset(removed),
                          added=(*state.added, *change.put),
                          alive=np.concatenate([alive, np.ones(len(change.put), dtype=bool)]),
@@ -221,9 +234,11 @@ class LiveIndex:
     def lexical(self, state: LiveState, queries: Sequence[str], k: int) -> Hits:
         """BM25 over the passages put that are still served, with the base's statistics."""
         hits = Hits.empty(len(queries), k)
-        if self.stats is None or self.tokenize is None or not state.alive.any():
+        if self.tokenize is None or not state.alive.any():
             return hits
         stats = self.stats
+        if stats is None:
+            return hits
         n = stats.n - len(state.removed) + int(state.alive.sum())
         norm = stats.k1 * (1 - stats.b + stats.b * state.lengths / stats.avgdl)
         for row, words in enumerate(self.tokenize(list(queries))):
@@ -249,7 +264,7 @@ class LiveIndex:
         if state.vectors is None or not state.alive.any():
             return hits
         scores = vectors @ state.vectors.T
-        scores[:, ~state.alive[:len(state.vectors)]] = -np.inf
+        scores[:, ~state.alive] = -np.inf
         for row in range(len(vectors)):
             _top(hits, row, scores[row], state.base_n, k, keep=np.isfinite)
         return hits
@@ -267,30 +282,20 @@ class LiveIndex:
                 out.append((passage.id, passage.title, passage.text))
         return out
 
-    def served_positions(self, state: LiveState) -> Iterator[int]:
-        for p in range(state.base_n):
-            if p not in state.removed:
-                yield p
-        for i, alive in enumerate(state.alive):
-            if alive:
-                yield state.base_n + i
-
     def sample(self, state: LiveState, n: int, seed: int) -> list[int]:
-        """`n` served positions drawn by `seed` (the base's draw when nothing changed)."""
+        """`n` served positions drawn by `seed`, each once (the base's draw when nothing changed; else positions
+        drawn in turn, those not served passed over: uniform over the served ones, without a walk over them)."""
         rng = random.Random(seed)
         if not state.changes:
             return rng.sample(range(state.base_n), min(n, state.base_n))
-        picks = rng.sample(range(state.served), min(n, state.served))  # ranks among the served positions
-        wanted = sorted(set(picks))
-        at: dict[int, int] = {}
-        j = 0
-        for rank, position in enumerate(self.served_positions(state)):
-            if j == len(wanted):
-                break
-            if rank == wanted[j]:
-                at[rank] = position
-                j += 1
-        return [at[r] for r in picks]
+        size, wanted = state.base_n + len(state.added), min(n, state.served)
+        drawn: dict[int, None] = {}
+        while len(drawn) < wanted:
+            p = rng.randrange(size)
+            served = p not in state.removed if p < state.base_n else bool(state.alive[p - state.base_n])
+            if served:
+                drawn.setdefault(p)
+        return list(drawn)
 
 
 def _top(hits: Hits, row: int, scores: npt.NDArray[np.float32], offset: int, k: int,
@@ -379,7 +384,7 @@ class LiveCorpus:
 
     def passage(self, i: int) -> str:
         _, title, text = self.documents([i])[0]
-        return f"{title}\n{text}" if title else text
+        return indexed_text(title, text)
 
     def iter_documents(self) -> Iterator[tuple[str, str, str]]:
         state = self.live.state

@@ -418,7 +418,7 @@ def open_live(settings: RetrieverSettings, corpus: DocumentStore, retrievers: di
     folder = (settings.changes_dir or settings.index_dir / CHANGES_DIR) / corpus.checksum.split(":")[-1][:16]
     try:
         live = LiveIndex(folder, corpus,
-                         stats=bm25.lexical_stats(corpus) if isinstance(bm25, Bm25sRetriever) else None,
+                         stats=(lambda: bm25.lexical_stats(corpus)) if isinstance(bm25, Bm25sRetriever) else None,
                          tokenize=bm25.tokenize if isinstance(bm25, Bm25sRetriever) else None,
                          encode=dense.encoder.encode_passages if isinstance(dense, DenseRetriever) else None)
     except OSError as exc:

@@ -112,6 +112,9 @@ async def test_only_the_internal_token_or_an_admin_key_changes_documents(tiny: t
         bad = await client.put("/documents", json={"documents": [{"id": "x", "text": "a", "passages": [{"text": "b"}]}]},
                                headers={"Authorization": f"Bearer {token}"})
         assert bad.status_code == 422
+        binary = await client.put("/documents", json={"documents": [{"id": "x", "text": "a\u0000b"}]},
+                                  headers={"Authorization": f"Bearer {token}"})
+        assert binary.status_code == 422 and binary.json()["error"]["type"] == "validation_error"
         gone = await client.post("/documents/delete", json={"ids": ["memo-7"]},
                                  headers={"Authorization": f"Bearer {token}"})
         assert gone.status_code == 200 and gone.json()["seq"] == 2
@@ -147,7 +150,10 @@ def test_a_put_passage_is_found_by_dense_and_hybrid_search_too(tiny: tuple[Path,
     one = RetrieverService.load(settings, check_indexes(settings))
     one.live.write([passage("orchid-note", 0, "Orchids bloom in humid greenhouses every spring",  # type: ignore[union-attr]
                             "Greenhouse orchids")], [])
-    two = RetrieverService.load(settings, check_indexes(settings))  # another worker: the vectors from the log
+    ChangeLog(one.live.log.folder).append(  # type: ignore[union-attr]
+        [passage("cactus-note", 0, "Cacti store water in thick stems through the dry desert summer")], [])
+    two = RetrieverService.load(settings, check_indexes(settings))  # another worker: the vectors from the log,
+    # and the change logged without vectors (by a worker whose dense index was pending) encoded here
 
     async def top(svc: RetrieverService, method: str) -> str:
         _, hits = await svc.search(["when do greenhouse orchids flower"], 3, method)
@@ -161,6 +167,16 @@ def test_a_put_passage_is_found_by_dense_and_hybrid_search_too(tiny: tuple[Path,
             await two.aclose()
 
     assert asyncio.run(run()) == ["orchid-note#0"] * 4
+    three = RetrieverService.load(settings, check_indexes(settings))
+
+    async def cactus() -> str:
+        try:
+            _, hits = await three.search(["how do desert cacti keep water"], 1, "dense")
+            return three.corpus.documents([int(hits.ids[0][0])])[0][0]
+        finally:
+            await three.aclose()
+
+    assert asyncio.run(cactus()) == "cactus-note#0"
 
 
 def test_the_command_line_puts_an_ingested_corpus_and_deletes_through_the_api(

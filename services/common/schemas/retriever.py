@@ -96,15 +96,20 @@ DocumentId = Annotated[str, StringConstraints(min_length=1, max_length=512, patt
 """A document's id: no spaces, not starting with `#`; its passages are `<id>#0`, `<id>#1`, ..."""
 
 
+DocumentText = Annotated[str, AfterValidator(no_nul)]
+"""A title or text of a document put: no NUL character (as every text a request brings)."""
+
+
 class PassageIn(StrictModel):
-    title: str = Field("", max_length=2048)
-    text: str = Field(..., min_length=1, max_length=MAX_DOCUMENT_CHARS)
+    title: DocumentText = Field("", max_length=2048)
+    text: DocumentText = Field(..., min_length=1, max_length=MAX_DOCUMENT_CHARS)
 
 
 class DocumentIn(StrictModel):
     id: DocumentId
-    title: str = Field("", max_length=2048, description="the document's title (each passage's, unless it has its own)")
-    text: str | None = Field(None, min_length=1, max_length=MAX_DOCUMENT_CHARS, description=(
+    title: DocumentText = Field("", max_length=2048, description="the document's title (each passage's, unless it has "
+                                "its own)")
+    text: DocumentText | None = Field(None, min_length=1, max_length=MAX_DOCUMENT_CHARS, description=(
         "the document's text, cut into passages of about 100 words at sentence boundaries (as "
         "`plugsearch-index ingest` cuts)"))
     passages: list[PassageIn] | None = Field(None, min_length=1, max_length=MAX_PUT_PASSAGES, description=(
