@@ -157,6 +157,8 @@ def run(job: CompactRun) -> dict[str, Any]:
                                                  resume=job.resume)
         job = replace(job, qa=[*job.qa, path])
     config = job.config
+    shipped: list[LabeledItem] = []
+    """The shipped Wikipedia questions mixed into a user's run (`--shipped`)."""
     if job.user_data:  # the shipped sets' rows are not what it trains on
         config = replace(config, datasets=())
     if job.user_data:
@@ -175,10 +177,10 @@ def run(job: CompactRun) -> dict[str, Any]:
         train, dev = labeled(user.split.train), labeled(user.split.dev)
         rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
         if job.shipped:
-            extra = shipped_items(data_dir, job)
-            rows += (f" and {len(extra)} shipped Wikipedia training questions (rows {job.config.offset}+ of "
+            shipped = shipped_items(data_dir, job)
+            rows += (f" and {len(shipped)} shipped Wikipedia training questions (rows {job.config.offset}+ of "
                      f"{', '.join(TRAIN_SETS)}, over the shared corpus)")
-            train = train + extra
+            train = train + shipped
     else:
         corpus = job.corpus or data_dir / "corpus" / "combined.jsonl"
         train, dev = load_items(data_dir, config)
@@ -204,7 +206,7 @@ def run(job: CompactRun) -> dict[str, Any]:
         record["trained_on"] = "the corpus's own passages" + (" and labelled questions" if len(job.qa) > 1 else "")
     if job.shipped:
         record["trained_on"] = (record.get("trained_on", "labelled questions") +
-                                f" and {job.shipped} shipped Wikipedia training questions")
+                                f" and {len(shipped)} shipped Wikipedia training questions")
     if user is not None:
         record["questions"] = {"files": user.files, "split_seed": job.split_seed,
                                "sizes": {k: len(v) for k, v in user.split.ids().items()},
