@@ -250,10 +250,11 @@ class SearchEnv:
             raise RuntimeError("act() on a finished search")
         self.turns += 1
         before = len(self.messages)
+        picks = self._picks(action)
         self.messages.append(ChatMessage(role="assistant", content=action.text if action.text is not None
-                                         else self._written(action)))
+                                         else self._written(action, picks)))
         if self.params.mode == "s3":
-            await self._act_s3(action)
+            await self._act_s3(action, picks)
         else:
             await self._act_qagent(action)
         return self.messages[before + 1:]
@@ -398,12 +399,13 @@ class SearchEnv:
             return
         self.messages.append(ChatMessage(role="user", content=reprompt))
 
-    def _written(self, action: Action) -> str:
-        """An action the policy did not write as text (the compact policy's), in s3's tags for the transcript."""
+    @staticmethod
+    def _written(action: Action, picks: dict[int, list[int]]) -> str:
+        """An action the policy did not write as text (the compact policy's), in s3's tags for the transcript;
+        `picks`: its marks (`_picks`)."""
         if action.kind == "search":
             query = action.query if action.query is not None else "; ".join(action.queries)
             return f"<query>{json.dumps({'query': _as_query(query)})}</query>"
-        picks = self._picks(action)
         return "".join(f"<important_info>{ids}</important_info>" for ids in picks.values()) + \
             "<search_complete>True</search_complete>"
 
@@ -422,18 +424,18 @@ class SearchEnv:
                 picks[b].append(position)
         return picks
 
-    def _mark(self, action: Action) -> dict[int, list[int]]:
-        """Set the marks `action` gives to the blocks without marks yet; the marks set, per block."""
+    def _mark(self, picks: dict[int, list[int]]) -> dict[int, list[int]]:
+        """Set the marks an action gives (`picks`) to the blocks without marks yet; the marks set, per block."""
         applied = {}
-        for b, ids in self._picks(action).items():
+        for b, ids in picks.items():
             if self.blocks[b].selected is None:
                 self.blocks[b].selected = applied[b] = ids
         return applied
 
-    async def _act_s3(self, action: Action) -> None:
+    async def _act_s3(self, action: Action, picks: dict[int, list[int]]) -> None:
         p = self.params
         current = self.blocks[-1]
-        applied = self._mark(action)
+        applied = self._mark(picks)
         final = action.marked is None and action.kind == "complete"  # a selection over every block
         if action.kind == "complete":
             self.valid += 1
