@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from services.common import tracing
 from services.common.admission import CALLER_STATE, COST_STATE, Caller, key_id
 from services.common.app import build_app, from_state, service_router
-from services.common.errors import BadRequest, Conflict, Forbidden, error_responses
+from services.common.errors import BadRequest, Conflict, Forbidden, NotReady, error_responses
 from services.common.schemas.retriever import (
     ChangeResponse,
     DeleteDocumentsRequest,
@@ -37,7 +37,7 @@ from services.common.schemas.retriever import (
     SearchR1Request,
     SearchR1Response,
 )
-from services.retriever.changelog import Passage
+from services.retriever.changelog import Change, Passage
 from services.retriever.live import LiveIndex
 from services.retriever.manifest import IndexMismatch, IndexMissing
 from services.retriever.serving import (
@@ -114,7 +114,7 @@ async def sample_passages(body: SampleRequest, request: Request) -> Response:
 CHANGE_ERRORS = error_responses({
     403: "the caller may not change documents (the internal token or a RETRIEVER_ADMIN_KEYS key may; a search key "
          "never)", 409: "documents cannot change on this retriever (RETRIEVER_CHANGES=off, or a backend that cannot)",
-    503: "indexes still loading; retry after Retry-After"})
+    503: "indexes still loading, or the change log cannot be written (nothing changed); retry after Retry-After"})
 
 
 def _changing(request: Request) -> LiveIndex:
@@ -155,6 +155,17 @@ def passages_of(documents: list[DocumentIn]) -> list[Passage]:
     return out
 
 
+async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Change:
+    """One change logged and applied; a log that cannot be written (a full or read-only disk) is a 503 with the
+    reason, the change not acknowledged (and never half there: `services.retriever.changelog`)."""
+    try:
+        return await asyncio.to_thread(live.write, put, delete)
+    except OSError as exc:
+        logger.error("the change log could not be written: %s", exc)
+        raise NotReady(f"the change could not be written to the change log ({exc.strerror or exc}); nothing was "
+                       "changed") from exc
+
+
 @router.put("/documents", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})
 async def put_documents(body: PutDocumentsRequest, request: Request) -> ChangeResponse:
     """Add documents, or replace them whole (every passage of a document already served, by its id): durable
@@ -163,7 +174,7 @@ async def put_documents(body: PutDocumentsRequest, request: Request) -> ChangeRe
     passages = passages_of(body.documents)
     setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
     t0 = time.perf_counter()
-    change = await asyncio.to_thread(live.write, passages, [])
+    change = await _write(live, passages, [])
     return ChangeResponse(seq=change.seq, documents=len(body.documents), passages=len(passages),
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
 
@@ -173,7 +184,7 @@ async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> Ch
     """Delete documents (every passage of each); durable before this answers."""
     live = _changing(request)
     t0 = time.perf_counter()
-    change = await asyncio.to_thread(live.write, [], list(dict.fromkeys(body.ids)))
+    change = await _write(live, [], list(dict.fromkeys(body.ids)))
     return ChangeResponse(seq=change.seq, documents=len(change.delete), passages=0,
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
 

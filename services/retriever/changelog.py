@@ -13,6 +13,7 @@ where it last read (`services.retriever.live`).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -152,6 +153,10 @@ class ChangeLog:
                 while view:  # a regular file takes it whole unless the disk is full: then it raises
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
+            except OSError:  # not acknowledged: take back what was written, so no reader applies it
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, end)
+                raise
             finally:
                 os.close(fd)
             self._seq, self._end = seq, end + len(line)

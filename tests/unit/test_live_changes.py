@@ -97,7 +97,8 @@ async def test_only_the_internal_token_or_an_admin_key_changes_documents(tiny: t
                              internal_token=token)
     doc = {"documents": [{"id": "memo-7", "title": "Memo", "text": "The plinthorax audit starts Monday. "
                           "It covers every plinthorax ledger."}]}
-    async with app_client(create_app(settings)) as client:
+    client_app = create_app(settings)
+    async with app_client(client_app) as client:
         await wait_ready(client, token)
         refused = await client.put("/documents", json=doc, headers={"Authorization": f"Bearer {search_key}"})
         assert refused.status_code == 403 and "search key" in refused.json()["error"]["message"]
@@ -115,6 +116,15 @@ async def test_only_the_internal_token_or_an_admin_key_changes_documents(tiny: t
         binary = await client.put("/documents", json={"documents": [{"id": "x", "text": "a\u0000b"}]},
                                   headers={"Authorization": f"Bearer {token}"})
         assert binary.status_code == 422 and binary.json()["error"]["type"] == "validation_error"
+        def disk_full(*_: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        live = client_app.state.retriever.live
+        real, live.log.append = live.log.append, disk_full
+        full = await client.post("/documents/delete", json={"ids": ["memo-7"]},
+                                 headers={"Authorization": f"Bearer {token}"})
+        live.log.append = real
+        assert full.status_code == 503 and "No space left on device" in full.json()["error"]["message"]
         gone = await client.post("/documents/delete", json={"ids": ["memo-7"]},
                                  headers={"Authorization": f"Bearer {token}"})
         assert gone.status_code == 200 and gone.json()["seq"] == 2
@@ -219,3 +229,21 @@ def test_the_command_line_puts_an_ingested_corpus_and_deletes_through_the_api(
         with pytest.raises(SystemExit) as done:
             main(["delete", "memo.md", "--url", url, "--token", "wrong-token-123"])
         assert done.value.code == 1 and "answered 401" in capsys.readouterr().err
+
+
+def test_a_change_whose_sync_fails_is_taken_back_and_never_read(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    log = ChangeLog(tmp_path)
+    log.append([passage("a", 0, "kept")], [])
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError):
+        log.append([passage("b", 0, "not acknowledged")], [])
+    monkeypatch.undo()
+    assert [c.seq for c in ChangeLog(tmp_path).read_from(0)[0]] == [1]
+    assert log.append([], ["a"]).seq == 2
