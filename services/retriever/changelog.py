@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 import time
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -94,15 +95,31 @@ class ChangeLog:
         self.path = folder / LOG_FILE
         self.path.touch(exist_ok=True)
         self._seq, self._end = 0, 0
+        self._holder: int | None = None
+        """The thread holding the lock through `hold` (its appends do not take it again)."""
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        if self._holder == threading.get_ident():
+            yield
+            return
         with open(self.folder / LOCK_FILE, "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """The log's lock for a whole step (this thread's appends inside it do not wait for themselves): no other
+        writer, in this process or another, appends meanwhile."""
+        with self._locked():
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
 
     def read_from(self, offset: int = 0) -> tuple[list[Change], int]:
         """The valid changes after byte `offset` and the offset after the last of them (the next read starts

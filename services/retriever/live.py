@@ -10,6 +10,12 @@ reference assignment), so a search sees a change entirely or not at all.
 
 `LiveIndex.poll` reads the changes other workers acknowledged (each worker follows the log); the state's
 `seq` is part of the index identity, so a cache keyed on it never serves a result from before a change.
+On Milvus (`mirror`: `services.retriever.milvus.MilvusChanges`) the passages put go into the collection itself: under
+the log's lock a writer upserts their vectors at their positions, logs the change, then deletes the positions it
+removed, and records the change as carried; a change logged but not carried (its writer died, or Milvus did not
+answer) is carried by the next writer or at the next start-up. Dense searches then ask Milvus alone, for the
+positions the state knows, leaving out the removed ones.
+
 Compaction (a rebuild with the changes folded into the base) is `plugsearch-index build` on a corpus file
 exported with the changes.
 """
@@ -23,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +38,7 @@ from services.retriever.base import Hits, Retriever
 from services.retriever.changelog import Change, ChangeLog, Passage
 from services.retriever.corpus import indexed_text
 from services.retriever.docstore import DocumentStore
+from services.retriever.manifest import IndexMismatch
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +66,18 @@ def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
             break
         n, step = n + step, min(step * 4, 4096)
     return found
+
+
+class DenseMirror(Protocol):
+    """A vector store that takes the changes itself (Milvus: `services.retriever.milvus.MilvusChanges`)."""
+
+    def seq(self) -> int: ...
+
+    def upsert(self, start: int, vectors: npt.NDArray[np.float32]) -> None: ...
+
+    def delete(self, positions: list[int]) -> None: ...
+
+    def mark(self, seq: int) -> None: ...
 
 
 @dataclass
@@ -108,7 +127,7 @@ class LiveIndex:
     in order; `state` is what searches read."""
 
     def __init__(self, folder: Path, store: DocumentStore, *, stats: Callable[[], LexicalStats] | None,
-                 tokenize: Any = None, encode: Any = None) -> None:
+                 tokenize: Any = None, encode: Any = None, mirror: DenseMirror | None = None) -> None:
         self.log = ChangeLog(folder)
         self.store = store
         self._stats = stats
@@ -124,7 +143,13 @@ class LiveIndex:
         self._offset = 0
         self._lock = threading.Lock()
         self._base_of: dict[str, tuple[int, ...]] = {}
+        self.mirror: DenseMirror | None = mirror
+        """Where the dense vectors of the changes go (None: kept here, searched beside the base index)."""
+        self._moves: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """seq -> (the first position its passages put took, the positions it removed)."""
         self.poll()
+        if mirror is not None:
+            self._mirror_on(mirror)
 
     @property
     def seq(self) -> int:
@@ -138,13 +163,35 @@ class LiveIndex:
                     self._stats_read = self._stats()
         return self._stats_read
 
-    def serve_dense(self, encode: Callable[[list[str]], npt.NDArray[np.float32]]) -> None:
-        """A dense index arrived after changes were applied: encode the passages put so far, then every new one."""
+    def serve_dense(self, encode: Callable[[list[str]], npt.NDArray[np.float32]],
+                    mirror: DenseMirror | None = None) -> None:
+        """A dense index arrived after changes were applied: encode the passages put so far (or carry them into
+        `mirror`), then every new one."""
+        if mirror is not None:
+            self.encode = encode
+            self._mirror_on(mirror)
+            return
         with self._lock:
             state = self.state
             vectors = encode([p.indexed for p in state.added]) if state.added else None
             self.encode = encode
             self.state = replace(state, vectors=vectors)
+
+    def _mirror_on(self, mirror: DenseMirror) -> None:
+        """Searches' vectors in `mirror` from now on: the changes it lacks carried into it first (refused when it
+        carries changes this log does not hold)."""
+        with self.log.hold():
+            self.poll()
+            carried = mirror.seq()
+            if carried > self.seq:
+                raise IndexMismatch(f"the dense collection carries changes up to {carried}, the change log in "
+                                    f"{self.log.folder} only up to {self.seq}: it is not this log's collection; "
+                                    "rebuild it with `plugsearch-index build --force`, or point RETRIEVER_CHANGES_DIR "
+                                    "at its log")
+            self.mirror = mirror
+            self._carry(carried)
+            with self._lock:
+                self.state = replace(self.state, vectors=None)
 
     def poll(self) -> int:
         """Apply the changes acknowledged since the last poll (by any worker); the number applied."""
@@ -153,7 +200,9 @@ class LiveIndex:
             state = self.state
             for change in changes:
                 if change.seq > state.seq:
-                    state = self._apply(state, change)
+                    start = state.base_n + len(state.added)
+                    state, gone = self._apply(state, change)
+                    self._moves[change.seq] = (start, tuple(gone))
             self._offset = offset
             self.state = state  # the swap: searches read the old state or the new one, whole
             return len(changes)
@@ -161,9 +210,45 @@ class LiveIndex:
     def write(self, put: Sequence[Passage], delete: Sequence[str]) -> Change:
         """Encode, log (durable: acknowledged once this returns) and apply one change here."""
         vectors = self.encode([p.indexed for p in put]) if self.encode is not None and put else None
-        change = self.log.append(put, delete, vectors)
-        self.poll()
-        return change
+        mirror = self.mirror
+        if mirror is None:
+            change = self.log.append(put, delete, vectors)
+            self.poll()
+            return change
+        with self.log.hold():  # one writer at a time: positions are taken, and carried, in the log's order
+            self.poll()
+            self._carry(mirror.seq())
+            if vectors is not None:  # past every position a state knows: no search sees them before the log does
+                state = self.state
+                mirror.upsert(state.base_n + len(state.added), vectors)
+            change = self.log.append(put, delete, vectors)
+            self.poll()
+            try:
+                mirror.delete(list(self._moves[change.seq][1]))
+                mirror.mark(change.seq)
+            except Exception:  # acknowledged all the same: searches leave the removed positions out, and the next
+                # writer (or the next start-up) carries the rest
+                logger.warning("change %d is logged but not yet carried into the dense collection", change.seq,
+                               exc_info=True)
+            return change
+
+    def _carry(self, carried: int) -> None:
+        """Carry the logged changes after `carried` into the mirror, in order (under the log's lock)."""
+        if self.mirror is None or carried >= self.seq:
+            return
+        changes, _ = self.log.read_from(0)
+        todo = [c for c in changes if carried < c.seq <= self.seq]
+        logger.info("carrying %d logged changes into the dense collection", len(todo))
+        for change in todo:
+            start, gone = self._moves[change.seq]
+            if change.put:
+                vectors = self.log.vectors(change)
+                if vectors is None and self.encode is not None:
+                    vectors = self.encode([p.indexed for p in change.put])
+                if vectors is not None:
+                    self.mirror.upsert(start, vectors)
+            self.mirror.delete(list(gone))
+            self.mirror.mark(change.seq)
 
     def _base(self, doc_id: str) -> tuple[int, ...]:
         known = self._base_of.get(doc_id)
@@ -171,8 +256,10 @@ class LiveIndex:
             known = self._base_of[doc_id] = tuple(base_positions(self.store, doc_id))
         return known
 
-    def _apply(self, state: LiveState, change: Change) -> LiveState:
+    def _apply(self, state: LiveState, change: Change) -> tuple[LiveState, list[int]]:
+        """The state after `change`, and the positions it stopped serving."""
         removed = set(state.removed)
+        gone: list[int] = []
         alive = state.alive.copy()
         documents = dict(state.documents)
         changed = dict(state.changed)
@@ -187,6 +274,7 @@ class LiveIndex:
                     removed.add(position)
                 else:
                     alive[position - state.base_n] = False
+                gone.append(position)
             return bool(had)
 
         for doc_id in change.delete:
@@ -217,18 +305,18 @@ class LiveIndex:
             postings[term] = new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
         documents.update({d: tuple(p) for d, p in put_docs.items()})
         vectors = state.vectors
-        if self.encode is not None and change.put:  # a change logged without vectors (by a worker whose dense
-            # index was still pending) is encoded here: every passage put has its row, in order
+        if self.encode is not None and self.mirror is None and change.put:  # a change logged without vectors (by
+            # a worker whose dense index was still pending) is encoded here: every passage put has its row, in order
             new_vectors = self.log.vectors(change)
             if new_vectors is None:
                 new_vectors = self.encode(texts)
             vectors = new_vectors if vectors is None else np.concatenate([vectors, new_vectors])
+        lengths = np.concatenate([state.lengths, np.asarray([len(w) for w in words], dtype=np.float32)])
         return LiveState(seq=change.seq, base_n=state.base_n, removed=frozenset(removed),
                          added=(*state.added, *change.put),
                          alive=np.concatenate([alive, np.ones(len(change.put), dtype=bool)]),
-                         documents=documents, vectors=vectors,
-                         lengths=np.concatenate([state.lengths, np.asarray([len(w) for w in words], dtype=np.float32)]),
-                         postings=postings, changed=changed)
+                         documents=documents, vectors=vectors, lengths=lengths, postings=postings,
+                         changed=changed), gone
 
     # ------------------------------------------------------------------------------- searching the overlay
     def lexical(self, state: LiveState, queries: Sequence[str], k: int) -> Hits:
@@ -339,6 +427,8 @@ class LiveRetriever(Retriever):
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
         state = self.live.state  # one state for the whole search
+        if self.kind == "dense" and self.live.mirror is not None:  # the changes are in the collection itself
+            return self._mirrored(state, queries, k)
         if not state.changes:
             return self.base.batch_search(queries, k)
         depth = k + min(len(state.removed), max(k, REMOVED_SLACK))
@@ -350,6 +440,23 @@ class LiveRetriever(Retriever):
             base = self.base.batch_search(queries, depth)
             overlay = self.live.lexical(state, queries, k)
         return merge(base, overlay, state.removed, k)
+
+    def _mirrored(self, state: LiveState, queries: Sequence[str], k: int) -> Hits:
+        """Milvus holds the changes: ask it for the positions this state knows, then leave out what the state no
+        longer serves (a delete Milvus has not done yet)."""
+        end = state.base_n + len(state.added)
+        dead = len(state.removed) + int(len(state.alive) - state.alive.sum())
+        vectors = self.base.encoder.encode_queries(queries)  # type: ignore[attr-defined]
+        found = self.base.index.search(vectors, k + min(dead, max(k, REMOVED_SLACK)),  # type: ignore[attr-defined]
+                                       below=end, strong=state.changes)
+        out = Hits.empty(len(queries), k)
+        for row in range(len(queries)):
+            ids = found.ids[row]
+            keep = [i for i, d in enumerate(ids.tolist()) if d >= 0 and (
+                d not in state.removed if d < state.base_n else bool(state.alive[d - state.base_n]))][:k]
+            out.ids[row, :len(keep)] = ids[keep]
+            out.scores[row, :len(keep)] = found.scores[row, keep]
+        return out
 
     def close(self) -> None:
         self.base.close()

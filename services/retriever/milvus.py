@@ -11,6 +11,12 @@ before the kill). A SHA-256 over every id and vector (int64 / float32 bytes in i
 are kept in the manifest (`<index_dir>/milvus-<collection>/`) and in the collection's properties; start-up
 refuses a collection that differs. Every call has a deadline (`timeout_s`) and retries (`retries`, doubling
 backoff); a Milvus that does not answer is a `NotReady` (503 + Retry-After), never a 500.
+
+Documents changed while serving (`services.retriever.live`) change the collection through Milvus's own upserts and
+deletes (`MilvusChanges`): a passage put is upserted at its position (past the built ones) before its change is
+logged, the positions a change removes are deleted after, and the last change carried into the collection is
+kept in its properties (`plugsearch.changes_seq`). Searches ask only for the positions their state knows (`id <
+end`) and leave out the removed ones, so a search never sees half of a change, whatever Milvus has done yet.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ VECTOR_FIELD = "vector"
 METRIC = "IP"
 CHECKSUM_PROPERTY = "plugsearch.checksum"
 ROWS_PROPERTY = "plugsearch.rows"
+CHANGES_PROPERTY = "plugsearch.changes_seq"
+"""The last change of the change log carried into the collection (0 or absent: none)."""
 T = TypeVar("T")
 
 
@@ -279,12 +287,20 @@ def check_collection(client: Any, settings: MilvusSettings, manifest: Manifest) 
     if dims != manifest.dims:
         problems.append(f"{dims}-d vectors != manifest {manifest.dims}-d")
     rows = count_rows(client, settings)
-    if rows != manifest.doc_count:
-        problems.append(f"row count {rows} != manifest {manifest.doc_count}")
+    if rows != manifest.doc_count and not changes_seq(properties):  # changes add and delete rows: the change
+        problems.append(f"row count {rows} != manifest {manifest.doc_count}")  # log is checked against them
     if problems:
         raise IndexMismatch(f"{where} is not the collection the index manifest describes: "
                             + "; ".join(problems) + rebuild)
     return rows
+
+
+def changes_seq(properties: dict[str, str]) -> int:
+    """The last change carried into the collection, from its properties."""
+    try:
+        return int(properties.get(CHANGES_PROPERTY, "0"))
+    except ValueError:
+        return 0
 
 
 def open_checked(settings: MilvusSettings, manifest: Manifest) -> tuple[Any, int]:
@@ -307,20 +323,31 @@ class MilvusIndex:
         self.settings = settings
         self.manifest = Manifest.read(folder)
         self.dims = int(self.manifest.dims or 0)
-        self.client, self.ntotal = open_checked(settings, self.manifest)
+        self.client, rows = open_checked(settings, self.manifest)
+        self.ntotal = self.manifest.doc_count
+        """The built rows (a collection that carries changes holds more or fewer: the live state counts those)."""
+        if rows != self.ntotal:
+            logger.info("Milvus collection %s holds %d rows: %d built, the rest changes while serving",
+                        settings.collection, rows, self.ntotal)
         try:
             call(settings, "load_collection", self.client.load_collection, settings.collection, long=True)
         except NotReady as exc:
             self.close()
             raise MilvusUnavailable(exc.message) from exc
 
-    def search(self, vectors: npt.NDArray[np.float32], k: int) -> Hits:
+    def search(self, vectors: npt.NDArray[np.float32], k: int, *, below: int | None = None,
+               strong: bool = False) -> Hits:
+        """The `k` nearest rows; `below`: only ids under it (the positions a live state knows); `strong`: see every
+        write Milvus acknowledged (after changes: the upserts a change was logged after)."""
         params: dict[str, Any] = {"metric_type": METRIC}
         if self.settings.index_type == "hnsw":
             params["params"] = {"ef": max(self.settings.hnsw_ef_search, k)}
+        extra: dict[str, Any] = {"consistency_level": "Strong"} if strong else {}
+        if below is not None:
+            extra["filter"] = f"{ID_FIELD} < {int(below)}"
         found = call(self.settings, "search", self.client.search, self.settings.collection,
                      data=list(vectors), limit=k, anns_field=VECTOR_FIELD, search_params=params,
-                     output_fields=[ID_FIELD])
+                     output_fields=[ID_FIELD], **extra)
         hits = Hits.empty(len(vectors), k)
         for row, ranked in enumerate(found):
             for rank, hit in enumerate(ranked[:k]):
@@ -341,3 +368,34 @@ class MilvusIndex:
             self.client.close()
         finally:
             release_local(self.settings)
+
+
+class MilvusChanges:
+    """A changing corpus's passages in the collection itself, through Milvus's upserts and deletes (called under the
+    change log's lock, so one writer at a time, in the log's order; see `services.retriever.live.LiveIndex`)."""
+
+    def __init__(self, index: MilvusIndex) -> None:
+        self.index = index
+        self.settings = index.settings
+
+    def seq(self) -> int:
+        """The last change carried into the collection."""
+        properties, _ = _described(self.index.client, self.settings)
+        return changes_seq(properties)
+
+    def upsert(self, start: int, vectors: npt.NDArray[np.float32]) -> None:
+        """Rows `start`, `start + 1`, ... with these vectors (replaced where a crash left some before)."""
+        for at in range(0, len(vectors), self.settings.insert_batch):
+            chunk = np.ascontiguousarray(vectors[at:at + self.settings.insert_batch], dtype=np.float32)
+            rows = [{ID_FIELD: start + at + i, VECTOR_FIELD: v} for i, v in enumerate(chunk)]
+            call(self.settings, "upsert", self.index.client.upsert, self.settings.collection, rows)
+
+    def delete(self, positions: list[int]) -> None:
+        for at in range(0, len(positions), self.settings.insert_batch):
+            call(self.settings, "delete", self.index.client.delete, self.settings.collection,
+                 ids=[int(p) for p in positions[at:at + self.settings.insert_batch]])
+
+    def mark(self, seq: int) -> None:
+        """Record that every change up to `seq` is in the collection."""
+        call(self.settings, "alter_collection_properties", self.index.client.alter_collection_properties,
+             self.settings.collection, properties={CHANGES_PROPERTY: str(seq)})

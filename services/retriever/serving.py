@@ -29,7 +29,7 @@ from services.retriever.dense_build import dense_folder
 from services.retriever.docstore import DocumentStore, corpus_checksum, open_store
 from services.retriever.encoder import Encoder, encoder_identity
 from services.retriever.fusion import rrf_fuse
-from services.retriever.live import LiveCorpus, LiveIndex, LiveRetriever
+from services.retriever.live import DenseMirror, LiveCorpus, LiveIndex, LiveRetriever
 from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from services.retriever.settings import IVF_TYPES, RetrieverSettings
 
@@ -208,7 +208,7 @@ class RetrieverService:
         `methods`, and `index_id` changes (callers' cache keys of the BM25-only time are left behind)."""
         self._check_count("dense", dense, self.corpus)
         if self.live is not None:
-            self.live.serve_dense(dense.encoder.encode_passages)
+            self.live.serve_dense(dense.encoder.encode_passages, dense_mirror(dense))
         self.batchers["dense"] = self._batcher("dense", dense)
         self.retrievers["dense"] = dense
         if self.check is not None:
@@ -405,6 +405,15 @@ class RetrieverService:
 CHANGES_DIR = "changes"
 
 
+def dense_mirror(dense: Retriever | None) -> DenseMirror | None:
+    """Where a dense index takes the changes itself (Milvus), else None (they are searched beside it)."""
+    from services.retriever.milvus import MilvusChanges, MilvusIndex
+
+    if isinstance(dense, DenseRetriever) and isinstance(dense.index, MilvusIndex):
+        return MilvusChanges(dense.index)
+    return None
+
+
 def open_live(settings: RetrieverSettings, corpus: DocumentStore, retrievers: dict[str, Retriever]
               ) -> tuple[LiveIndex | None, str | None]:
     """The changes made while serving, replayed over the built indexes (`services.retriever.live`), or why
@@ -420,7 +429,8 @@ def open_live(settings: RetrieverSettings, corpus: DocumentStore, retrievers: di
         live = LiveIndex(folder, corpus,
                          stats=(lambda: bm25.lexical_stats(corpus)) if isinstance(bm25, Bm25sRetriever) else None,
                          tokenize=bm25.tokenize if isinstance(bm25, Bm25sRetriever) else None,
-                         encode=dense.encoder.encode_passages if isinstance(dense, DenseRetriever) else None)
+                         encode=dense.encoder.encode_passages if isinstance(dense, DenseRetriever) else None,
+                         mirror=dense_mirror(dense))
     except OSError as exc:
         logger.warning("documents cannot change while serving: %s", exc)
         return None, f"the change log cannot be opened in {folder}: {exc}"

@@ -12,6 +12,7 @@ The collection is built once from the tiny corpus's cached embeddings (no re-enc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from services.common.errors import NotReady
 from services.retriever import milvus
@@ -258,3 +260,84 @@ def test_a_retried_index_build_does_not_ask_twice(tiny: RetrieverSettings) -> No
     client = Client()
     milvus.create_index(client, tiny.milvus)
     assert client.asked == 1 and client.indexes == ["vector"]
+
+
+def _rows(settings: RetrieverSettings) -> tuple[set[int], str]:
+    """The collection's ids, and its record of the last change carried into it."""
+    client = milvus.connect(settings.milvus)
+    try:
+        client.load_collection(settings.milvus.collection)
+        ids = {int(r["id"]) for r in client.query(settings.milvus.collection, filter="id >= 0", output_fields=["id"],
+                                                   consistency_level="Strong")}
+        properties = client.describe_collection(settings.milvus.collection).get("properties") or {}
+        return ids, str(properties.get(milvus.CHANGES_PROPERTY, "0"))
+    finally:
+        client.close()
+
+
+async def test_changes_go_into_the_collection_through_milvus_upserts_and_deletes(scratch: RetrieverSettings) -> None:
+    """A put passage is upserted at its position, a replaced document's old rows and a deleted document's rows
+    are deleted from the collection itself; dense search (Milvus alone) finds the new text and never the removed
+    one; the collection records the last change carried."""
+    token = "internal-token-123"
+    settings = scratch.model_copy(update={"internal_token": SecretStr(token)})
+    headers = {"Authorization": f"Bearer {token}"}
+    base = Corpus.load(scratch.corpus)
+    victim = base.ids[0]
+    async with app_client(create_app(settings)) as client:
+        await wait_ready(client)
+
+        async def dense_top(query: str) -> list[str]:
+            body = (await client.post("/retrieve", json={"queries": [query], "method": "dense", "k": 5},
+                                  headers=headers)).json()
+            return [d["id"] for d in body["results"][0]]
+
+        put = {"documents": [{"id": "orchid-note", "title": "Greenhouse orchids",
+                              "text": "Orchids bloom in humid greenhouses every spring."}]}
+        assert (await client.put("/documents", json=put, headers=headers)).status_code == 200
+        assert (await dense_top("when do greenhouse orchids flower"))[0] == "orchid-note#0"
+        ids, carried = _rows(scratch)
+        assert 300 in ids and len(ids) == 301 and carried == "1"
+        put["documents"][0]["text"] = "Cacti store water in thick stems through the dry desert summer."
+        assert (await client.put("/documents", json=put, headers=headers)).status_code == 200  # replaced whole
+        assert (await dense_top("how do desert cacti keep water"))[0] == "orchid-note#0"
+        gone = base.documents([0])[0][2]
+        assert victim in await dense_top(gone[:300])
+        deleted = await client.post("/documents/delete", json={"ids": [victim]}, headers=headers)
+        assert deleted.status_code == 200
+        assert victim not in await dense_top(gone[:300])
+        ids, carried = _rows(scratch)
+    assert 300 not in ids and 301 in ids and 0 not in ids and len(ids) == 300 and carried == "3"
+
+
+async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: RetrieverSettings) -> None:
+    """A writer killed between its log line and Milvus (or a Milvus that did not answer) leaves the change in the log
+    only: the next start-up carries it into the collection before serving; a collection carrying changes its log
+    does not hold is refused."""
+    from services.retriever.changelog import ChangeLog, Passage
+    from services.retriever.serving import CHANGES_DIR
+
+    encoder = Encoder(scratch.encoder)
+    text = "Lighthouse keepers trimmed the lamp wicks every night on the rocky coast."
+    folder = scratch.index_dir / CHANGES_DIR / Corpus.load(scratch.corpus).checksum.split(":")[-1][:16]
+    log = ChangeLog(folder)
+    log.append([Passage("keeper#0", "keeper", "Lighthouse keepers", text)], [],
+               encoder.encode_passages(["Lighthouse keepers\n" + text]))
+    log.append([], ["keeper"])
+    log.append([Passage("keeper#0", "keeper", "Lighthouse keepers", text)], [])  # logged without vectors
+    assert _rows(scratch)[1] == "0"
+    async with app_client(create_app(scratch)) as client:
+        await wait_ready(client)
+        body = (await client.post("/retrieve", json={"queries": ["who trimmed the lighthouse lamp wicks"],
+                                                      "method": "dense", "k": 1})).json()
+        assert body["results"][0][0]["id"] == "keeper#0"
+    ids, carried = _rows(scratch)
+    assert carried == "3" and 300 not in ids and 301 in ids and len(ids) == 301
+    (folder / "changes.jsonl").write_bytes(b"")  # the log lost: the collection carries changes it does not hold
+    async with app_client(create_app(scratch)) as client:  # loading fails: readiness says why
+        for _ in range(600):
+            ready = await client.get("/health/ready")
+            if ready.json()["checks"]["indexes"] != "loading":
+                break
+            await asyncio.sleep(0.05)
+    assert ready.status_code == 503 and "carries changes up to 3" in ready.json()["checks"]["indexes"]
