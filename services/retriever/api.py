@@ -8,6 +8,8 @@ with `build` this service builds it itself in a child process (`plugsearch-index
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import json
@@ -17,19 +19,34 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import PurePosixPath
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from pydantic import TypeAdapter, ValidationError
 
 from services.common import tracing
 from services.common.admission import CALLER_STATE, COST_STATE, Caller, key_id
 from services.common.app import build_app, from_state, service_router
-from services.common.errors import BadRequest, Conflict, Forbidden, NotReady, error_responses
+from services.common.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotReady,
+    ValidationFailed,
+    error_responses,
+)
 from services.common.schemas.retriever import (
+    MAX_PUT_PASSAGES,
     ChangeResponse,
     DeleteDocumentsRequest,
+    DocumentId,
     DocumentIn,
+    FileIn,
+    FileResult,
     PutDocumentsRequest,
+    PutFilesRequest,
+    PutFilesResponse,
     RetrieveRequest,
     RetrieveResponse,
     SampleRequest,
@@ -38,7 +55,7 @@ from services.common.schemas.retriever import (
     SearchR1Response,
 )
 from services.retriever.changelog import Change, Passage
-from services.retriever.live import LiveIndex
+from services.retriever.live import LiveIndex, doc_id_of
 from services.retriever.manifest import IndexMismatch, IndexMissing
 from services.retriever.serving import (
     IndexCheck,
@@ -177,6 +194,106 @@ async def put_documents(body: PutDocumentsRequest, request: Request) -> ChangeRe
     change = await _write(live, passages, [])
     return ChangeResponse(seq=change.seq, documents=len(body.documents), passages=len(passages),
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
+
+
+_DOCUMENT_ID: TypeAdapter[str] = TypeAdapter(DocumentId)
+
+
+def _read_one(file: FileIn, words: int, max_bytes: int) -> list[Passage]:
+    """One file's passages, read and cut as `plugsearch-index ingest` does (`ingest.run.read_data`); SkipFile
+    when it is refused. A .jsonl file's rows are grouped into documents by their ids (`<doc>#<n>`), each
+    document's passages numbered again from 0, as `plugsearch-index put` sends them."""
+    from services.retriever.ingest.formats import SkipFile
+    from services.retriever.ingest.run import kind_of, read_data
+
+    jsonl = kind_of(file.name) == "jsonl"
+    if jsonl and (file.id is not None or file.title is not None):
+        raise SkipFile("a .jsonl file's rows name their own documents and titles: give it no `id` or `title`")
+    try:
+        data = base64.b64decode("".join(file.content_base64.split()), validate=True)
+    except binascii.Error as exc:
+        raise SkipFile(f"content_base64 is not valid base64 ({exc})") from exc
+    doc_id = file.id or file.name
+    _, read = read_data(file.name, data, doc_id=doc_id, words=words, max_bytes=max_bytes, title=file.title)
+    documents: dict[str, list[tuple[str, str]]] = {}
+    for p in read:
+        documents.setdefault(doc_id_of(p.id) if jsonl else doc_id, []).append((p.title, p.text))
+    for doc, parts in documents.items():
+        try:
+            _DOCUMENT_ID.validate_python(doc)
+        except ValidationError as exc:
+            raise SkipFile(f"{doc!r} is not a document id (1 to 512 characters, no spaces, not starting with "
+                           "'#')" + ("" if jsonl else ": give the file an `id`")) from exc
+        if len(parts) > MAX_PUT_PASSAGES:
+            raise SkipFile(f"document {doc!r} has {len(parts):,} passages, over the limit of {MAX_PUT_PASSAGES:,}")
+    return [Passage(f"{doc}#{i}", doc, title, text) for doc, parts in documents.items()
+            for i, (title, text) in enumerate(parts)]
+
+
+def files_of(body: PutFilesRequest) -> tuple[list[Passage], list[FileResult]]:
+    """The passages of the files that read fine, and each file's outcome: a file refused (bad base64, an
+    extension no reader takes, not what its extension says, a PDF with no text layer, over the size limit, a
+    document id another file of the request took first, ...) is skipped with its reason, the others go on."""
+    from services.retriever.ingest.formats import SkipFile, format_of
+    from services.retriever.ingest.passages import DEFAULT_WORDS
+    from services.retriever.ingest.run import DEFAULT_MAX_MB, MB
+
+    words, max_bytes = body.words or DEFAULT_WORDS, int(DEFAULT_MAX_MB * MB)
+    taken: dict[str, str] = {}  # document id -> the file that put it
+    passages: list[Passage] = []
+    results: list[FileResult] = []
+    for file in body.files:
+        kind = format_of(PurePosixPath(file.name))
+        result = FileResult(name=file.name, id=None if kind == "jsonl" else file.id or file.name, status="skipped",
+                            format=kind)
+        try:
+            if result.id is not None and result.id in taken:  # before reading it
+                raise SkipFile(f"duplicate document id {result.id!r}: already taken by {taken[result.id]}")
+            read = _read_one(file, words, max_bytes)
+            documents = list(dict.fromkeys(p.doc_id for p in read))
+            if clash := next((d for d in documents if d in taken), None):
+                raise SkipFile(f"duplicate document id {clash!r}: already taken by {taken[clash]}")
+        except SkipFile as exc:
+            result.reason = exc.reason
+        except Exception as exc:  # a reader's failure on one file never fails the others
+            logger.warning("file %r could not be read", file.name, exc_info=True)
+            result.reason = f"could not be read ({type(exc).__name__}); the retriever's log has the details"
+        else:
+            taken.update(dict.fromkeys(documents, file.name))
+            passages += read
+            result.status, result.documents, result.passages = "put", len(documents), len(read)
+        results.append(result)
+    return passages, results
+
+
+FILE_ERRORS = error_responses({
+    413: "the request body is over RETRIEVER_MAX_BODY_BYTES (2 MiB by default): send fewer files per request, "
+         "raise the limit, or use `plugsearch-index ingest` then `plugsearch-index put`",
+    422: "a bad request, or no file could be read (every file's reason in the message; nothing changed)"})
+
+
+@router.post("/documents/files", response_model=PutFilesResponse, responses={**ERRORS, **CHANGE_ERRORS, **FILE_ERRORS})
+async def put_files(body: PutFilesRequest, request: Request) -> PutFilesResponse:
+    """Add or replace documents given as files (base64 in JSON): each read by the reader its name's extension
+    asks for (text, Markdown, HTML, PDF's text layer, JSONL passages) and cut into passages of about `words`
+    words, exactly as `plugsearch-index ingest` reads and cuts them; a document's id is the file's `id`, else
+    its `name`. The files that read fine are put in one change (durable before this answers, applied whole or
+    not at all); each file refused is reported with its reason and the others are still put; when none reads
+    fine this answers 422 and nothing changes. A file may hold up to `plugsearch-index ingest`'s default
+    --max-mb once decoded, but the whole request must fit the retriever's request body limit
+    (RETRIEVER_MAX_BODY_BYTES, 2 MiB by default; base64 adds a third): for large files raise it, or ingest
+    them with `plugsearch-index ingest` and send the corpus with `plugsearch-index put`."""
+    live = _changing(request)
+    t0 = time.perf_counter()
+    passages, results = await asyncio.to_thread(files_of, body)  # parsing PDFs and HTML is CPU work
+    setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
+    if not passages:
+        raise ValidationFailed("no file could be read (nothing changed): "
+                               + "; ".join(f"{r.name}: {r.reason}" for r in results), param="files")
+    change = await _write(live, passages, [])
+    return PutFilesResponse(seq=change.seq, index_id=_service(request).index_id,
+                            documents=sum(r.documents for r in results), passages=len(passages),
+                            took_ms=round((time.perf_counter() - t0) * 1000, 3), files=results)
 
 
 @router.post("/documents/delete", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})

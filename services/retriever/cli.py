@@ -10,8 +10,8 @@ encoder as the service would: the default backend exports it to ONNX once into R
 prints which backend serves and why; `--require-onnx` exits 1 where it would fall back to torch: the image
 build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
-`services.retriever.ingest`), `put` / `delete` (a running retriever's documents changed through its API:
-`services.retriever.changes_cli`).
+`services.retriever.ingest`), `put` / `upload` / `delete` (a running retriever's documents changed through its
+API: a corpus file, files read and cut by the retriever, ids to delete: `services.retriever.changes_cli`).
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
 
     changes_cli.add_parsers(sub)
     args = parser.parse_args(argv)
-    if args.command in ("put", "delete"):  # a running retriever's documents, through its API
+    if args.command in ("put", "upload", "delete"):  # a running retriever's documents, through its API
         configure_logging("WARNING", service="plugsearch-index")
         sys.exit(changes_cli.run(args))
     if args.command == "ingest":  # reads no RETRIEVER_* setting

@@ -151,6 +151,52 @@ class ChangeResponse(BaseModel):
     took_ms: float
 
 
+# Files put through the API (POST /documents/files): read and cut as `plugsearch-index ingest` reads and cuts them.
+MAX_PUT_FILES = 100
+"""Files one request may bring. The request body limit (RETRIEVER_MAX_BODY_BYTES, 2 MiB by default) bounds the
+bytes, this the per-file work and the answer's size."""
+FileName = Annotated[str, StringConstraints(min_length=1, max_length=1024), AfterValidator(no_nul)]
+
+
+class FileIn(StrictModel):
+    name: FileName = Field(..., description=(
+        "the file's path, `/`-separated (`reports/q3.pdf`): its extension picks the reader (.txt, .md, .html, "
+        ".pdf, .jsonl, ...), its stem is the title of a document without one, and it is the document id by default"))
+    content_base64: str = Field(..., description="the file's bytes, base64-encoded (standard alphabet, padded)")
+    id: DocumentId | None = Field(None, description=(
+        "the document's id (default: `name`); a document already served with this id is replaced whole. Not for a "
+        ".jsonl file, whose rows name their documents"))
+    title: DocumentText | None = Field(None, max_length=2048, description=(
+        "the document's title, instead of the one the file has (or its name)"))
+
+
+class PutFilesRequest(StrictModel):
+    files: list[FileIn] = Field(..., min_length=1, max_length=MAX_PUT_FILES, description=(
+        "files to read, cut and put as documents (added, or replacing a served document with the same id)"))
+    words: int | None = Field(None, ge=10, le=10_000, description=(
+        "about this many words per passage, cut at sentences (default: `plugsearch-index ingest`'s, 100)"))
+
+
+class FileResult(BaseModel):
+    name: str
+    id: str | None = Field(None, description="the document's id (null for a .jsonl file: its rows name theirs)")
+    status: Literal["put", "skipped"]
+    format: str | None = Field(None, description="text | markdown | html | pdf | jsonl (null: no reader takes "
+                               "its extension)")
+    documents: int = Field(0, description="documents put from this file")
+    passages: int = Field(0, description="passages put from this file")
+    reason: str | None = Field(None, description="why the file was skipped")
+
+
+class PutFilesResponse(BaseModel):
+    seq: int | None = Field(..., description="the change's number in the log (null: nothing was put)")
+    index_id: str = Field(..., description="the served index's identity after the change (this worker)")
+    documents: int = Field(..., description="documents put")
+    passages: int = Field(..., description="passages put")
+    took_ms: float
+    files: list[FileResult] = Field(..., description="each file, in the request's order")
+
+
 # Search-R1 / veRL search-tool compatible shapes (POST /retrieve in Search-R1's retrieval_server.py).
 # A blank query is allowed here (a policy that writes `<search> </search>`): Search-R1's server answers it
 # with an empty list instead of failing the whole batch, and a training run must not die on one.

@@ -29,7 +29,7 @@ import unicodedata
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import orjson
 from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
@@ -96,7 +96,7 @@ class Document:
     sections: list[Section]
 
 
-def format_of(path: Path) -> str | None:
+def format_of(path: PurePath) -> str | None:
     """The reader an extension asks for (`text`, `markdown`, `html`, `pdf`, `jsonl`); None for any other."""
     return EXTENSIONS.get(path.suffix.lower())
 

@@ -22,7 +22,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import orjson
@@ -173,12 +173,42 @@ def walk(paths: tuple[Path, ...], allowed: list[Path]) -> Iterator[_File | Skipp
             yield Skipped(str(given), "not a regular file, or a broken link")
 
 
-def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Passage]]:
-    """(format, passages) of one file; SkipFile when it is refused."""
-    kind = format_of(file.path)
+def kind_of(name: str) -> str:
+    """The reader `name`'s extension asks for; SkipFile (ignored) for an extension no reader takes."""
+    kind = format_of(PurePosixPath(name))
     if kind is None:
         known = ", ".join(sorted(EXTENSIONS))
-        raise SkipFile(f"unknown extension {file.path.suffix or '(none)'!r} (ingested: {known})", ignored=True)
+        raise SkipFile(f"unknown extension {PurePosixPath(name).suffix or '(none)'!r} (ingested: {known})",
+                       ignored=True)
+    return kind
+
+
+def read_data(name: str, data: bytes, *, doc_id: str, words: int, max_bytes: int,
+              title: str | None = None) -> tuple[str, list[Passage]]:
+    """(format, passages) of a file's bytes; SkipFile when it is refused. `name`, `/`-separated, is what the file
+    is: its extension picks the reader, it is the passages' `source`, and its stem the title of a document that
+    has none (`title`, when given, is the title whatever the document says). What `ingest` reads each file with,
+    and the retriever's `POST /documents/files` each file it is sent."""
+    kind = kind_of(name)
+    if len(data) > max_bytes:
+        raise SkipFile(f"too large: {len(data) / MB:,.1f} MB, over the limit of {max_bytes / MB:g} MB per file")
+    if not data:
+        raise SkipFile("empty file")
+    sniff(kind, data[:8192])
+    if kind == "jsonl":
+        return kind, read_jsonl(data, name)
+    document = read_document(kind, data, PurePosixPath(name).stem)
+    if title:
+        document.title = title
+    passages = cut(document, doc_id=doc_id, source=name, words=words)
+    if not passages:
+        raise SkipFile("empty document: no text")
+    return kind, passages
+
+
+def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Passage]]:
+    """(format, passages) of one file found on disk (`read_data`), its size checked before it is read."""
+    kind_of(file.rel)
     size = file.path.stat().st_size
     if size > max_bytes:
         raise SkipFile(f"too large: {size / MB:,.1f} MB, over the limit of {max_bytes / MB:g} MB (--max-mb)")
@@ -188,13 +218,7 @@ def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Pas
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:  # grew since it was measured
         raise SkipFile(f"too large: over the limit of {max_bytes / MB:g} MB (--max-mb)")
-    sniff(kind, data[:8192])
-    if kind == "jsonl":
-        return kind, read_jsonl(data, file.rel)
-    passages = cut(read_document(kind, data, file.path.stem), doc_id=file.rel, source=file.rel, words=words)
-    if not passages:
-        raise SkipFile("empty document: no text")
-    return kind, passages
+    return read_data(file.rel, data, doc_id=file.rel, words=words, max_bytes=max_bytes)
 
 
 class _Ids:
