@@ -110,39 +110,93 @@ def corpus_model(source: Path = CORPUS, lengths_from: Path = WIKI_SAMPLE
     return vocab, np.cumsum(freq / freq.sum()), np.array(lengths, dtype=np.int64), titles
 
 
-def write_corpus(n: int, out: Path, *, seed: int = 0) -> Path:
-    """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks; cached by size and seed."""
+_MODEL: tuple[Any, ...] | None = None
+"""(words, cdf, lengths, titles, vocabulary size) in a corpus-writing process (`_init_writer`)."""
+
+
+def _init_writer(model: tuple[list[str], np.ndarray, np.ndarray, list[str]]) -> None:
+    global _MODEL
+    vocab, cdf, lengths, titles = model
+    _MODEL = (np.array(vocab, dtype=object), cdf, lengths, np.array(titles, dtype=object), len(vocab))
+
+
+def _corpus_chunk(job: tuple[int, int, int, int]) -> bytes:
+    """Passages `lo` .. `lo + m - 1` (JSONL), drawn from the chunk's own seed: any chunk is the same bytes whichever
+    process writes it, in whatever run."""
+    lo, m, seed, chunk = job
+    assert _MODEL is not None
+    words, cdf, lengths, titles, nvocab = _MODEL
+    rng = np.random.default_rng([seed, lo // chunk])
+    sizes = rng.choice(lengths, m)
+    ids = np.minimum(np.searchsorted(cdf, rng.random(int(sizes.sum()))), nvocab - 1)
+    picked = rng.integers(0, len(titles), m)
+    ends = np.cumsum(sizes)
+    lines = [orjson.dumps({"id": f"s{lo + j}", "title": titles[picked[j]],
+                           "text": " ".join(words[ids[ends[j] - sizes[j]:ends[j]]])}) for j in range(m)]
+    return b"\n".join(lines) + b"\n"
+
+
+def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) -> Path:
+    """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks by `processes` processes; cached by size
+    and seed. Resumable: each chunk is synced and recorded as it is written (`.<name>.partial.json`), and a run
+    stopped part-way goes on from the last chunk recorded (chunks are drawn from their own seeds)."""
     meta = out.with_suffix(".json")
     want = {"n": n, "seed": seed, "source": CORPUS.name, "source_bytes": CORPUS.stat().st_size,
-            "lengths": WIKI_SAMPLE.name if WIKI_SAMPLE.is_file() else CORPUS.name}
+            "lengths": WIKI_SAMPLE.name if WIKI_SAMPLE.is_file() else CORPUS.name, "chunk": CHUNK,
+            "rng": "per-chunk"}
     if out.is_file() and meta.is_file() and json.loads(meta.read_text()) == want:
         return out
-    vocab, cdf, lengths, titles = corpus_model()
-    words = np.array(vocab, dtype=object)
-    rng = np.random.default_rng(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.*"):  # a run stopped while writing (14 GB at wiki-18)
+    partial, record = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.partial.json")
+    start, size = 0, 0
+    if partial.is_file() and record.is_file():
+        done = json.loads(record.read_text())
+        if done.get("want") == want and partial.stat().st_size >= done["bytes"]:
+            start, size = int(done["next"]), int(done["bytes"])
+            log(f"corpus: resuming at passage {start:,} of {n:,} ({size / 1e9:.1f} GB written before)")
+    for stale in out.parent.glob(f".{out.name}.[0-9]*"):  # an older writer's temporary file
         stale.unlink()
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    jobs = [(lo, min(CHUNK, n - lo), seed, CHUNK) for lo in range(start, n, CHUNK)]
+    model = corpus_model()
     t0 = time.perf_counter()
-    with tmp.open("wb") as fh:
-        for lo in range(0, n, CHUNK):
-            m = min(CHUNK, n - lo)
-            sizes = rng.choice(lengths, m)
-            ids = np.minimum(np.searchsorted(cdf, rng.random(int(sizes.sum()))), len(vocab) - 1)
-            picked = rng.integers(0, len(titles), m)
-            ends = np.cumsum(sizes)
-            lines = []
-            for j in range(m):
-                text = " ".join(words[ids[ends[j] - sizes[j]:ends[j]]])
-                lines.append(orjson.dumps({"id": f"s{lo + j}", "title": titles[picked[j]], "text": text}))
-            fh.write(b"\n".join(lines) + b"\n")
-            if lo and lo % (20 * CHUNK) == 0:
-                log(f"corpus: {lo} of {n} passages ({time.perf_counter() - t0:.0f} s)")
-    os.replace(tmp, out)
+    with partial.open("r+b" if start else "wb") as fh:
+        fh.truncate(size)  # what a stop left after the last chunk recorded
+        fh.seek(size)
+        if processes > 1 and len(jobs) > 1:
+            import multiprocessing
+
+            # spawned, not forked: a fork of a process whose other threads hold locks can hang the child
+            pool = multiprocessing.get_context("spawn").Pool(processes, _init_writer, (model,))
+            chunks: Iterator[bytes] = pool.imap(_corpus_chunk, jobs)  # in order, `processes` at work
+        else:
+            pool = None
+            _init_writer(model)
+            chunks = map(_corpus_chunk, jobs)
+        try:
+            for (lo, m, _, _), data in zip(jobs, chunks, strict=True):
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+                size += len(data)
+                _write_json(record, {"want": want, "next": lo + m, "bytes": size})
+                if (lo // CHUNK) % 20 == 19:
+                    rate = (lo + m - start) / max(time.perf_counter() - t0, 1e-9)
+                    log(f"corpus: {lo + m:,} of {n:,} passages, {rate:,.0f}/s, about "
+                        f"{(n - lo - m) / max(rate, 1e-9) / 60:.0f} min left")
+        finally:
+            if pool is not None:
+                pool.terminate()
+    os.replace(partial, out)
     meta.write_text(json.dumps(want))
+    record.unlink(missing_ok=True)
     log(f"corpus: {n} synthetic passages in {time.perf_counter() - t0:.0f} s -> {out}")
     return out
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------ vectors

@@ -42,6 +42,37 @@ def test_the_corpus_is_cached_and_deterministic(tmp_path: Path, data_dir: Path) 
     assert a.read_bytes() != c.read_bytes()
 
 
+def test_a_corpus_write_stopped_part_way_resumes_to_the_same_bytes(tmp_path: Path, data_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each chunk is drawn from its own seed, synced and recorded: a stop goes on from the last chunk recorded, and
+    the file is byte for byte the one an uninterrupted writer (of one process or two) makes."""
+    import json
+
+    monkeypatch.setattr(scale, "CHUNK", 100)
+    whole = scale.write_corpus(450, tmp_path / "whole" / "corpus.jsonl", processes=1)
+    assert scale.write_corpus(450, tmp_path / "two" / "corpus.jsonl", processes=2).read_bytes() == whole.read_bytes()
+    real, calls = scale._corpus_chunk, []
+
+    def stopping(job: tuple[int, int, int, int]) -> bytes:
+        calls.append(job[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a run stopped while the third chunk was drawn
+        return real(job)
+
+    monkeypatch.setattr(scale, "_corpus_chunk", stopping)
+    out = tmp_path / "stopped" / "corpus.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        scale.write_corpus(450, out, processes=1)
+    record = json.loads((out.parent / ".corpus.jsonl.partial.json").read_text())
+    assert not out.exists() and record["next"] == 200
+    with (out.parent / ".corpus.jsonl.partial").open("ab") as fh:
+        fh.write(b'{"id": "s200", "ti')  # half a chunk written after the last record: cut off on resume
+    calls.clear()
+    monkeypatch.setattr(scale, "_corpus_chunk", lambda job: calls.append(job[0]) or real(job))
+    assert scale.write_corpus(450, out, processes=1).read_bytes() == whole.read_bytes()
+    assert calls == [200, 300, 400] and not (out.parent / ".corpus.jsonl.partial.json").exists()
+
+
 def test_synthetic_vectors_are_that_corpus_embeddings_regenerated_and_truth_is_exact(
         tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import faiss
