@@ -152,10 +152,9 @@ class Encoder:
         """What serves (for /version): the backend, and why auto fell back to torch."""
         return {"encoder_backend": self.backend, "encoder_fallback": self.fallback}
 
-    def _encode(self, texts: list[str], batch_size: int, show_progress: bool = False,
-                serial: bool = False) -> npt.NDArray[np.float32]:
+    def _encode(self, texts: list[str], batch_size: int, show_progress: bool = False) -> npt.NDArray[np.float32]:
         if self.onnx is not None:
-            return self.onnx.encode(texts, batch_size, normalize=self.settings.normalize, serial=serial)
+            return self.onnx.encode(texts, batch_size, normalize=self.settings.normalize)
         vectors = self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
                                     normalize_embeddings=self.settings.normalize,
                                     show_progress_bar=show_progress)
@@ -181,8 +180,6 @@ class Encoder:
         fresh = dict(zip(missing, encoded, strict=True))
         return np.stack([v if v is not None else fresh[t] for t, v in zip(texts, found, strict=True)])
 
-    def encode_passages(self, passages: Sequence[str], *, serial: bool = False) -> npt.NDArray[np.float32]:
-        """`serial`: ONNX encodes in the calling thread only (documents put while serving: at that thread's lower
-        CPU priority, never on the pool that searches' queries use)."""
+    def encode_passages(self, passages: Sequence[str]) -> npt.NDArray[np.float32]:
         prefix = self.settings.passage_prefix
-        return self._encode([prefix + p for p in passages], batch_size=self.settings.batch_size, serial=serial)
+        return self._encode([prefix + p for p in passages], batch_size=self.settings.batch_size)

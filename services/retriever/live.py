@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,16 +66,6 @@ def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
             break
         n, step = n + step, min(step * 4, 4096)
     return found
-
-
-def _lower_priority(nice: int) -> None:
-    """This thread's CPU priority `nice` below the process's (Linux: a thread's own nice value)."""
-    if nice <= 0:
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
-    except (OSError, AttributeError):  # not Linux, or not allowed: the same priority as searching
-        logger.info("cannot lower the priority of encoding the passages put", exc_info=True)
 
 
 class DenseMirror(Protocol):
@@ -139,13 +127,8 @@ class LiveIndex:
     in order; `state` is what searches read."""
 
     def __init__(self, folder: Path, store: DocumentStore, *, stats: Callable[[], LexicalStats] | None,
-                 tokenize: Any = None, encode: Any = None, mirror: DenseMirror | None = None,
-                 nice: int = 0) -> None:
+                 tokenize: Any = None, encode: Any = None, mirror: DenseMirror | None = None) -> None:
         self.log = ChangeLog(folder)
-        self._encoding = ThreadPoolExecutor(1, thread_name_prefix="changes", initializer=_lower_priority,
-                                            initargs=(nice,))
-        """The passages put are encoded here, `nice` below searching (a put competes for the cores with searches,
-        which the CPU scheduler then serves first)."""
         self.store = store
         self._stats = stats
         """Reads the base's statistics (a sample of its passages) the first time passages put are searched, not at
@@ -226,9 +209,7 @@ class LiveIndex:
 
     def write(self, put: Sequence[Passage], delete: Sequence[str]) -> Change:
         """Encode, log (durable: acknowledged once this returns) and apply one change here."""
-        encode = self.encode
-        vectors = self._encoding.submit(encode, [p.indexed for p in put]).result() \
-            if encode is not None and put else None
+        vectors = self.encode([p.indexed for p in put]) if self.encode is not None and put else None
         mirror = self.mirror
         if mirror is None:
             change = self.log.append(put, delete, vectors)
@@ -412,9 +393,6 @@ def _top(hits: Hits, row: int, scores: npt.NDArray[np.float32], offset: int, k: 
     candidates = np.flatnonzero(mask)
     if not len(candidates):
         return
-    if len(candidates) > k:  # the k best first (a partition, not a sort of every passage put), then ranked
-        candidates = candidates[np.argpartition(-scores[candidates], k - 1)[:k]]
-        candidates.sort()  # ties ranked by position, as the stable sort over them all did
     order = candidates[np.argsort(-scores[candidates], kind="stable")[:k]]
     hits.ids[row, :len(order)] = order + offset
     hits.scores[row, :len(order)] = scores[order]

@@ -512,10 +512,8 @@ class OnnxModel:
         summed = (hidden * weights).sum(axis=1)
         return np.asarray(summed / np.clip(weights.sum(axis=1), 1e-9, None), dtype=np.float32)
 
-    def encode(self, texts: Sequence[str], batch_size: int, *, normalize: bool,
-               serial: bool = False) -> npt.NDArray[np.float32]:
-        """Vectors in input order. `batch_size` is not used: the chunks follow the texts' lengths. `serial`: every
-        chunk in the calling thread (at its CPU priority), none on the pool."""
+    def encode(self, texts: Sequence[str], batch_size: int, *, normalize: bool) -> npt.NDArray[np.float32]:
+        """Vectors in input order. `batch_size` is not used: the chunks follow the texts' lengths."""
         if not texts:
             return np.zeros((0, getattr(self, "dims", 0)), dtype=np.float32)
         ids = self._tokenize(texts)
@@ -526,7 +524,7 @@ class OnnxModel:
         share = math.ceil(int(lengths.sum()) / (1.5 * self.threads)) if self.threads > 1 else MAX_CHUNK_TOKENS
         runs = plan_chunks(lengths[order], max_tokens=min(MAX_CHUNK_TOKENS, max(share, int(lengths.max()))))
         parts = [[ids[i] for i in order[lo:hi]] for lo, hi in runs]
-        if self._pool is None or len(parts) == 1 or serial:
+        if self._pool is None or len(parts) == 1:
             pooled = [self._forward(p) for p in parts]
         else:  # biggest first, so that the last chunks to start are small ones
             by_cost = sorted(range(len(parts)), key=lambda c: -len(parts[c]) * len(parts[c][0]))

@@ -208,7 +208,7 @@ class RetrieverService:
         `methods`, and `index_id` changes (callers' cache keys of the BM25-only time are left behind)."""
         self._check_count("dense", dense, self.corpus)
         if self.live is not None:
-            self.live.serve_dense(serial_encoder(dense), dense_mirror(dense))  # type: ignore[arg-type]
+            self.live.serve_dense(dense.encoder.encode_passages, dense_mirror(dense))
         self.batchers["dense"] = self._batcher("dense", dense)
         self.retrievers["dense"] = dense
         if self.check is not None:
@@ -405,14 +405,6 @@ class RetrieverService:
 CHANGES_DIR = "changes"
 
 
-def serial_encoder(dense: Retriever | None) -> Callable[[list[str]], Any] | None:
-    """How the passages put are encoded: as the index's passages were, in the calling thread alone."""
-    if not isinstance(dense, DenseRetriever):
-        return None
-    encoder = dense.encoder
-    return lambda texts: encoder.encode_passages(texts, serial=True)
-
-
 def dense_mirror(dense: Retriever | None) -> DenseMirror | None:
     """Where a dense index takes the changes itself (Milvus), else None (they are searched beside it)."""
     from services.retriever.milvus import MilvusChanges, MilvusIndex
@@ -437,7 +429,8 @@ def open_live(settings: RetrieverSettings, corpus: DocumentStore, retrievers: di
         live = LiveIndex(folder, corpus,
                          stats=(lambda: bm25.lexical_stats(corpus)) if isinstance(bm25, Bm25sRetriever) else None,
                          tokenize=bm25.tokenize if isinstance(bm25, Bm25sRetriever) else None,
-                         encode=serial_encoder(dense), mirror=dense_mirror(dense), nice=settings.changes_nice)
+                         encode=dense.encoder.encode_passages if isinstance(dense, DenseRetriever) else None,
+                         mirror=dense_mirror(dense))
     except OSError as exc:
         logger.warning("documents cannot change while serving: %s", exc)
         return None, f"the change log cannot be opened in {folder}: {exc}"

@@ -216,9 +216,6 @@ class RetrieverSettings(ServiceSettings):
         "rebuild from another corpus file starts a new one"))
     changes_poll_s: float = Field(0.5, gt=0, le=60, description=(
         "how often each worker reads the changes other workers acknowledged"))
-    changes_nice: int = Field(10, ge=0, le=19, description=(
-        "how much lower the CPU priority of encoding documents put is than searching's (a thread's nice value, "
-        "Linux); 0: the same"))
     admin_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list, description=(
         "keys that may change the documents (comma-separated, as RETRIEVER_API_KEYS; also accepted for "
         "searches); a search key never may"))

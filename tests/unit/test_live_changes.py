@@ -247,29 +247,3 @@ def test_a_change_whose_sync_fails_is_taken_back_and_never_read(tmp_path: Path,
     monkeypatch.undo()
     assert [c.seq for c in ChangeLog(tmp_path).read_from(0)[0]] == [1]
     assert log.append([], ["a"]).seq == 2
-
-
-def test_the_passages_put_are_encoded_below_searching_s_cpu_priority(tiny: tuple[Path, Path], tmp_path: Path) -> None:
-    """A put's dense encoding competes with the searches for the cores: it runs in a thread of its own, `nice` lower
-    (RETRIEVER_CHANGES_NICE), in that thread alone, so the scheduler serves the searches first."""
-    import os
-    import threading
-
-    import numpy as np
-
-    from services.retriever.docstore import open_store
-    from services.retriever.live import LiveIndex
-
-    corpus, index_dir = tiny
-    store = open_store(corpus, index_dir, check_indexes(tiny_settings(*tiny, dense=False)).corpus_checksum)
-    seen: list[tuple[int, str]] = []
-
-    def encode(texts: list[str]) -> np.ndarray:
-        seen.append((os.getpriority(os.PRIO_PROCESS, 0), threading.current_thread().name))
-        return np.ones((len(texts), 4), dtype=np.float32)
-
-    live = LiveIndex(tmp_path, store, stats=None, encode=encode, nice=5)
-    live.write([passage("memo", 0, "a memo")], [])
-    assert seen == [(os.getpriority(os.PRIO_PROCESS, 0) + 5, seen[0][1])] and seen[0][1].startswith("changes")
-    assert live.state.vectors is not None and live.state.vectors.shape == (1, 4)
-    store.close()
