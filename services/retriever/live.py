@@ -393,7 +393,9 @@ def _top(hits: Hits, row: int, scores: npt.NDArray[np.float32], offset: int, k: 
     candidates = np.flatnonzero(mask)
     if not len(candidates):
         return
-    order = candidates[np.argsort(-scores[candidates], kind="stable")[:k]]
+    if len(candidates) > k:  # the k best (a partition: sorting every passage put was most of a search's cost)
+        candidates = np.sort(candidates[np.argpartition(-scores[candidates], k - 1)[:k]])
+    order = candidates[np.argsort(-scores[candidates], kind="stable")]
     hits.ids[row, :len(order)] = order + offset
     hits.scores[row, :len(order)] = scores[order]
 
