@@ -253,11 +253,13 @@ def centres_file(work: Path, dims: int = DIMS) -> Path:
     return path
 
 
-def vector_chunks(centres: np.ndarray, n: int, seed: int, chunk: int = CHUNK, noise: float = NOISE
-                  ) -> Iterator[np.ndarray]:
-    """The n synthetic vectors, chunk by chunk; chunk i depends on (seed, i) only, so any step regenerates
-    exactly the same vectors without storing them."""
+def vector_chunks(centres: np.ndarray, n: int, seed: int, chunk: int = CHUNK, noise: float = NOISE,
+                  start: int = 0) -> Iterator[np.ndarray]:
+    """The n synthetic vectors, chunk by chunk from chunk `start`; chunk i depends on (seed, i) only, so any step
+    regenerates exactly the same vectors without storing them, and goes on from any chunk."""
     for i, lo in enumerate(range(0, n, chunk)):
+        if i < start:
+            continue
         m = min(chunk, n - lo)
         rng = np.random.default_rng([seed, i])
         x = centres[rng.integers(0, len(centres), m)] + rng.standard_normal((m, centres.shape[1]),
@@ -324,12 +326,14 @@ def synthetic_chunks(embeddings: Path) -> Any:
     centres = np.load(p["centres"])
     if "sha256:" + hashlib.sha256(Path(p["centres"]).read_bytes()).hexdigest() != p["centres_sha256"]:
         raise RuntimeError(f"{p['centres']} changed since {embeddings} was written")
-    return lambda: vector_chunks(centres, manifest.doc_count, int(p["seed"]), int(p["chunk_size"]),
-                                 float(p["noise"]))
+    return lambda start=0: vector_chunks(centres, manifest.doc_count, int(p["seed"]), int(p["chunk_size"]),
+                                         float(p["noise"]), start)
 
 
-def exact_top10(chunks: Any, queries: np.ndarray) -> np.ndarray:
-    """Exact inner-product top-10 over every chunk (one chunk in memory at a time): a streamed brute force."""
+def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None, every: int = 20) -> np.ndarray:
+    """Exact inner-product top-10 over every chunk (one chunk in memory at a time): a streamed brute force.
+    `checkpoint`: the running top-10 saved there every `every` chunks, and a stopped pass goes on from it
+    (`chunks(start)` regenerates the chunks from chunk `start`)."""
     import faiss
 
     from services.retriever.dense import blas_threshold_for
@@ -339,8 +343,15 @@ def exact_top10(chunks: Any, queries: np.ndarray) -> np.ndarray:
     faiss.cvar.distance_compute_blas_threshold = blas_threshold_for(FaissSettings().blas_threshold, queries.shape[1])
     best_s = np.full((len(queries), K), -np.inf, dtype=np.float32)
     best_i = np.full((len(queries), K), -1, dtype=np.int64)
-    offset = 0
-    for chunk in chunks():
+    offset, done = 0, 0
+    key = hashlib.sha256(queries.tobytes()).hexdigest()
+    if checkpoint is not None and checkpoint.is_file():
+        saved = np.load(checkpoint)
+        if str(saved["key"]) == key:
+            best_s, best_i, offset, done = saved["best_s"], saved["best_i"], int(saved["offset"]), int(saved["done"])
+            log(f"exact top-10: going on from chunk {done} ({offset:,} vectors searched before)")
+    t0, resumed_at = time.perf_counter(), offset
+    for j, chunk in enumerate(chunks(done) if done else chunks(), start=done):
         index = faiss.IndexFlatIP(queries.shape[1])
         index.add(np.ascontiguousarray(chunk))
         s, i = index.search(queries, K)
@@ -350,6 +361,14 @@ def exact_top10(chunks: Any, queries: np.ndarray) -> np.ndarray:
         best_s = np.take_along_axis(merged_s, order, axis=1)
         best_i = np.take_along_axis(merged_i, order, axis=1)
         offset += len(chunk)
+        if checkpoint is not None and (j + 1) % every == 0:
+            tmp = checkpoint.with_name(checkpoint.name + ".tmp.npz")
+            np.savez(tmp, best_s=best_s, best_i=best_i, offset=offset, done=j + 1, key=key)
+            os.replace(tmp, checkpoint)
+            rate = (offset - resumed_at) / max(time.perf_counter() - t0, 1e-9)
+            log(f"exact top-10: {offset:,} vectors searched, {rate:,.0f}/s")
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
     return best_i
 
 
@@ -361,7 +380,7 @@ def truth_for(size_dir: Path, embeddings: Path, queries: np.ndarray, tag: str) -
     if path.is_file() and (size_dir / f"truth-{tag}.key").read_text() == key:
         return np.load(path)
     t0 = time.perf_counter()
-    truth = exact_top10(synthetic_chunks(embeddings), queries)
+    truth = exact_top10(synthetic_chunks(embeddings), queries, checkpoint=size_dir / f"truth-{tag}.partial.npz")
     np.save(path, truth)
     (size_dir / f"truth-{tag}.key").write_text(key)
     log(f"exact top-10 of {len(queries)} questions: {time.perf_counter() - t0:.0f} s")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -101,6 +102,23 @@ def test_synthetic_vectors_are_that_corpus_embeddings_regenerated_and_truth_is_e
     flat.add(vectors)
     _, want = flat.search(queries, scale.K)
     assert (scale.exact_top10(chunks, queries) == want).all()
+    assert np.array_equal(np.concatenate(list(chunks(1))), vectors[700:])  # any chunk on, as from the start
+    checkpoint, seen = tmp_path / "truth.partial.npz", []
+
+    def stopping(start: int = 0) -> Any:  # a pass stopped after its second chunk (checkpointed every chunk)
+        for c in chunks(start):
+            seen.append(start)
+            if len(seen) == 3:
+                raise KeyboardInterrupt
+            yield c
+
+    with pytest.raises(KeyboardInterrupt):
+        scale.exact_top10(stopping, queries, checkpoint=checkpoint, every=1)
+    assert int(np.load(checkpoint)["done"]) == 2
+    resumed: list[int] = []
+    assert (scale.exact_top10(lambda start=0: resumed.append(start) or chunks(start), queries,
+                              checkpoint=checkpoint, every=1) == want).all()
+    assert resumed == [2] and not checkpoint.exists()  # went on from chunk 2, and the checkpoint is gone
     np.save(tmp_path / "centres.npy", centres + 1)  # the recipe's centres changed under it: refused
     with pytest.raises(RuntimeError, match="changed"):
         scale.synthetic_chunks(folder)
