@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -252,6 +253,49 @@ def test_ivf_parts_merge_into_on_disk_lists_that_follow_their_folder(embeddings:
     assert (got.ids == same.ids).all()  # the same trained quantizer on the same sample: the same lists
     held = FaissIndex(tmp_path / "one", one.model_copy(update={"mmap": False})).search(queries, 5)
     assert (held.ids == same.ids).all()
+
+
+def test_an_ivf_build_stopped_part_way_goes_on_from_its_last_part(embeddings: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trained index and each filled part are kept beside the index folder: a build stopped after its second
+    part trains nothing again, fills only the parts after it, and answers as an uninterrupted build does."""
+    import faiss
+
+    from services.retriever import dense_build
+
+    queries = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])[:40]
+    settings = FaissSettings(index_type="ivfsq8", train_size=1000, ivf_nlist=4, nprobe=4  # type: ignore[arg-type]
+                             ).model_copy(update={"shard_size": 70})  # five parts of at most 70 vectors
+    whole = build_faiss(embeddings, tmp_path / "whole", settings, show_progress=False)
+    real_write, writes = faiss.write_index, []
+
+    def stopping_write(index: object, path: str) -> None:
+        writes.append(Path(path).name)
+        if sum(".part-" in w for w in writes) == 3:
+            raise KeyboardInterrupt  # stopped while the third part was written
+        real_write(index, path)
+
+    monkeypatch.setattr(faiss, "write_index", stopping_write)
+    with pytest.raises(KeyboardInterrupt):
+        build_faiss(embeddings, tmp_path / "stopped", settings, show_progress=False)
+    work = tmp_path / ".stopped.build"
+    assert sorted(p.name for p in work.glob("part-*")) == ["part-00000.faiss", "part-00001.faiss"]
+    monkeypatch.setattr(faiss, "write_index", real_write)
+    shutil.copytree(work, tmp_path / ".other.build")  # the parts, as if left by a build of other settings
+    trained: list[int] = []
+    monkeypatch.setattr(dense_build, "_training_sample", lambda *a: trained.append(1) or None)
+    resumed = build_faiss(embeddings, tmp_path / "stopped", settings, show_progress=False)
+    assert trained == [] and not work.exists() and resumed.doc_count == whole.doc_count == 300
+    got = FaissIndex(tmp_path / "stopped", settings).search(queries, 5)
+    want = FaissIndex(tmp_path / "whole", settings).search(queries, 5)
+    assert (got.ids == want.ids).all() and np.allclose(got.scores, want.scores)
+    monkeypatch.undo()
+    other = settings.model_copy(update={"ivf_nlist": 8})  # another build's parts are never taken
+    real_sample, trained = dense_build._training_sample, []
+    monkeypatch.setattr(dense_build, "_training_sample", lambda *a: trained.append(1) or real_sample(*a))
+    build_faiss(embeddings, tmp_path / "other", other, show_progress=False)
+    index = FaissIndex(tmp_path / "other", other)
+    assert trained == [1] and index.ntotal == 300 and faiss.extract_index_ivf(index.index).nlist == 8
 
 
 _MAPPED_VS_HELD = """
