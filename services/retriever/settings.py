@@ -76,6 +76,11 @@ class FaissSettings(BaseModel):
     hnsw_ef_construction: int = Field(80, ge=8)
     hnsw_ef_search: int = Field(128, ge=1)
     ivf_nlist: int = Field(0, ge=0, description="IVF lists (ivfpq, ivfsq8); 0 = about 4*sqrt(n)")
+    ivf_assign: Literal["auto", "exact", "hnsw"] = Field("auto", description=(
+        "how an IVF build assigns each vector to its list: exact (against every centroid, the cost grows as "
+        "vectors x lists), hnsw (an HNSW graph over the centroids: the nearest centroid found approximately, "
+        "tens of times faster at 18k lists), auto = hnsw from 8,192 lists (about 4M vectors) on. Searches always "
+        "pick their lists exactly"))
     pq_m: int = Field(0, ge=0, description="PQ sub-quantizers; 0 = dims/4 (must divide dims)")
     nprobe: int = Field(32, ge=1, description="IVF lists searched per query (ivfpq, ivfsq8): recall against "
                         "speed; raise it with the corpus (bench/scale.py measures recall@10 for several)")

@@ -298,6 +298,32 @@ def test_an_ivf_build_stopped_part_way_goes_on_from_its_last_part(embeddings: Pa
     assert trained == [1] and index.ntotal == 300 and faiss.extract_index_ivf(index.index).nlist == 8
 
 
+def test_an_ivf_build_may_assign_its_vectors_through_a_graph_over_the_centroids(embeddings: Path,
+                                                                                tmp_path: Path) -> None:
+    """ivf_assign=hnsw: each vector's list found by an HNSW graph over the centroids instead of against every one
+    (what makes a 21M build affordable); the lists it finds are the exact ones, and the index answers as the
+    exactly assigned one does."""
+    import faiss
+
+    from services.retriever import dense_build
+
+    vectors = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])
+    exact = FaissSettings(index_type="ivfsq8", train_size=1000, ivf_nlist=16, nprobe=16, ivf_assign="exact")  # type: ignore[arg-type]
+    graph = exact.model_copy(update={"ivf_assign": "hnsw"})
+    trained = dense_build.new_faiss_index(vectors.shape[1], len(vectors), exact)
+    trained.train(vectors)
+    assert dense_build._assigner(trained, exact) is None
+    assert dense_build._assigner(trained, exact.model_copy(update={"ivf_assign": "auto"})) is None  # 16 lists
+    _, want = faiss.extract_index_ivf(trained).quantizer.search(vectors, 1)
+    _, got = dense_build._assigner(trained, graph).search(vectors, 1)
+    assert (got == want).mean() >= 0.98
+    build_faiss(embeddings, tmp_path / "exact", exact, show_progress=False)
+    build_faiss(embeddings, tmp_path / "graph", graph, show_progress=False)
+    a = FaissIndex(tmp_path / "exact", exact).search(vectors[:40], 5)
+    b = FaissIndex(tmp_path / "graph", graph).search(vectors[:40], 5)
+    assert FaissIndex(tmp_path / "graph", graph).ntotal == 300 and (a.ids == b.ids).mean() >= 0.95
+
+
 _MAPPED_VS_HELD = """
 import sys
 import numpy as np
