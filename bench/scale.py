@@ -602,6 +602,13 @@ class MemorySampler:
         while not self._stop.wait(self.every):
             self.sample()
 
+    def at_rest(self) -> dict[str, Any]:
+        """Each worker's private memory (RssAnon) and the page-cache pages they map, now (before any search)."""
+        workers = worker_pids(self.pid)
+        rollups = [_rollup(w) for w in workers]
+        return {"rss_anon_mb": [round(_status(w).get("RssAnon", 0) / 1024, 1) for w in workers],
+                "file_pss_mb": round(sum(r.get("Pss_File", 0) + r.get("Pss_Shmem", 0) for r in rollups) / 1024, 1)}
+
     def report(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join()
@@ -682,7 +689,7 @@ def nprobe_sweep(folder: Path, queries: np.ndarray, truth: np.ndarray, values: t
 
 def serve_and_measure(backend: str, size_dir: Path, env: dict[str, str], *, pool: list[str], seconds: float,
                       truth: np.ndarray | None, recall_qs: list[str], batches: tuple[int, ...],
-                      check_docs: bool, served_recall: bool = True) -> dict[str, Any]:
+                      check_docs: bool, served_recall: bool = True, searcher: bool = False) -> dict[str, Any]:
     # capacity, not admission: the adaptive limit would shed some of the 8 closed-loop clients; nor the request
     # deadline (a slow point's queued batches wait past the default 120 s). One thread per library per worker:
     # WORKERS processes on as many cores
@@ -694,6 +701,7 @@ def serve_and_measure(backend: str, size_dir: Path, env: dict[str, str], *, pool
     with ServedRetriever(full, timeout=7200, corpus=size_dir / "corpus.jsonl", index_dir=size_dir / "index") as srv:
         sampler = MemorySampler(srv.procs["retriever"].pid)
         point["load_s"] = round(time.perf_counter() - t0, 1)
+        point["at_rest"] = sampler.at_rest()
         served: dict[str, list[list[dict[str, Any]]]] = {}
         for method in methods(backend):  # first: warms the caches for the timed windows
             served[method] = served_hits(srv.port, recall_qs, method)
@@ -704,9 +712,50 @@ def serve_and_measure(backend: str, size_dir: Path, env: dict[str, str], *, pool
                                          [hits for m in served for hits in served[m][:100]]))
         point["qps"] = {m: {str(b): round(asyncio.run(_service_rate([srv.port], m, b, pool, seconds)), 1)
                             for b in batches} for m in methods(backend)}
+        if searcher:
+            point["searcher"] = measure_searcher(srv, recall_qs, seconds)
         point.update(sampler.report())
     point["served_ids"] = {m: [[h["id"] for h in hits] for hits in served[m]] for m in served}
     return point
+
+
+SEARCHER_CLIENTS = 16
+
+
+def measure_searcher(srv: ServedRetriever, questions: list[str], seconds: float) -> dict[str, Any]:
+    """The compact searcher on top of the served retriever (its pool from the retriever's BM25 and dense
+    methods): s3 `POST /search` p50 / p95 with 1 client and searches/s with 16, result cache off, the corpus
+    check off (the policy searches whatever the corpus; what is measured is its cost)."""
+    import httpx
+
+    from bench.load import percentile, run_phase
+    from services.common.procgroup import ProcessSpec
+    from services.common.workers import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"SEARCHER_PORT": str(port), "SEARCHER_RETRIEVER__URL": srv.url, "SEARCHER_POLICY_KIND": "compact",
+           "SEARCHER_CORPUS_CHECK": "off", "SEARCHER_CACHE_ENABLED": "false", "SEARCHER_LOG_LEVEL": "INFO"}
+    t0 = time.perf_counter()
+    srv.up(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
+                       ready_url=f"{url}/health/ready"), timeout_s=600)
+    ready_s = time.perf_counter() - t0
+    version = httpx.get(f"{url}/version", timeout=30).json().get("details", {})
+
+    def body(i: int) -> dict[str, Any]:
+        return {"question": questions[i % len(questions)], "mode": "s3"}
+
+    asyncio.run(run_phase(url, questions, clients=1, seconds=2.0, timeout_s=300, body=body))  # warm
+    one = asyncio.run(run_phase(url, questions, clients=1, seconds=seconds, timeout_s=300, offset=50, body=body))
+    many = asyncio.run(run_phase(url, questions, clients=SEARCHER_CLIENTS, seconds=seconds, timeout_s=300,
+                                 offset=50 + one.answered, body=body))
+    errors = sum(r.answered - r.statuses.get(200, 0) + r.lost for r in (one, many))
+    return {"policy": version.get("policy_model"), "defaults": version.get("defaults", {}).get("s3"),
+            "ready_s": round(ready_s, 1), "p50_ms": round(percentile(one.latencies_ms, 0.5), 1),
+            "p95_ms": round(percentile(one.latencies_ms, 0.95), 1),
+            f"rps_{SEARCHER_CLIENTS}": round(many.ok_in_window / many.seconds, 2),
+            f"p50_ms_{SEARCHER_CLIENTS}": round(percentile(many.latencies_ms, 0.5), 1),
+            "degraded": one.bodies.get("degraded", 0) + many.bodies.get("degraded", 0), "errors": errors}
 
 
 def measure(backend: str, size_dir: Path, args: argparse.Namespace, *, pool: list[str], truth: np.ndarray | None,
@@ -721,7 +770,7 @@ def measure(backend: str, size_dir: Path, args: argparse.Namespace, *, pool: lis
                              "corpus_mb": disk_mb([size_dir / "corpus.jsonl"])}
     measured = serve_and_measure(backend, size_dir, env, pool=pool, seconds=args.seconds, truth=truth,
                                  recall_qs=recall_qs, batches=args.batches, check_docs=True,
-                                 served_recall=args.dims == DIMS)
+                                 served_recall=args.dims == DIMS, searcher=args.searcher and backend == "hybrid")
     ids = measured.pop("served_ids")
     point.update(measured)
     main = methods(backend)[0] if backend != "hybrid" else "hybrid"
@@ -868,6 +917,8 @@ def main() -> None:
                         "recall sweep of IVF backends (empty: none)")
     parser.add_argument("--held-max", type=int, default=1_000_000, help="largest size at which each backend is "
                         "also served holding the documents in every worker (the comparison); 0: never")
+    parser.add_argument("--searcher", action="store_true", help="hybrid: also serve the compact searcher on top of "
+                        "the retriever and measure its s3 searches (p50 / p95 at 1 client, searches/s at 16)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and windows: checks the pipeline only")
     parser.add_argument("--work", type=Path, default=WORK, help="where corpora and indexes go")
     parser.add_argument("--clean", action="store_true", help="delete a size's corpus, document store and indexes "
