@@ -94,6 +94,7 @@ def corpus_checksum(path: Path, memo_dir: Path | None = None) -> str:
             return str(saved["checksum"])
     except (OSError, ValueError, AttributeError):
         pass
+    logger.info("reading the sha256 of %s (%.1f GB; once per version of the file)", path, stat["size"] / 1e9)
     checksum = file_checksum(path)
     _write_memo(path, memo_dir, stat, checksum)  # type: ignore[arg-type]
     return checksum

@@ -239,8 +239,15 @@ class RetrieverService:
              metrics: SearchMetrics | None = None) -> RetrieverService:
         """Heavy start-up: the document store opened (built when missing), indexes opened, encoder loaded
         (blocking; run it in a thread)."""
-        t0 = time.perf_counter()
+        t0 = step = time.perf_counter()
+
+        def opened(what: str) -> None:  # start-up prints each part as it is ready (minutes at wiki-18's size)
+            nonlocal step
+            logger.info("%s ready in %.1f s", what, time.perf_counter() - step)
+            step = time.perf_counter()
+
         corpus = open_store(settings.corpus, settings.index_dir, check.corpus_checksum, mode=settings.docstore)
+        opened(f"document store ({len(corpus):,} passages, {settings.docstore})")
         retrievers: dict[str, Retriever] = {}
         if settings.bm25:
             folder = bm25_folder(settings)
@@ -251,8 +258,10 @@ class RetrieverService:
                 retrievers["bm25"] = PyseriniRetriever(folder, corpus.positions, threads=settings.bm25_threads,
                                                        k1=settings.bm25_k1, b=settings.bm25_b,
                                                        search=settings.lucene_search)
+            opened(f"BM25 ({settings.bm25_backend})")
         if settings.dense and "dense" in check.manifests:
             retrievers["dense"] = load_dense(settings)
+            opened(f"dense index ({settings.dense_backend} {settings.dense_index_type()}) and its encoder")
         live, off = open_live(settings, corpus, retrievers)
         logger.info("retriever ready in %.1f s: %s over %s documents%s", time.perf_counter() - t0,
                     ", ".join(retrievers), len(corpus),
