@@ -121,6 +121,12 @@ class LiveState:
     def changes(self) -> bool:
         return bool(self.removed) or bool(self.added)
 
+    def serves(self, position: int) -> bool:
+        """Whether `position` (a base passage, or a passage put) is served in this state."""
+        if position < self.base_n:
+            return position not in self.removed
+        return bool(self.alive[position - self.base_n])
+
 
 class LiveIndex:
     """The base (its document store and the lexical statistics of its BM25 index) and the change log, applied
@@ -380,8 +386,7 @@ class LiveIndex:
         drawn: dict[int, None] = {}
         while len(drawn) < wanted:
             p = rng.randrange(size)
-            served = p not in state.removed if p < state.base_n else bool(state.alive[p - state.base_n])
-            if served:
+            if state.serves(p):
                 drawn.setdefault(p)
         return list(drawn)
 
@@ -454,8 +459,7 @@ class LiveRetriever(Retriever):
         out = Hits.empty(len(queries), k)
         for row in range(len(queries)):
             ids = found.ids[row]
-            keep = [i for i, d in enumerate(ids.tolist()) if d >= 0 and (
-                d not in state.removed if d < state.base_n else bool(state.alive[d - state.base_n]))][:k]
+            keep = [i for i, d in enumerate(ids.tolist()) if d >= 0 and state.serves(d)][:k]
             out.ids[row, :len(keep)] = ids[keep]
             out.scores[row, :len(keep)] = found.scores[row, keep]
         return out
@@ -498,9 +502,8 @@ class LiveCorpus:
     def iter_documents(self) -> Iterator[tuple[str, str, str]]:
         state = self.live.state
         for start in range(0, state.base_n + len(state.added), 4096):
-            chunk = [p for p in range(start, min(start + 4096, state.base_n + len(state.added)))
-                     if (p < state.base_n and p not in state.removed)
-                     or (p >= state.base_n and state.alive[p - state.base_n])]
+            chunk = [p for p in range(start, min(start + 4096, state.base_n + len(state.added))) if state.serves(p)]
             yield from self.live.documents(state, chunk)
+
     def close(self) -> None:
         self.base.close()
