@@ -140,6 +140,8 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
     """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks by `processes` processes; cached by size
     and seed. Resumable: each chunk is synced and recorded as it is written (`.<name>.partial.json`), and a run
     stopped part-way goes on from the last chunk recorded (chunks are drawn from their own seeds)."""
+    from services.retriever.manifest import write_json_atomically
+
     meta = out.with_suffix(".json")
     want = {"n": n, "seed": seed, "source": CORPUS.name, "source_bytes": CORPUS.stat().st_size,
             "lengths": WIKI_SAMPLE.name if WIKI_SAMPLE.is_file() else CORPUS.name, "chunk": CHUNK,
@@ -178,7 +180,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
                 fh.flush()
                 os.fsync(fh.fileno())
                 size += len(data)
-                _write_json(record, {"want": want, "next": lo + m, "bytes": size})
+                write_json_atomically(record, {"want": want, "next": lo + m, "bytes": size})
                 if (lo // CHUNK) % 20 == 19:
                     rate = (lo + m - start) / max(time.perf_counter() - t0, 1e-9)
                     log(f"corpus: {lo + m:,} of {n:,} passages, {rate:,.0f}/s, about "
@@ -193,10 +195,6 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
     return out
 
 
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------ vectors

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from services.common.progress import ProgressLog
 from services.retriever.docstore import DocumentStore
 from services.retriever.encoder import Encoder, encoder_identity
-from services.retriever.manifest import Manifest, atomic_file, atomic_folder
+from services.retriever.manifest import Manifest, atomic_file, atomic_folder, write_json_atomically
 from services.retriever.settings import IVF_TYPES, EncoderSettings, FaissSettings
 
 logger = logging.getLogger(__name__)
@@ -258,10 +258,10 @@ def _build_ivf(read: Chunks, tmp: Path, dims: int, n: int, settings: FaissSettin
         logger.info("training %s lists on %s vectors", faiss.extract_index_ivf(trained).nlist, len(sample))
         trained.train(sample)
         del sample
-        faiss.write_index(trained, str(work / ".trained.tmp"))
-        os.replace(work / ".trained.tmp", work / "trained.faiss")
+        with atomic_file(work / "trained.faiss") as written:
+            faiss.write_index(trained, str(written))
         state = {"key": key, "parts": [], "added": 0}
-        _write_json(state_path, state)
+        write_json_atomically(state_path, state)
     assigner = _assigner(trained, settings)
     parts = [work / name for name in state["parts"]]
     done = int(state["added"])
@@ -272,12 +272,12 @@ def _build_ivf(read: Chunks, tmp: Path, dims: int, n: int, settings: FaissSettin
     def flush() -> None:
         nonlocal part
         name = f"part-{len(parts):05d}.faiss"
-        faiss.write_index(part, str(work / f".{name}.tmp"))
-        os.replace(work / f".{name}.tmp", work / name)
+        with atomic_file(work / name) as written:
+            faiss.write_index(part, str(written))
         parts.append(work / name)
         state["parts"].append(name)
         state["added"] = added
-        _write_json(state_path, state)  # the part is there before the state names it
+        write_json_atomically(state_path, state)  # the part is there before the state names it
         part = faiss.clone_index(trained)
 
     seen = 0
@@ -334,12 +334,6 @@ def _assigner(trained: Any, settings: FaissSettings) -> Any:
     graph.hnsw.efSearch = 32
     logger.info("assigning the vectors to %s lists through an HNSW graph over the centroids", ivf.nlist)
     return graph
-
-
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 def _write_shard(index: Any, folder: Path, number: int) -> str:

@@ -5,6 +5,7 @@ that never loads (and that the next build removes).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -100,6 +101,12 @@ def atomic_file(final: Path) -> Iterator[Path]:
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    """`value` as JSON at `path`, whole or not at all (`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(value))
 
 
 @contextmanager

@@ -35,7 +35,13 @@ import numpy.typing as npt
 from services.common.errors import NotReady
 from services.retriever.base import Hits
 from services.retriever.dense_build import iter_chunks
-from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
+from services.retriever.manifest import (
+    IndexMismatch,
+    IndexMissing,
+    Manifest,
+    atomic_folder,
+    write_json_atomically,
+)
 from services.retriever.settings import MilvusSettings
 
 logger = logging.getLogger(__name__)
@@ -175,11 +181,6 @@ def _create_collection(client: Any, settings: MilvusSettings, dims: int) -> None
     call(settings, "create_collection", client.create_collection, settings.collection, schema=schema)
 
 
-def _write_state(path: Path, state: dict[str, Any]) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(state))
-
-
 def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *, force: bool = False,
                  show_progress: bool = True,
                  chunks: Callable[[], Iterable[npt.NDArray[np.float32]]] | None = None) -> Manifest:
@@ -213,7 +214,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                 call(settings, "drop_collection", client.drop_collection, settings.collection)
             _create_collection(client, settings, dims)
             index_dir.mkdir(parents=True, exist_ok=True)
-            _write_state(state_path, {**want, "loaded": 0})
+            write_json_atomically(state_path, {**want, "loaded": 0})
         id_digest, vector_digest = hashlib.sha256(), hashlib.sha256()  # streamed: batch sizes do not matter
         bar = tqdm(total=n, unit="vector", desc=f"milvus {settings.collection}", disable=not show_progress,
                    initial=loaded)
@@ -234,7 +235,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                 call(settings, "insert", op, settings.collection, entities)
                 first_after_resume = False
                 loaded = position
-                _write_state(state_path, {**want, "loaded": loaded})
+                write_json_atomically(state_path, {**want, "loaded": loaded})
                 bar.update(len(vectors))
         bar.close()
         if position != n:
