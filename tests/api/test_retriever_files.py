@@ -16,7 +16,7 @@ import pytest
 from services.retriever.api import create_app
 from services.retriever.ingest.formats import NO_TEXT_LAYER
 from tests.asgi import app_client
-from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+from tests.support.retriever import tiny_bm25s, tiny_settings
 from tests.unit.test_ingest import NOTES, PAGE_HTML, PDF_PAGE_2, SETUP_MD, write_pdf, write_scanned_pdf
 from tests.unit.test_live_changes import wait_ready
 
@@ -27,10 +27,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 @pytest.fixture(scope="module")
 def tiny(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    corpus = write_tiny_corpus(data_dir, tmp_path_factory.mktemp("files") / "tiny.jsonl")
-    index_dir = cached_index_dir(var_dir, corpus)
-    ensure_tiny_indexes(tiny_settings(corpus, index_dir, dense=False), bm25=["bm25s"], dense=False)
-    return corpus, index_dir
+    return tiny_bm25s(data_dir, var_dir, tmp_path_factory.mktemp("files"))
 
 
 def b64(data: bytes | str) -> str:

@@ -46,6 +46,14 @@ def tiny_settings(corpus: Path, index_dir: Path, **overrides: Any) -> RetrieverS
     return RetrieverSettings(**base)
 
 
+def tiny_bm25s(data_dir: Path, var_dir: Path, folder: Path) -> tuple[Path, Path]:
+    """The tiny corpus written in `folder` and its cached bm25s index: (corpus, index folder)."""
+    corpus = write_tiny_corpus(data_dir, folder / "tiny.jsonl")
+    index_dir = cached_index_dir(var_dir, corpus)
+    ensure_tiny_indexes(tiny_settings(corpus, index_dir, dense=False), bm25=["bm25s"], dense=False)
+    return corpus, index_dir
+
+
 def ensure_tiny_indexes(settings: RetrieverSettings, *, bm25: list[str], dense: bool) -> list[str]:
     """Build what is missing (bm25s: ~1 s; MiniLM over ~300 passages: ~10-30 s on 2 cores, then cached)."""
     return build(settings, bm25=bm25, dense=dense, force=False, chunk_size=128, show_progress=False)

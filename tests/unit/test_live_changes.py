@@ -14,7 +14,7 @@ import pytest
 from services.retriever.changelog import LOG_FILE, ChangeLog, Passage
 from services.retriever.serving import RetrieverService, check_indexes
 from tests.asgi import app_client
-from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+from tests.support.retriever import ensure_tiny_indexes, tiny_bm25s, tiny_settings
 
 
 def passage(doc: str, n: int, text: str, title: str = "") -> Passage:
@@ -42,10 +42,7 @@ def test_the_log_keeps_acknowledged_changes_and_drops_a_torn_tail(tmp_path: Path
 
 @pytest.fixture(scope="module")
 def tiny(data_dir: Path, var_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    corpus = write_tiny_corpus(data_dir, tmp_path_factory.mktemp("live") / "tiny.jsonl")
-    index_dir = cached_index_dir(var_dir, corpus)
-    ensure_tiny_indexes(tiny_settings(corpus, index_dir, dense=False), bm25=["bm25s"], dense=False)
-    return corpus, index_dir
+    return tiny_bm25s(data_dir, var_dir, tmp_path_factory.mktemp("live"))
 
 
 def service(tiny: tuple[Path, Path], changes: Path) -> RetrieverService:
