@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.common.procgroup import ProcessSpec
-from trainer.common.data import QAItem, default_data_dir, load_qa
+from plugsearch.common.procgroup import ProcessSpec
+from plugsearch.trainer.common.data import QAItem, default_data_dir, load_qa
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = default_data_dir()

@@ -1,7 +1,7 @@
 """The compact policy's documents on the evaluation questions: what it returns, saved, so a change to its code can
 be checked to return exactly the same.
 
-The packaged compact policy (`services/searcher/trained/compact`, or `--policy FOLDER`) searches each of the 388
+The packaged compact policy (`plugsearch/searcher/trained/compact`, or `--policy FOLDER`) searches each of the 388
 evaluation questions (rows 0-99 of hotpotqa, 2wikimultihopqa, nq and popqa, yes/no questions left out, as
 `bench/search_quality.py --compact` does) in the setting it was trained in and is served with (its manifest's
 `search`: a BM25 top-30 + MiniLM dense top-30 pool, up to 2 follow-up BM25 searches, 3 documents). The retriever is
@@ -34,8 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
-from services.common.answers import is_yes_no  # noqa: E402
-from services.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
 
 SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
 DEFAULT_OUT = REPO / "var" / "bench" / "compact_documents" / "documents.json"
@@ -51,7 +51,7 @@ def final_ranking(policy: Any, question: str, blocks: Any, n: int = 10) -> list[
     """The ids of the `n` best-scored documents of the search's final pool (the policy's last step)."""
     import numpy as np
 
-    from services.searcher.compact import QuestionInfo, pool_of
+    from plugsearch.searcher.compact import QuestionInfo, pool_of
 
     pool = pool_of(blocks)
     _, x, scorer = policy.features(QuestionInfo.of(question), pool, blocks)
@@ -74,10 +74,10 @@ class Recording:
 
 async def in_process(policy_dir: Path, questions: list[tuple[str, str, str]], no_dense: bool,
                      fixture: tuple[Path, int] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
-    from services.searcher.compact import CompactPolicy
-    from services.searcher.loop import run_search
-    from services.stack.corpus import index_dir_for
-    from trainer.common.retrieval import IndexRetriever
+    from plugsearch.searcher.compact import CompactPolicy
+    from plugsearch.searcher.loop import run_search
+    from plugsearch.stack.corpus import index_dir_for
+    from plugsearch.trainer.common.retrieval import IndexRetriever
 
     policy = CompactPolicy.load(policy_dir)
     retriever = IndexRetriever(CORPUS, index_dir_for(CORPUS, REPO / "var"), dense=not no_dense)
@@ -169,7 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.n > 100:
         raise SystemExit("--n: rows 0-99 are the evaluation rows; 100-199 are reserved")
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     questions = evaluation_questions(args.n)
     log(f"{len(questions)} questions")

@@ -4,12 +4,12 @@ top-3, with paired 95% bootstrap intervals.
 
 Corpora: `combined` (the shared Wikipedia corpus; its questions: rows 0-99 of nq, hotpotqa, 2wikimultihopqa,
 popqa) and the development sets in `<data>/domain/` (tatqa, policyqa, realtimeqa). A development set's
-evaluation part is the trainer's seeded split of its questions (`trainer.common.data.split_items`, seed 0,
+evaluation part is the trainer's seeded split of its questions (`plugsearch.trainer.common.data.split_items`, seed 0,
 20% at most 500: what `plugsearch-train compact --qa` evaluates on), yes/no questions left out; the rest is
 never looked at here.
 
 For each corpus, in-process over the stack's indexes (bm25s + the MiniLM flat index, `var/indexes/`, built when
-missing): the check exactly as the searcher runs it at start-up (`services.searcher.corpus_check`: pseudo-
+missing): the check exactly as the searcher runs it at start-up (`plugsearch.searcher.corpus_check`: pseudo-
 questions from `--pseudo` sampled passages), then the evaluation: `policy` is the compact policy as trained,
 `served` what the searcher returns after the check (the policy where it passed, naive BM25 top-3 where not).
 
@@ -32,8 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, DATA, REPO, load_questions, log  # noqa: E402
-from services.common.answers import is_yes_no  # noqa: E402
-from services.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
 
 VAR = REPO / "var"
 SHARED_SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
@@ -43,7 +43,7 @@ DOMAIN_SETS = ("tatqa", "policyqa", "realtimeqa")
 def corpus_and_questions(name: str, part: str = "eval") -> tuple[Path, list[Any]]:
     """The corpus and its questions: the evaluation part, or (`part` tune) questions of the training part, for
     developing the check without looking at the evaluation part."""
-    from trainer.common.data import load_qa, read_qa_file, split_items, split_sizes
+    from plugsearch.trainer.common.data import load_qa, read_qa_file, split_items, split_sizes
 
     if name == "combined":
         if part == "tune":
@@ -79,11 +79,11 @@ def count_lines(path: Path) -> int:
 
 
 def run_set(name: str, args: argparse.Namespace, policy: Any) -> dict[str, Any]:
-    from services.searcher.corpus_check import CheckResult, check_policy, evaluated_here
-    from services.searcher.pseudo_questions import check_questions, sample_positions
-    from services.stack.corpus import index_dir_for
-    from trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
-    from trainer.common.retrieval import IndexRetriever
+    from plugsearch.searcher.corpus_check import CheckResult, check_policy, evaluated_here
+    from plugsearch.searcher.pseudo_questions import check_questions, sample_positions
+    from plugsearch.stack.corpus import index_dir_for
+    from plugsearch.trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
+    from plugsearch.trainer.common.retrieval import IndexRetriever
 
     corpus, items = corpus_and_questions(name, args.part)
     if args.limit:
@@ -129,9 +129,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="at most this many evaluation questions per set")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
-    from services.searcher.compact import CompactPolicy
-    from services.searcher.settings import SearcherSettings
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.compact import CompactPolicy
+    from plugsearch.searcher.settings import SearcherSettings
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     if args.margin is None:
         args.margin = SearcherSettings.model_fields["corpus_check_margin"].default

@@ -161,8 +161,8 @@ def heavy_question(i: int, questions: list[str]) -> str:
 
 def heavy_batch(args: argparse.Namespace) -> None:
     """The `--attack heavy-batch` scenario (module docstring)."""
-    from services.searcher.compact import CompactPolicy
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.compact import CompactPolicy
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     seconds = 10.0 if args.quick else args.seconds
     compact = CompactPolicy.load(COMPACT_DIR)

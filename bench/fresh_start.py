@@ -39,7 +39,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.common.paths import default_data_dir  # noqa: E402
+from plugsearch.common.paths import default_data_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 QUESTION = "who wrote the novel the call of the wild"

@@ -1,7 +1,7 @@
 """Documents put while serving: how fast they go in, how soon a search finds them, and what the changes cost the
 searches running meanwhile.
 
-The real retriever (`python -m services.retriever`, RETRIEVER_WORKERS workers, bm25s + the MiniLM flat index over
+The real retriever (`python -m plugsearch.retriever`, RETRIEVER_WORKERS workers, bm25s + the MiniLM flat index over
 the shared 23,652-passage corpus, the local stack's indexes in var/indexes/, a fresh change log) is searched by `--clients` threads (BM25 and hybrid, the
 shared questions in turn) for `--seconds` without changes (the baseline), then while a writer puts documents in
 batches (`PUT /documents`, the internal token): first `--docs` (default 1000,10000: each step adds that many
@@ -124,9 +124,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="documents per PUT /documents")
     parser.add_argument("--workers", type=int, default=2, help="RETRIEVER_WORKERS")
     args = parser.parse_args()
-    from services.retriever.cli import build
-    from services.retriever.settings import RetrieverSettings
-    from services.stack.corpus import index_dir_for
+    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.settings import RetrieverSettings
+    from plugsearch.stack.corpus import index_dir_for
 
     index_dir = index_dir_for(CORPUS, REPO / "var")  # the local stack's indexes (built when missing)
     build(RetrieverSettings(corpus=CORPUS, index_dir=index_dir, bm25=True, dense=True), bm25=["bm25s"], dense=True,

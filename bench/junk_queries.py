@@ -19,7 +19,7 @@ Measured: the queries the policy issued (greedy, as served) and, independent of 
 candidate it was offered. Final line: {"issued": {"n", "junk", "share", "by_rule"}, "offered": {...},
 "examples": [...], "policy": ..., "questions": ...}.
 
-    python bench/junk_queries.py                     # the shipped policy (services/searcher/trained/compact)
+    python bench/junk_queries.py                     # the shipped policy (plugsearch/searcher/trained/compact)
     python bench/junk_queries.py --policy var/runs/compact/final
     python bench/junk_queries.py --domain tatqa      # a development set (<data>/domain): its corpus, the
                                                      # evaluation part of its questions (bench/domain_quality.py's)
@@ -41,12 +41,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
-from services.common.answers import is_yes_no  # noqa: E402
-from services.common.schemas.searcher import SearchParams  # noqa: E402
-from services.searcher.compact import CompactPolicy, QuestionInfo, candidates, pool_of, softmax  # noqa: E402
-from services.searcher.env import Action, SearchEnv  # noqa: E402
-from services.searcher.loop import run_search  # noqa: E402
-from services.searcher.trained import COMPACT_DIR  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.searcher.compact import CompactPolicy, QuestionInfo, candidates, pool_of, softmax  # noqa: E402
+from plugsearch.searcher.env import Action, SearchEnv  # noqa: E402
+from plugsearch.searcher.loop import run_search  # noqa: E402
+from plugsearch.searcher.trained import COMPACT_DIR  # noqa: E402
 
 SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
 
@@ -189,8 +189,8 @@ def main() -> None:
                         "the shared sets: its corpus and the evaluation part of its questions")
     args = parser.parse_args()
     from bench.domain_quality import corpus_and_questions
-    from services.stack.corpus import index_dir_for
-    from trainer.common.retrieval import IndexRetriever
+    from plugsearch.stack.corpus import index_dir_for
+    from plugsearch.trainer.common.retrieval import IndexRetriever
 
     t0 = time.perf_counter()
     policy = CompactPolicy.load(Path(args.policy))

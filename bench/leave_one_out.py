@@ -77,7 +77,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--held", nargs="+", default=list(SETS), choices=list(SETS), help="sets to hold out, in turn")
-    parser.add_argument("--unseen-policy", default=str(REPO / "services" / "searcher" / "trained" / "compact"),
+    parser.add_argument("--unseen-policy", default=str(REPO / "plugsearch" / "searcher" / "trained" / "compact"),
                         help="the policy evaluated on musique and bamboogle (default: the shipped one)")
     parser.add_argument("--no-unseen", action="store_true", help="skip musique and bamboogle")
     parser.add_argument("--n", type=int, default=100, help="evaluation rows of each set (rows 0..n-1)")
@@ -91,7 +91,7 @@ def main() -> None:
         train = [s for s in SETS if s != held]
         run_dir = out / f"loo-{held}"
         if not (run_dir / "final" / "manifest.json").is_file():
-            run([sys.executable, "-m", "trainer.cli", "compact", "--datasets", *train, "--out", str(run_dir), "--quiet",
+            run([sys.executable, "-m", "plugsearch.trainer.cli", "compact", "--datasets", *train, "--out", str(run_dir), "--quiet",
                  *args.train_args], out / f"loo-{held}.train.log")
         rows += cells(evaluate(run_dir / "final", [held], out / f"loo-{held}.eval.log", args.n), " + ".join(train))
     if not args.no_unseen:

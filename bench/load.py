@@ -35,9 +35,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, REPO, fake_llm_spec, load_questions  # noqa: E402
-from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
-from services.stack.corpus import index_dir_for  # noqa: E402
-from services.stack.specs import (  # noqa: E402
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
+from plugsearch.stack.corpus import index_dir_for  # noqa: E402
+from plugsearch.stack.specs import (  # noqa: E402
     StackOptions,
     allocate_ports,
     build_specs,

@@ -1,7 +1,7 @@
 """Answer recall@1/3/5/10 of BM25 (bm25s, pyserini), dense and hybrid over the combined corpus.
 
 A question is a hit at k when a gold answer occurs in one of the top-k passages (title + text) under the
-GenAcc span check (`services.common.answers.span_match`); yes/no questions are left out. Every question set in
+GenAcc span check (`plugsearch.common.answers.span_match`); yes/no questions are left out. Every question set in
 ../shared/data/qa that has a corpus, against ../shared/data/corpus/combined.jsonl, with the in-process library
 calls the service uses. Missing indexes are built under var/indexes/combined (the MiniLM dense one takes 10-20
 min on 2 cores: `RETRIEVER_DENSE=true plugsearch-index build` or `--build-dense`).
@@ -37,13 +37,13 @@ def main() -> None:
     args = parser.parse_args()
     limit = args.limit or (150 if args.quick else None)
 
-    from services.common.answers import is_yes_no, normalize_answer, span_match
-    from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-    from services.retriever.corpus import Corpus
-    from services.retriever.dense import DenseRetriever, FaissIndex
-    from services.retriever.encoder import Encoder
-    from services.retriever.fusion import HybridRetriever
-    from services.retriever.settings import EncoderSettings, FaissSettings
+    from plugsearch.common.answers import is_yes_no, normalize_answer, span_match
+    from plugsearch.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
+    from plugsearch.retriever.corpus import Corpus
+    from plugsearch.retriever.dense import DenseRetriever, FaissIndex
+    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.fusion import HybridRetriever
+    from plugsearch.retriever.settings import EncoderSettings, FaissSettings
 
     t_start = time.perf_counter()
     ensure_indexes(bm25=["bm25s", "pyserini"], dense=args.build_dense)

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from bench.common import CORPUS, DATA, REPO, log
-from services.common.procgroup import ProcessGroup, ProcessSpec, http_ok
-from services.common.workers import free_port
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec, http_ok
+from plugsearch.common.workers import free_port
 
 INDEX_DIR = REPO / "var" / "indexes" / "combined"
 # question sets that have a corpus (bamboogle and triviaqa have none; see ../shared/data/README.md)
@@ -17,8 +17,8 @@ DATASETS = ["nq", "popqa", "hotpotqa", "2wikimultihopqa", "musique"]
 
 def ensure_indexes(*, bm25: list[str], dense: bool) -> None:
     """Build whatever is missing or stale (no-op when the cached indexes match the corpus)."""
-    from services.retriever.cli import build
-    from services.retriever.settings import RetrieverSettings
+    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.settings import RetrieverSettings
 
     s = RetrieverSettings(corpus=CORPUS, index_dir=INDEX_DIR, bm25=True, dense=dense)
     built = build(s, bm25=bm25, dense=dense, force=False, show_progress=False)
@@ -27,7 +27,7 @@ def ensure_indexes(*, bm25: list[str], dense: bool) -> None:
 
 
 def dense_available() -> bool:
-    from services.retriever.manifest import Manifest
+    from plugsearch.retriever.manifest import Manifest
 
     try:
         Manifest.read(INDEX_DIR / "dense-flat")
@@ -37,7 +37,7 @@ def dense_available() -> bool:
 
 
 class ServedRetriever(ProcessGroup):
-    """`python -m services.retriever` as a child process on a free port, stopped on exit. With
+    """`python -m plugsearch.retriever` as a child process on a free port, stopped on exit. With
     `RETRIEVER_WORKERS` > 1 in `env`, ready means every worker has finished loading its index."""
 
     def __init__(self, env: dict[str, str], timeout: float = 600.0, *, corpus: Path = CORPUS,
@@ -55,7 +55,7 @@ class ServedRetriever(ProcessGroup):
             return (http_ok(f"{self.url}/health/ready", timeout_s=1.0)
                     and self.log_text("retriever").count("retriever ready in") >= workers)
 
-        self.up(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=full, ready=ready),
+        self.up(ProcessSpec("retriever", [sys.executable, "-m", "plugsearch.retriever"], env=full, ready=ready),
                 timeout_s=timeout)
 
     def peak_rss_mb(self) -> float:

@@ -29,15 +29,15 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, fake_llm_spec, load_questions  # noqa: E402
-from services.common.answers import span_match  # noqa: E402
-from services.common.clients import JudgeClient  # noqa: E402
-from services.common.http import ClientSettings  # noqa: E402
-from services.common.llm import LLMSettings  # noqa: E402
-from services.common.procgroup import ProcessGroup  # noqa: E402
-from services.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
-from services.common.workers import free_port  # noqa: E402
-from services.judge.api import create_app  # noqa: E402
-from services.judge.settings import JudgeSettings  # noqa: E402
+from plugsearch.common.answers import span_match  # noqa: E402
+from plugsearch.common.clients import JudgeClient  # noqa: E402
+from plugsearch.common.http import ClientSettings  # noqa: E402
+from plugsearch.common.llm import LLMSettings  # noqa: E402
+from plugsearch.common.procgroup import ProcessGroup  # noqa: E402
+from plugsearch.common.schemas.judge import JudgeRequest, JudgeResult  # noqa: E402
+from plugsearch.common.workers import free_port  # noqa: E402
+from plugsearch.judge.api import create_app  # noqa: E402
+from plugsearch.judge.settings import JudgeSettings  # noqa: E402
 from tests.support.procs import cpu_seconds  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """The same 3 documents however the searcher is started: `plugsearch-stack`, docker compose, or the bare service
-(`python -m services.searcher` with only its retriever's URL and token set) asked the same evaluation questions
+(`python -m plugsearch.searcher` with only its retriever's URL and token set) asked the same evaluation questions
 with nothing but the question (every setting the service's own: the compact policy's manifest).
 
     python bench/same_documents.py                           # starts plugsearch-stack, and a bare searcher on its
@@ -32,8 +32,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, load_questions, log  # noqa: E402
-from services.common.answers import is_yes_no  # noqa: E402
-from services.common.workers import free_port  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.workers import free_port  # noqa: E402
 
 SETS = ("nq", "hotpotqa", "2wikimultihopqa", "popqa")
 
@@ -91,7 +91,7 @@ class Started:
     def stack(self, timeout_s: float) -> dict[str, Any]:
         ready = self.folder / "ready.json"
         log_file = (self.folder / "stack.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color",
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.stack", "--free-ports", "--no-color",
                                  "--ready-file", str(ready)], cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(proc)
@@ -104,13 +104,13 @@ class Started:
         return info
 
     def bare(self, retriever_url: str, token: str, timeout_s: float = 120.0) -> str:
-        """`python -m services.searcher` with only its retriever's URL (and the token that retriever requires)."""
+        """`python -m plugsearch.searcher` with only its retriever's URL (and the token that retriever requires)."""
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("SEARCHER_")}
         env.update({"SEARCHER_PORT": str(port), "SEARCHER_RETRIEVER__URL": retriever_url,
                     "SEARCHER_RETRIEVER__TOKEN": token})
         log_file = (self.folder / "bare.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "services.searcher"], cwd=REPO, env=env, stdout=log_file,
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.searcher"], cwd=REPO, env=env, stdout=log_file,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -165,7 +165,7 @@ def main() -> None:
             info = started.stack(args.start_timeout)
             urls.setdefault("plugsearch-stack", (info["searcher"], None))
             if not args.bare_url:
-                log("starting the bare searcher: python -m services.searcher with its retriever's URL only")
+                log("starting the bare searcher: python -m plugsearch.searcher with its retriever's URL only")
                 urls["bare service"] = (started.bare(info["urls"]["retriever"], info["internal_token"]), None)
         if args.compose_url:
             urls["docker compose"] = (args.compose_url, args.compose_key)

@@ -4,7 +4,7 @@ up to wiki-18's 21,015,324 passages.
 For each size and backend (bm25s, Lucene via pyserini, FAISS flat / HNSW / SQ8 / IVF-SQ8 / IVF-PQ, Milvus flat /
 HNSW on milvus-lite, and `hybrid`: Lucene + FAISS IVF-SQ8 in one retriever): the index is built in a child
 process (`build_s`, `build_rss_mb`: its peak RSS, or its Lucene indexer's), then served by the real retriever
-(`python -m services.retriever`, RETRIEVER_WORKERS=2, one thread per worker for each library, adaptive admission
+(`python -m plugsearch.retriever`, RETRIEVER_WORKERS=2, one thread per worker for each library, adaptive admission
 off so that capacity is measured) and measured:
 
 - memory per worker, sampled through the whole serving: `rss_anon_mb` (private memory, RssAnon: what grows
@@ -102,7 +102,7 @@ def corpus_model(source: Path = CORPUS, lengths_from: Path = WIKI_SAMPLE
             counts.update(words)
     lengths = own
     if lengths_from.is_file():
-        from services.retriever.corpus import iter_corpus
+        from plugsearch.retriever.corpus import iter_corpus
 
         lengths = [max(1, len(text.split())) for _, _, text in iter_corpus(lengths_from)]
     vocab = [w for w, _ in counts.most_common()]
@@ -140,7 +140,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
     """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks by `processes` processes; cached by size
     and seed. Resumable: each chunk is synced and recorded as it is written (`.<name>.partial.json`), and a run
     stopped part-way goes on from the last chunk recorded (chunks are drawn from their own seeds)."""
-    from services.retriever.manifest import write_json_atomically
+    from plugsearch.retriever.manifest import write_json_atomically
 
     meta = out.with_suffix(".json")
     want = {"n": n, "seed": seed, "source": CORPUS.name, "source_bytes": CORPUS.stat().st_size,
@@ -206,9 +206,9 @@ def _embeddings_folders() -> list[Path]:
 def real_vectors() -> np.ndarray:
     """The real corpus's MiniLM passage vectors (its embeddings under var/indexes when built, else 1,000
     passages encoded here), normalised: the centres of the synthetic vectors."""
-    from services.retriever.corpus import Corpus, file_checksum
-    from services.retriever.dense_build import iter_chunks
-    from services.retriever.manifest import Manifest
+    from plugsearch.retriever.corpus import Corpus, file_checksum
+    from plugsearch.retriever.dense_build import iter_chunks
+    from plugsearch.retriever.manifest import Manifest
 
     checksum = file_checksum(CORPUS)
     for folder in _embeddings_folders():
@@ -217,8 +217,8 @@ def real_vectors() -> np.ndarray:
                 "passage_prefix") == "":
             x = np.concatenate([np.asarray(c, dtype=np.float32) for c in iter_chunks(folder)])
             return x / np.linalg.norm(x, axis=1, keepdims=True)
-    from services.retriever.encoder import Encoder
-    from services.retriever.settings import EncoderSettings
+    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.settings import EncoderSettings
 
     log("no full-corpus embeddings under var/indexes: encoding 1,000 real passages as centres")
     corpus = Corpus.load(CORPUS, limit=1_000)
@@ -270,11 +270,11 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
     """The manifest of `corpus`'s synthetic embeddings, as `embed_corpus` leaves it (for the corpus's checksum
     and `encoder`'s settings, default MiniLM's, so the builders and the service take them as that corpus's),
     without chunk files: the vectors come from `vector_chunks` (`synthetic_chunks` reads the recipe back)."""
-    from services.retriever.dense_build import embeddings_key
-    from services.retriever.docstore import corpus_checksum
-    from services.retriever.encoder import encoder_identity
-    from services.retriever.manifest import Manifest, atomic_folder
-    from services.retriever.settings import EncoderSettings
+    from plugsearch.retriever.dense_build import embeddings_key
+    from plugsearch.retriever.docstore import corpus_checksum
+    from plugsearch.retriever.encoder import encoder_identity
+    from plugsearch.retriever.manifest import Manifest, atomic_folder
+    from plugsearch.retriever.settings import EncoderSettings
 
     enc = encoder or EncoderSettings()
     checksum = corpus_checksum(corpus, index_dir)
@@ -302,8 +302,8 @@ def base_shaped_encoder(work: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from services.retriever.encoder import resolve_encoder_path
-    from services.retriever.settings import DEFAULT_ENCODER
+    from plugsearch.retriever.encoder import resolve_encoder_path
+    from plugsearch.retriever.settings import DEFAULT_ENCODER
 
     torch.manual_seed(0)
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
@@ -317,7 +317,7 @@ def base_shaped_encoder(work: Path) -> Path:
 
 def synthetic_chunks(embeddings: Path) -> Any:
     """A `chunks` function for `build_faiss` / `build_milvus` from a synthetic embeddings manifest."""
-    from services.retriever.manifest import Manifest
+    from plugsearch.retriever.manifest import Manifest
 
     manifest = Manifest.read(embeddings)
     p = manifest.params
@@ -334,8 +334,8 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
     (`chunks(start)` regenerates the chunks from chunk `start`)."""
     import faiss
 
-    from services.retriever.dense import blas_threshold_for
-    from services.retriever.settings import FaissSettings
+    from plugsearch.retriever.dense import blas_threshold_for
+    from plugsearch.retriever.settings import FaissSettings
 
     # as the service sets it
     faiss.cvar.distance_compute_blas_threshold = blas_threshold_for(FaissSettings().blas_threshold, queries.shape[1])
@@ -437,7 +437,7 @@ def index_paths(backend: str, size_dir: Path) -> list[Path]:
 
 
 def _settings(backend: str, size_dir: Path, env: dict[str, str]) -> Any:
-    from services.retriever.settings import RetrieverSettings
+    from plugsearch.retriever.settings import RetrieverSettings
 
     for key, value in env.items():
         os.environ[key] = value
@@ -451,8 +451,8 @@ def _part_record(size_dir: Path, part: str) -> Path:
 def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool = False) -> None:
     """Runs in the child: build `backend`'s indexes (and the document store) for the corpus in size_dir.
     `resume`: a part whose index is complete (built by a run that stopped later) is kept, its seconds counted."""
-    from services.retriever.cli import build
-    from services.retriever.manifest import Manifest
+    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.manifest import Manifest
 
     settings = _settings(backend, size_dir, env)
     t0 = time.perf_counter()
@@ -479,8 +479,8 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
 
 
 def _build_part(part: str, settings: Any) -> None:
-    from services.retriever.cli import build
-    from services.retriever.dense_build import build_faiss, dense_folder
+    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.dense_build import build_faiss, dense_folder
 
     if part in ("bm25s", "pyserini"):
         build(settings, bm25=[part], dense=False, force=True, show_progress=False)
@@ -491,7 +491,7 @@ def _build_part(part: str, settings: Any) -> None:
         build_faiss(embeddings, dense_folder(settings.index_dir, part.split("-")[1]), settings.faiss,
                     chunks=synthetic_chunks(embeddings), show_progress=False)
     else:
-        from services.retriever.milvus import build_milvus
+        from plugsearch.retriever.milvus import build_milvus
 
         settings.milvus.index_type = part.split("-")[1]
         build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False,
@@ -500,7 +500,7 @@ def _build_part(part: str, settings: Any) -> None:
 
 def built_already(backend: str, size_dir: Path) -> dict[str, Any] | None:
     """The recorded build of `backend` when every index it needs is complete on disk (`--resume`)."""
-    from services.retriever.manifest import Manifest
+    from plugsearch.retriever.manifest import Manifest
 
     record = size_dir / f"build-{backend}.json"
     try:
@@ -669,8 +669,8 @@ def nprobe_sweep(folder: Path, queries: np.ndarray, truth: np.ndarray, values: t
     """In-process recall@10 and search-only queries/s (batch 32, one thread) of an IVF index per nprobe."""
     import faiss
 
-    from services.retriever.dense import FaissIndex
-    from services.retriever.settings import FaissSettings
+    from plugsearch.retriever.dense import FaissIndex
+    from plugsearch.retriever.settings import FaissSettings
 
     out: dict[str, Any] = {}
     index = FaissIndex(folder, FaissSettings(threads=1))
@@ -727,15 +727,15 @@ def measure_searcher(srv: ServedRetriever, questions: list[str], seconds: float)
     import httpx
 
     from bench.load import percentile, run_phase
-    from services.common.procgroup import ProcessSpec
-    from services.common.workers import free_port
+    from plugsearch.common.procgroup import ProcessSpec
+    from plugsearch.common.workers import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"SEARCHER_PORT": str(port), "SEARCHER_RETRIEVER__URL": srv.url, "SEARCHER_POLICY_KIND": "compact",
            "SEARCHER_CORPUS_CHECK": "off", "SEARCHER_CACHE_ENABLED": "false", "SEARCHER_LOG_LEVEL": "INFO"}
     t0 = time.perf_counter()
-    srv.up(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
+    srv.up(ProcessSpec("searcher", [sys.executable, "-m", "plugsearch.searcher"], env=env,
                        ready_url=f"{url}/health/ready"), timeout_s=600)
     ready_s = time.perf_counter() - t0
     version = httpx.get(f"{url}/version", timeout=30).json().get("details", {})
@@ -761,7 +761,7 @@ def measure(backend: str, size_dir: Path, args: argparse.Namespace, *, pool: lis
     env = {**backend_env(backend, size_dir, nprobe=args.nprobe, nlist=args.nlist), **args.encoder_env}
     built = run_build(backend, size_dir, env, resume=args.resume)
     log(f"  {backend}: built in {built['build_s']} s (child peak RSS {built['build_rss_mb']} MB)")
-    from services.retriever.docstore import store_folder
+    from plugsearch.retriever.docstore import store_folder
 
     point: dict[str, Any] = {**built, "disk_mb": disk_mb(index_paths(backend, size_dir)),
                              "store_mb": disk_mb([store_folder(size_dir / "index")]),
@@ -949,8 +949,8 @@ def main() -> None:
     args.batches = (1, 32)
     args.sweep = tuple(int(v) for v in args.sweep.split(",") if v)
 
-    from services.retriever.encoder import Encoder
-    from services.retriever.settings import EncoderSettings
+    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.settings import EncoderSettings
 
     args.encoder_backend = args.encoder_backend or EncoderSettings().backend
     pool = recall_questions(4000)

@@ -10,7 +10,7 @@ budget3 / budget5: the first 3 / 5 documents against naive top-3 / top-5; ci95: 
 questions (2,000 resamples, fixed seed) for every figure and for the paired difference trained - naive.
 
 `--compact FOLDER` (and `--compact-warm FOLDER`) compares the compact policy instead, with the trainer's
-equal-budget evaluation (`trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports),
+equal-budget evaluation (`plugsearch.trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports),
 in-process over the retriever's own backends and the stack's indexes (bm25s and the MiniLM flat FAISS index, built when missing),
 per set (hotpotqa, 2wikimultihopqa, nq, popqa): naive bm25, dense and hybrid (RRF) top-n, the untrained
 MiniLM re-ranking the policy's own pool (cosine), and the policy as served (a BM25 + dense pool) and on a BM25
@@ -44,20 +44,20 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CORPUS, REPO, load_questions, log  # noqa: E402
-from services.common.answers import is_yes_no  # noqa: E402
-from services.common.clients import RetrieverClient  # noqa: E402
-from services.common.http import ClientSettings  # noqa: E402
-from services.common.llm import LLMSettings, OpenAIChatClient  # noqa: E402
-from services.common.schemas.base import Document  # noqa: E402
-from services.common.schemas.searcher import SearchParams  # noqa: E402
-from services.searcher.loop import run_search  # noqa: E402
-from services.searcher.policy import ChatPolicy  # noqa: E402
-from services.searcher.prompts import PromptSet  # noqa: E402
-from services.searcher.retrieval import ServiceRetriever  # noqa: E402
-from services.searcher.trained import LORA_DIR, TrainedSearcher, sha256  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.clients import RetrieverClient  # noqa: E402
+from plugsearch.common.http import ClientSettings  # noqa: E402
+from plugsearch.common.llm import LLMSettings, OpenAIChatClient  # noqa: E402
+from plugsearch.common.schemas.base import Document  # noqa: E402
+from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.searcher.loop import run_search  # noqa: E402
+from plugsearch.searcher.policy import ChatPolicy  # noqa: E402
+from plugsearch.searcher.prompts import PromptSet  # noqa: E402
+from plugsearch.searcher.retrieval import ServiceRetriever  # noqa: E402
+from plugsearch.searcher.trained import LORA_DIR, TrainedSearcher, sha256  # noqa: E402
+from plugsearch.trainer.common.evaluation import bootstrap  # noqa: E402
+from plugsearch.trainer.common.evaluation import documents_hit as hit  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
-from trainer.common.evaluation import bootstrap  # noqa: E402
-from trainer.common.evaluation import documents_hit as hit  # noqa: E402
 
 VAR = REPO / "var"
 DATASETS = ("hotpotqa", "nq", "2wikimultihopqa")
@@ -189,13 +189,13 @@ def compact_main(args: argparse.Namespace) -> None:
     policy's own pool, at 3 and 5 documents (the policy's own n is 3: `budget3` is the matched comparison),
     in-process over the retriever's own backends and indexes (the stack's: `var/indexes/<corpus>-<sha256>`,
     built when missing); answer recall and all-supporting-passages recall with 95% intervals: the trainer's
-    evaluation (`trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports). Each
+    evaluation (`plugsearch.trainer.common.evaluation.BudgetEval`, what `plugsearch-train compact --qa` reports). Each
     policy is served as the searcher serves it: a BM25 + dense pool where it has the dense scorer; the last one
     is also run on a BM25 pool alone (`<name>_bm25_pool`, its lexical scorer: a retriever without dense)."""
-    from services.searcher.compact import CompactPolicy
-    from services.stack.corpus import index_dir_for
-    from trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
-    from trainer.common.retrieval import IndexRetriever
+    from plugsearch.searcher.compact import CompactPolicy
+    from plugsearch.stack.corpus import index_dir_for
+    from plugsearch.trainer.common.evaluation import BudgetEval, PolicyRun, budget_summary
+    from plugsearch.trainer.common.retrieval import IndexRetriever
 
     t0 = time.perf_counter()
     policies = {name: CompactPolicy.load(Path(folder)) for name, folder in
@@ -213,7 +213,7 @@ def compact_main(args: argparse.Namespace) -> None:
     if not args.no_minilm:
         from sentence_transformers import SentenceTransformer
 
-        from services.retriever.encoder import resolve_encoder_path
+        from plugsearch.retriever.encoder import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
 
@@ -322,7 +322,7 @@ def main() -> None:
     with ExitStack() as stack:
         retriever_log = VAR / "logs" / "bench_retriever.log"
         retriever_url = stack.enter_context(retriever_process(CORPUS, index_dir, retriever_log))
-        from services.common.llama_server import LlamaServer
+        from plugsearch.common.llama_server import LlamaServer
 
         policies: dict[str, tuple[str, str]] = {}
         for name in args.policies:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, load_questions, log  # noqa: E402
 from bench.load import percentile, run_phase  # noqa: E402
-from services.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
 
 SETS = ("hotpotqa", "2wikimultihopqa", "nq", "popqa")
 
@@ -53,7 +53,7 @@ def start_stack(policy: str, folder: Path) -> tuple[subprocess.Popen[bytes], dic
     ready, log_path = folder / "ready.json", folder / "stack.log"
     env = {**os.environ, "SEARCHER_CACHE_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color",
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.stack", "--free-ports", "--no-color",
                                  "--ready-file", str(ready), "--policy", policy], cwd=REPO, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 900

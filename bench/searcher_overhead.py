@@ -34,10 +34,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, fake_llm_spec  # noqa: E402
-from services.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
-from services.common.schemas.base import Document  # noqa: E402
-from services.common.schemas.retriever import RetrieveRequest  # noqa: E402
-from services.common.workers import free_port  # noqa: E402
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec  # noqa: E402
+from plugsearch.common.schemas.base import Document  # noqa: E402
+from plugsearch.common.schemas.retriever import RetrieveRequest  # noqa: E402
+from plugsearch.common.workers import free_port  # noqa: E402
 from tests.support.procs import children, cpu_seconds  # noqa: E402
 
 
@@ -122,7 +122,7 @@ class Servers(ProcessGroup):
             **(extra_env or {}),
         }
         url = f"http://127.0.0.1:{self.searcher_port}"
-        self.up(ProcessSpec("searcher", [sys.executable, "-m", "services.searcher"], env=env,
+        self.up(ProcessSpec("searcher", [sys.executable, "-m", "plugsearch.searcher"], env=env,
                             ready_url=f"{url}/health/live"), timeout_s=30)
         return url
 
@@ -174,7 +174,7 @@ class SleepingPolicy:
         self.latency_s = latency_s
 
     async def chat(self, messages: list[Any], **kwargs: Any) -> Any:
-        from services.common.llm import ChatResult
+        from plugsearch.common.llm import ChatResult
         from tests.support.fake_policy import respond
 
         await asyncio.sleep(self.latency_s)
@@ -189,9 +189,9 @@ class MemoryRetriever:
 
 async def loop_only_slowdown(latency_s: float, repeats: int) -> float:
     """The loop alone (in-process, no HTTP): t(64 searches at once) / t(one search), policy latency 50 ms."""
-    from services.common.schemas.searcher import SearchParams
-    from services.searcher.loop import run_search
-    from services.searcher.policy import ChatPolicy
+    from plugsearch.common.schemas.searcher import SearchParams
+    from plugsearch.searcher.loop import run_search
+    from plugsearch.searcher.policy import ChatPolicy
 
     policy, retriever, params = ChatPolicy(SleepingPolicy(latency_s)), MemoryRetriever(), SearchParams()  # type: ignore[arg-type]
 
@@ -209,7 +209,7 @@ async def loop_only_slowdown(latency_s: float, repeats: int) -> float:
 def off_path_ns_per_call(calls: int = 200_000) -> float:
     """Nanoseconds one instrumented step costs with tracing off (set up, off: every service's default): a
     `span()` with attributes, entered and left, in-process."""
-    from services.common import tracing
+    from plugsearch.common import tracing
 
     assert tracing.setup_tracing("bench") is False, "tracing is on in this process: unset the OTEL_* variables"
     t0 = time.perf_counter_ns()

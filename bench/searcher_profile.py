@@ -48,7 +48,7 @@ COMPONENTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
                                        "block_places", "CompactPolicy.features")),
         ("policy: candidates, scoring", ("searcher/compact/",)),
         ("retriever client: request/response models", ("post_model", "clients.py", "schemas/")),
-        ("HTTP client (aiohttp, transport)", ("aiohttp", "transport.py", "services/common/http.py", "yarl",
+        ("HTTP client (aiohttp, transport)", ("aiohttp", "transport.py", "plugsearch/common/http.py", "yarl",
                                              "multidict")),
         ("search loop and environment", ("searcher/env.py", "searcher/loop.py", "searcher/retrieval.py")),
         ("search service: params, response, cache key", ("searcher/serving.py", "searcher/parsing.py",
@@ -102,14 +102,14 @@ def summarise_stacks(path: Path, rules: list[tuple[str, tuple[str, ...]]], cpu_m
 
 
 def pids_of(stack_pid: int, module: str) -> list[int]:
-    """The processes (workers included) of `python -m services.<module>` under the stack."""
+    """The processes (workers included) of `python -m plugsearch.<module>` under the stack."""
     out = []
     for pid in descendants(stack_pid):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"services.{module}".encode() in cmd:
+        if f"plugsearch.{module}".encode() in cmd:
             out += [p for p in descendants(pid)]
     return sorted(set(out))
 

@@ -35,9 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services.common.schemas.base import Document  # noqa: E402
-from services.common.schemas.searcher import SearchParams  # noqa: E402
-from trainer.common.data import QAItem, default_data_dir, load_qa  # noqa: E402
+from plugsearch.common.schemas.base import Document  # noqa: E402
+from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.trainer.common.data import QAItem, default_data_dir, load_qa  # noqa: E402
 
 
 class MemoryBM25:
@@ -118,10 +118,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-    from trainer.llm.grpo import TrainConfig, build_trainer, resolve_device, resolve_precision
-    from trainer.llm.model import default_policy_path
-    from trainer.llm.probe import GradientProbe
-    from trainer.llm.runner import AsyncRunner
+    from plugsearch.trainer.llm.grpo import TrainConfig, build_trainer, resolve_device, resolve_precision
+    from plugsearch.trainer.llm.model import default_policy_path
+    from plugsearch.trainer.llm.probe import GradientProbe
+    from plugsearch.trainer.llm.runner import AsyncRunner
 
     data = Path(args.data) if args.data else default_data_dir()
     with (data / "corpus" / "combined.jsonl").open() as fh:
@@ -139,9 +139,9 @@ def main() -> None:
         tokenizer = Path(args.tokenizer) if args.tokenizer else default_policy_path(REPO / "var")
         model_dir = tiny_model(tokenizer, Path(tmp) / "tiny", args.seed)
         if args.retriever_url:
-            from services.common.clients import RetrieverClient
-            from services.common.http import ClientSettings
-            from services.searcher.retrieval import ServiceRetriever
+            from plugsearch.common.clients import RetrieverClient
+            from plugsearch.common.http import ClientSettings
+            from plugsearch.searcher.retrieval import ServiceRetriever
 
             retriever: Any = ServiceRetriever(RetrieverClient(ClientSettings(url=args.retriever_url, timeout_s=60)))
         else:

@@ -1,12 +1,12 @@
 """GRPO steps on the CPU, two settings in the same run: where the seconds of a step go, and the reward curve.
 
-Both train SmolLM2-135M with TRL's GRPO through `trainer.llm.rollout.SearchRollout`, `--questions-per-step` x
+Both train SmolLM2-135M with TRL's GRPO through `plugsearch.trainer.llm.rollout.SearchRollout`, `--questions-per-step` x
 `--num-generations` rollouts per step, on the local services (Redis, the BM25 retriever; for the old setting
 also the generator and judge on llama.cpp):
 - before (the first CPU runs, `--before-steps` steps): every weight in fp32, the packaged s3 prompts
   (391-token system prompt), T=2, 3 documents of 300 characters, 80 tokens per action, GBR through the
   generator and judge (s3-filtered questions: naive-RAG GenAcc 0), format weight 0.5;
-- new (`trainer/llm/recipe.py`, the shipped searcher's, `--steps` steps, from `--init-adapter` when given): a LoRA
+- new (`plugsearch/trainer/llm/recipe.py`, the shipped searcher's, `--steps` steps, from `--init-adapter` when given): a LoRA
   on the last 12 layers, the trained searcher's prompts (88-token system prompt), T=1, 5 documents of 200
   characters, 64 tokens per action, the LLM-free recall GBR; KV-cached batched sampling.
 
@@ -33,19 +33,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services.common.answers import is_yes_no  # noqa: E402
-from services.common.logging import configure_logging  # noqa: E402
-from services.common.schemas.searcher import SearchParams  # noqa: E402
-from trainer.cli.baseline import select_training_questions  # noqa: E402
-from trainer.cli.common import baseline_store  # noqa: E402
-from trainer.common.data import default_data_dir, train_split  # noqa: E402
-from trainer.common.localstack import LocalServices  # noqa: E402
-from trainer.common.plotting import plot_reward_curve  # noqa: E402
-from trainer.common.upstreams import ServiceStack  # noqa: E402
-from trainer.llm import recipe  # noqa: E402
-from trainer.llm.grpo import LoraSettings, TrainConfig, build_trainer, read_reward_log, train  # noqa: E402
-from trainer.llm.model import default_policy_path  # noqa: E402
-from trainer.llm.runner import AsyncRunner  # noqa: E402
+from plugsearch.common.answers import is_yes_no  # noqa: E402
+from plugsearch.common.logging import configure_logging  # noqa: E402
+from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.trainer.cli.baseline import select_training_questions  # noqa: E402
+from plugsearch.trainer.cli.common import baseline_store  # noqa: E402
+from plugsearch.trainer.common.data import default_data_dir, train_split  # noqa: E402
+from plugsearch.trainer.common.localstack import LocalServices  # noqa: E402
+from plugsearch.trainer.common.plotting import plot_reward_curve  # noqa: E402
+from plugsearch.trainer.common.upstreams import ServiceStack  # noqa: E402
+from plugsearch.trainer.llm import recipe  # noqa: E402
+from plugsearch.trainer.llm.grpo import LoraSettings, TrainConfig, build_trainer, read_reward_log, train  # noqa: E402
+from plugsearch.trainer.llm.model import default_policy_path  # noqa: E402
+from plugsearch.trainer.llm.runner import AsyncRunner  # noqa: E402
 
 BEFORE = SearchParams(mode="s3", max_turns=2, retrieve_k=3, select_k=3, doc_chars=300, max_new_tokens=80)
 

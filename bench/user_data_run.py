@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, log  # noqa: E402
-from trainer.common.data import default_data_dir  # noqa: E402
+from plugsearch.trainer.common.data import default_data_dir  # noqa: E402
 
 CORPUS_OF = {"nq": "nq_gold", "hotpotqa": "hotpotqa", "2wikimultihopqa": "2wikimultihopqa", "popqa": "popqa"}
 
@@ -60,7 +60,7 @@ def main() -> None:
         raise SystemExit("--rows starts at 200 or later (rows 0-99 evaluate, 100-199 are reserved)")
     corpus, files, passages, questions = write_files(default_data_dir(), Path(args.data_dir), args.sets, first, last)
     log(f"{questions} questions in {len(files)} files, {passages} passages: {corpus}")
-    argv = [sys.executable, "-m", "trainer.cli", "compact", "--corpus", str(corpus),
+    argv = [sys.executable, "-m", "plugsearch.trainer.cli", "compact", "--corpus", str(corpus),
             *(a for f in files for a in ("--qa", str(f))), "--out", args.out, "--quiet", *args.train_args]
     t0 = time.perf_counter()
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)

@@ -17,12 +17,10 @@ ARG VLLM_VERSION=0.24.0
 ARG TORCH_VERSION=2.11.0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HF_HOME=/var/lib/plugsearch/hf VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
-    PLUGSEARCH_VERL_DIR=/opt/plugsearch/trainer/verl PLUGSEARCH_VERL_DATA=/var/lib/plugsearch/verl/data \
+    PLUGSEARCH_VERL_DIR=/opt/plugsearch/plugsearch/trainer/verl PLUGSEARCH_VERL_DATA=/var/lib/plugsearch/verl/data \
     CHECKPOINT_DIR=/var/lib/plugsearch/verl/checkpoints
 WORKDIR /opt/plugsearch
 COPY pyproject.toml README.md ./
-COPY services ./services
-COPY trainer ./trainer
 COPY plugsearch ./plugsearch
 # optional build-time inputs as in docker/Dockerfile: secrets extra_ca_certs (PEM) and pip_conf, docker/wheels/
 COPY docker/pip-install.sh /usr/local/bin/pip-install
@@ -39,4 +37,4 @@ RUN groupadd --system --gid 10001 app \
  && mkdir -p /var/lib/plugsearch/hf /var/lib/plugsearch/verl \
  && chown -R app:app /var/lib/plugsearch
 USER 10001:10001
-ENTRYPOINT ["python3", "-m", "verl.trainer.main_ppo", "--config-path=/opt/plugsearch/trainer/verl", "--config-name=s3_grpo"]
+ENTRYPOINT ["python3", "-m", "verl.trainer.main_ppo", "--config-path=/opt/plugsearch/plugsearch/trainer/verl", "--config-name=s3_grpo"]

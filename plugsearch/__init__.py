@@ -3,31 +3,39 @@
 `from plugsearch import SearchClient` (or `AsyncSearchClient`) calls a running searcher; see
 docs/INTEGRATIONS.md for the client, the MCP server (`plugsearch-mcp`), the OpenAI-compatible answering
 proxy and the Search-R1 / veRL recipes.
+
+The names below are read on first use (PEP 562), so importing a service's package (`plugsearch.retriever`)
+does not import the client, and the client needs only what `pip install plugsearch` brings (httpx, pydantic).
 """
 
-from plugsearch.client import AsyncSearchClient, SearchClient
-from services import __version__
-from services.common.errors import (
-    BadRequest,
-    NotFound,
-    Overloaded,
-    ServiceError,
-    Unauthorized,
-    UpstreamError,
-    UpstreamTimeout,
-    ValidationFailed,
-)
-from services.common.http import UpstreamUnavailable
-from services.common.schemas.searcher import (
-    ActionEvent,
-    EndEvent,
-    RetrievalEvent,
-    SearchedDocument,
-    SearchRequest,
-    SearchResponse,
-    SearchTrace,
-    StageTimings,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from plugsearch.version import __version__
+
+_EXPORTS: dict[str, str] = {
+    "AsyncSearchClient": "plugsearch.client",
+    "SearchClient": "plugsearch.client",
+    "BadRequest": "plugsearch.common.errors",
+    "NotFound": "plugsearch.common.errors",
+    "Overloaded": "plugsearch.common.errors",
+    "ServiceError": "plugsearch.common.errors",
+    "Unauthorized": "plugsearch.common.errors",
+    "UpstreamError": "plugsearch.common.errors",
+    "UpstreamTimeout": "plugsearch.common.errors",
+    "ValidationFailed": "plugsearch.common.errors",
+    "UpstreamUnavailable": "plugsearch.common.http",
+    "ActionEvent": "plugsearch.common.schemas.searcher",
+    "EndEvent": "plugsearch.common.schemas.searcher",
+    "RetrievalEvent": "plugsearch.common.schemas.searcher",
+    "SearchedDocument": "plugsearch.common.schemas.searcher",
+    "SearchRequest": "plugsearch.common.schemas.searcher",
+    "SearchResponse": "plugsearch.common.schemas.searcher",
+    "SearchTrace": "plugsearch.common.schemas.searcher",
+    "StageTimings": "plugsearch.common.schemas.searcher",
+}
 
 __all__ = [
     "ActionEvent",
@@ -51,3 +59,36 @@ __all__ = [
     "ValidationFailed",
     "__version__",
 ]
+
+if TYPE_CHECKING:
+    from plugsearch.client import AsyncSearchClient, SearchClient
+    from plugsearch.common.errors import (
+        BadRequest,
+        NotFound,
+        Overloaded,
+        ServiceError,
+        Unauthorized,
+        UpstreamError,
+        UpstreamTimeout,
+        ValidationFailed,
+    )
+    from plugsearch.common.http import UpstreamUnavailable
+    from plugsearch.common.schemas.searcher import (
+        ActionEvent,
+        EndEvent,
+        RetrievalEvent,
+        SearchedDocument,
+        SearchRequest,
+        SearchResponse,
+        SearchTrace,
+        StageTimings,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plugsearch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

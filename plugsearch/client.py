@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import SecretStr
 
-from services.common.clients import SearcherClient
-from services.common.errors import BadRequest
-from services.common.http import ClientSettings
-from services.common.schemas.searcher import (
+from plugsearch.common.clients import SearcherClient
+from plugsearch.common.errors import BadRequest
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.schemas.searcher import (
     Method,
     SearchMode,
     SearchRequest,
@@ -61,7 +61,9 @@ class AsyncSearchClient:
         self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
         settings = ClientSettings(url=self.base_url, timeout_s=timeout, connect_timeout_s=connect_timeout,
                                   max_retries=max_retries, backoff_s=backoff, max_connections=max_connections,
-                                  token=SecretStr(key) if key else None)
+                                  token=SecretStr(key) if key else None,
+                                  # httpx's pool: all the client install has (aiohttp is the services' wire)
+                                  http_transport="httpx")
         self._client = SearcherClient(settings, transport=transport, name="searcher")
 
     async def search(self, question: str | SearchRequest, *, mode: SearchMode | None = None,

@@ -18,10 +18,15 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from plugsearch.client import AsyncSearchClient
-from services.common.errors import ServiceError
-from services.common.logging import configure_logging
-from services.common.schemas.searcher import MAX_QUESTION_CHARS, MAX_RETRIEVE_K, SearchedDocument, SearchMode
-from services.searcher.parsing import format_documents
+from plugsearch.common.errors import ServiceError
+from plugsearch.common.logging import configure_logging
+from plugsearch.common.schemas.searcher import (
+    MAX_QUESTION_CHARS,
+    MAX_RETRIEVE_K,
+    SearchedDocument,
+    SearchMode,
+)
+from plugsearch.searcher.parsing import format_documents
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -89,11 +94,11 @@ def create_server(client: AsyncSearchClient, settings: McpSettings | None = None
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    import services
+    from plugsearch.version import __version__
 
     settings = settings or McpSettings()
     server: MCPServer[Any] = MCPServer("plugsearch", title="plugsearch search agent", instructions=INSTRUCTIONS,
-                                       version=services.__version__)
+                                       version=__version__)
 
     @server.custom_route("/health", methods=["GET"], include_in_schema=False)
     async def health(request: Any) -> Any:  # the HTTP transport's liveness probe (no MCP session needed)

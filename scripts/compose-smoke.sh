@@ -268,7 +268,7 @@ compact_search() {  # compact_search QUESTION -> HTTP status; the body in last.j
     -d "$(printf '{"question": "%s", "return_trace": true}' "$1")" || true
 }
 compact_answer() {  # -> "ok policy_model degraded pool" of last.json, against the packaged policy's manifest
-  python3 - "$WORK/last.json" "$REPO/services/searcher/trained/compact/manifest.json" <<'EOF'
+  python3 - "$WORK/last.json" "$REPO/plugsearch/searcher/trained/compact/manifest.json" <<'EOF'
 import json, sys
 try:
     body = json.load(open(sys.argv[1]))

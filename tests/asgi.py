@@ -27,9 +27,9 @@ def served_in_thread(app: FastAPI, timeout_s: float = 30.0) -> Iterator[str]:
     its URL."""
     import uvicorn
 
-    from services.common.process import uvicorn_options
-    from services.common.settings import ServiceSettings
-    from services.common.workers import free_port
+    from plugsearch.common.process import uvicorn_options
+    from plugsearch.common.settings import ServiceSettings
+    from plugsearch.common.workers import free_port
 
     port = free_port()
     settings = getattr(app.state, "settings", None)

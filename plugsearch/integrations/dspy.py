@@ -24,6 +24,8 @@ from typing import Any
 import dspy
 
 from plugsearch.client import AsyncSearchClient, SearchClient
+from plugsearch.common.errors import ServiceError
+from plugsearch.common.schemas.searcher import Method, SearchMode, SearchResponse
 from plugsearch.integrations._common import (
     FailedSearch,
     SearchOptions,
@@ -31,8 +33,6 @@ from plugsearch.integrations._common import (
     passage,
     search_metadata,
 )
-from services.common.errors import ServiceError
-from services.common.schemas.searcher import Method, SearchMode, SearchResponse
 
 
 class PlugsearchRetrieverError(dspy.DSPyError, FailedSearch):

@@ -25,6 +25,8 @@ from haystack.core.errors import ComponentError
 from haystack.utils import Secret, deserialize_secrets_inplace
 
 from plugsearch.client import AsyncSearchClient, SearchClient
+from plugsearch.common.errors import ServiceError
+from plugsearch.common.schemas.searcher import Method, SearchMode, SearchResponse
 from plugsearch.integrations._common import (
     Clients,
     FailedSearch,
@@ -33,8 +35,6 @@ from plugsearch.integrations._common import (
     make_clients,
     search_metadata,
 )
-from services.common.errors import ServiceError
-from services.common.schemas.searcher import Method, SearchMode, SearchResponse
 
 
 class PlugsearchRetrieverError(ComponentError, FailedSearch):

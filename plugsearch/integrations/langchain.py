@@ -22,6 +22,8 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
 from plugsearch.client import AsyncSearchClient, SearchClient
+from plugsearch.common.errors import ServiceError
+from plugsearch.common.schemas.searcher import Method, SearchMode, SearchResponse
 from plugsearch.integrations._common import (
     Clients,
     FailedSearch,
@@ -30,8 +32,6 @@ from plugsearch.integrations._common import (
     make_clients,
     search_metadata,
 )
-from services.common.errors import ServiceError
-from services.common.schemas.searcher import Method, SearchMode, SearchResponse
 
 
 class PlugsearchRetrieverError(LangChainException, FailedSearch):

@@ -22,6 +22,8 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from plugsearch.client import AsyncSearchClient, SearchClient
+from plugsearch.common.errors import ServiceError
+from plugsearch.common.schemas.searcher import Method, SearchMode, SearchResponse
 from plugsearch.integrations._common import (
     FailedSearch,
     SearchOptions,
@@ -29,8 +31,6 @@ from plugsearch.integrations._common import (
     make_clients,
     search_metadata,
 )
-from services.common.errors import ServiceError
-from services.common.schemas.searcher import Method, SearchMode, SearchResponse
 
 SHOWN_METADATA = ("title",)
 """The metadata an LLM sees beside a node's text (LlamaIndex puts metadata into prompts): the title only."""

@@ -19,12 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.clients import RetrieverClient
-from services.common.http import ClientSettings
-from services.common.llm import LLMSettings, OpenAIChatClient
-from services.generator.tokens import EstimatedTokens
-from services.searcher.retrieval import ServiceRetriever
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.llm import LLMSettings, OpenAIChatClient
+from plugsearch.generator.tokens import EstimatedTokens
+from plugsearch.searcher.retrieval import ServiceRetriever
 from tests.asgi import app_client
 from tests.support import fake_policy
 from tests.support.chat_policy import chat as chat_policy
@@ -37,8 +37,8 @@ SERVICES = ("searcher", "retriever", "generator", "judge")
 # ---------------------------------------------------------------------------------------- builders
 def build_tiny_index(data_dir: Path, folder: Path) -> tuple[Path, Path]:
     """The first passages of the shared corpus (a temporary copy, never in the repo) + their bm25s index."""
-    from services.retriever.cli import build
-    from services.retriever.settings import RetrieverSettings
+    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.settings import RetrieverSettings
 
     folder.mkdir(parents=True, exist_ok=True)
     corpus = folder / "tiny.jsonl"
@@ -53,7 +53,7 @@ def build_tiny_index(data_dir: Path, folder: Path) -> tuple[Path, Path]:
 
 
 def prepare_tiny_index(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from services.retriever.bm25 import Bm25sRetriever
+    from plugsearch.retriever.bm25 import Bm25sRetriever
 
     corpus, index_dir = build_tiny_index(data_dir, tmp_path_factory.mktemp("tiny_retriever"))
     # Compile bm25s's numba scorer once, here on the main thread: every app built later in this
@@ -80,8 +80,8 @@ async def _wait_ready(client: httpx.AsyncClient, timeout_s: float = 60.0) -> Non
 
 @asynccontextmanager
 async def retriever_client(index: tuple[Path, Path], **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    from services.retriever.api import create_app
-    from services.retriever.settings import RetrieverSettings
+    from plugsearch.retriever.api import create_app
+    from plugsearch.retriever.settings import RetrieverSettings
 
     corpus, index_dir = index
     app = create_app(RetrieverSettings(corpus=corpus, index_dir=index_dir, bm25_threads=1, **settings))
@@ -93,10 +93,10 @@ async def retriever_client(index: tuple[Path, Path], **settings: Any) -> AsyncIt
 @asynccontextmanager
 async def searcher_client(index: tuple[Path, Path], **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
     """The searcher over the real (tiny) retriever app and the scripted s3/QAgent policy."""
-    from services.retriever.api import create_app as create_retriever
-    from services.retriever.settings import RetrieverSettings
-    from services.searcher.api import create_app
-    from services.searcher.settings import SearcherSettings
+    from plugsearch.retriever.api import create_app as create_retriever
+    from plugsearch.retriever.settings import RetrieverSettings
+    from plugsearch.searcher.api import create_app
+    from plugsearch.searcher.settings import SearcherSettings
 
     corpus, index_dir = index
     retriever_app = create_retriever(RetrieverSettings(corpus=corpus, index_dir=index_dir, bm25_threads=1))
@@ -121,8 +121,8 @@ async def searcher_client(index: tuple[Path, Path], **settings: Any) -> AsyncIte
 
 @asynccontextmanager
 async def generator_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    from services.generator.api import create_app
-    from services.generator.settings import GeneratorSettings
+    from plugsearch.generator.api import create_app
+    from plugsearch.generator.settings import GeneratorSettings
 
     llm = create_fake_llm_app(lambda body: "Paris")
     app = create_app(GeneratorSettings(llm=LLMSettings(base_url="http://llm/v1", model="fake-gen", max_retries=0),
@@ -134,8 +134,8 @@ async def generator_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
 
 @asynccontextmanager
 async def judge_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    from services.judge.api import create_app
-    from services.judge.settings import JudgeSettings
+    from plugsearch.judge.api import create_app
+    from plugsearch.judge.settings import JudgeSettings
 
     llm = create_fake_llm_app(yes)
     app = create_app(JudgeSettings(llm=LLMSettings(base_url="http://llm/v1", model="fake-judge", max_retries=0),
@@ -316,7 +316,7 @@ async def test_wrong_methods_and_paths_are_4xx_envelopes(service: str, tiny_inde
 
 async def test_limits_in_the_schemas_refuse_oversized_batches(tiny_index: tuple[Path, Path]) -> None:
     """One past each documented batch maximum is a 422 before any work starts."""
-    from services.common.schemas import generator, judge, retriever, searcher
+    from plugsearch.common.schemas import generator, judge, retriever, searcher
 
     async with searcher_client(tiny_index) as client:
         items = [{"question": "q", "mode": "naive"}] * (searcher.MAX_BATCH + 1)

@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
-from services.common.llm import LLMSettings, OpenAIChatClient
-from services.searcher.api import create_app
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.settings import ChatProxySettings, SearcherSettings
+from plugsearch.common.llm import LLMSettings, OpenAIChatClient
+from plugsearch.searcher.api import create_app
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.searcher.settings import ChatProxySettings, SearcherSettings
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client
 from tests.support.chat_policy import chat as chat_policy

@@ -25,8 +25,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from services.common.llm import LLMSettings
-from services.searcher.settings import ChatProxySettings
+from plugsearch.common.llm import LLMSettings
+from plugsearch.searcher.settings import ChatProxySettings
 from tests.api.test_chat_proxy import KEY, ChatStack
 from tests.api.test_searcher_api import Q
 from tests.api.test_shared_resources_hostile import AUTH, OTHER, OTHER_KEY, chat_body, until

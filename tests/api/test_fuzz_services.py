@@ -104,8 +104,8 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(service: str, fuzz_in
 
 def test_retriever_documents_its_errors() -> None:
     """The 400 for an unserved method (and the other refusals) are in the retriever's OpenAPI document."""
-    from services.retriever.api import create_app
-    from services.retriever.settings import RetrieverSettings
+    from plugsearch.retriever.api import create_app
+    from plugsearch.retriever.settings import RetrieverSettings
 
     paths = create_app(RetrieverSettings()).openapi()["paths"]
     assert {"400", "429", "503"} <= set(paths["/retrieve"]["post"]["responses"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.common.llm import LLMSettings
-from services.generator.api import create_app
-from services.generator.settings import GeneratorSettings
+from plugsearch.common.llm import LLMSettings
+from plugsearch.generator.api import create_app
+from plugsearch.generator.settings import GeneratorSettings
 from tests.asgi import app_client
 from tests.conftest import free_port
 from tests.support.fake_llm import create_fake_llm_app

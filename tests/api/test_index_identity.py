@@ -15,20 +15,20 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.clients import RetrieverClient
-from services.common.http import ClientSettings
-from services.common.schemas.base import Document
-from services.common.schemas.retriever import RetrieveRequest, RetrieveResponse
-from services.common.schemas.searcher import SearchRequest
-from services.retriever.manifest import Manifest
-from services.retriever.serving import index_identity
-from services.retriever.settings import RetrieverSettings
-from services.searcher.index_identity import IndexIdentity
-from services.searcher.policy import ChatPolicy
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.serving import SearchService
-from services.searcher.settings import SearcherSettings
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.retriever import RetrieveRequest, RetrieveResponse
+from plugsearch.common.schemas.searcher import SearchRequest
+from plugsearch.retriever.manifest import Manifest
+from plugsearch.retriever.serving import index_identity
+from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.searcher.index_identity import IndexIdentity
+from plugsearch.searcher.policy import ChatPolicy
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.searcher.serving import SearchService
+from plugsearch.searcher.settings import SearcherSettings
 
 
 def retriever_app() -> FastAPI:

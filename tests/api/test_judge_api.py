@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.common.llm import LLMSettings
-from services.judge.api import create_app
-from services.judge.settings import JudgeSettings
+from plugsearch.common.llm import LLMSettings
+from plugsearch.judge.api import create_app
+from plugsearch.judge.settings import JudgeSettings
 from tests.asgi import app_client
 from tests.conftest import free_port
 from tests.support.fake_llm import create_fake_llm_app
@@ -106,12 +106,12 @@ async def test_ready_without_llm_when_not_required() -> None:
 
 
 async def test_clients_chunk_large_batches_and_keep_order() -> None:
-    from services.common.clients import GeneratorClient, JudgeClient
-    from services.common.http import ClientSettings
-    from services.common.schemas.generator import GenerateRequest
-    from services.common.schemas.judge import JudgeRequest
-    from services.generator.api import create_app as create_generator
-    from services.generator.settings import GeneratorSettings
+    from plugsearch.common.clients import GeneratorClient, JudgeClient
+    from plugsearch.common.http import ClientSettings
+    from plugsearch.common.schemas.generator import GenerateRequest
+    from plugsearch.common.schemas.judge import JudgeRequest
+    from plugsearch.generator.api import create_app as create_generator
+    from plugsearch.generator.settings import GeneratorSettings
 
     fake = create_fake_llm_app(lambda body: "no")
     judge_app = create_app(fake_settings(), llm_transport=httpx.ASGITransport(app=fake))

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.llama_server import (
+from plugsearch.common.llama_server import (
     DEFAULT_MODEL_ALIAS,
     LlamaServerError,
     apply_weight_repacking,
@@ -16,11 +16,11 @@ from services.common.llama_server import (
     llama_server_command,
     weight_repacking,
 )
-from services.common.llm import LLMSettings
-from services.generator.api import create_app as create_generator
-from services.generator.settings import GeneratorSettings
-from services.judge.api import create_app as create_judge
-from services.judge.settings import JudgeSettings
+from plugsearch.common.llm import LLMSettings
+from plugsearch.generator.api import create_app as create_generator
+from plugsearch.generator.settings import GeneratorSettings
+from plugsearch.judge.api import create_app as create_judge
+from plugsearch.judge.settings import JudgeSettings
 from tests.asgi import app_client, served_in_thread
 from tests.support.fake_llm import create_fake_llm_app
 

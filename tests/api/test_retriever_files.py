@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.retriever.api import create_app
-from services.retriever.ingest.formats import NO_TEXT_LAYER
+from plugsearch.retriever.api import create_app
+from plugsearch.retriever.ingest.formats import NO_TEXT_LAYER
 from tests.asgi import app_client
 from tests.support.retriever import tiny_bm25s, tiny_settings
 from tests.unit.test_ingest import NOTES, PAGE_HTML, PDF_PAGE_2, SETUP_MD, write_pdf, write_scanned_pdf
@@ -156,7 +156,7 @@ def test_the_upload_command_sends_a_folder_in_batches_and_reports_what_was_skipp
     under the body limit (a batch over it split, a file over it alone reported), the good ones searchable."""
     import time
 
-    from services.retriever.cli import main
+    from plugsearch.retriever.cli import main
     from tests.asgi import served_in_thread
 
     docs = tmp_path / "docs"

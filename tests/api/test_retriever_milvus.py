@@ -23,16 +23,16 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from services.common.errors import NotReady
-from services.retriever import milvus
-from services.retriever.api import create_app
-from services.retriever.corpus import Corpus
-from services.retriever.dense import FaissIndex
-from services.retriever.dense_build import dense_folder, embed_corpus, iter_chunks
-from services.retriever.encoder import Encoder
-from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest
-from services.retriever.serving import check_indexes
-from services.retriever.settings import RetrieverSettings
+from plugsearch.common.errors import NotReady
+from plugsearch.retriever import milvus
+from plugsearch.retriever.api import create_app
+from plugsearch.retriever.corpus import Corpus
+from plugsearch.retriever.dense import FaissIndex
+from plugsearch.retriever.dense_build import dense_folder, embed_corpus, iter_chunks
+from plugsearch.retriever.encoder import Encoder
+from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest
+from plugsearch.retriever.serving import check_indexes
+from plugsearch.retriever.settings import RetrieverSettings
 from tests.api.test_retriever_api import (  # noqa: F401 - collected here again, against this module's fixtures
     assert_envelope,
     test_concurrent_requests_all_answered_correctly,
@@ -314,8 +314,8 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
     """A writer killed between its log line and Milvus (or a Milvus that did not answer) leaves the change in the log
     only: the next start-up carries it into the collection before serving; a collection carrying changes its log
     does not hold is refused."""
-    from services.retriever.changelog import ChangeLog, Passage
-    from services.retriever.serving import CHANGES_DIR
+    from plugsearch.retriever.changelog import ChangeLog, Passage
+    from plugsearch.retriever.serving import CHANGES_DIR
 
     encoder = Encoder(scratch.encoder)
     text = "Lighthouse keepers trimmed the lamp wicks every night on the rocky coast."

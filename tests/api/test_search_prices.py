@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.admission import COST_STATE
-from services.common.schemas.searcher import (
+from plugsearch.common.admission import COST_STATE
+from plugsearch.common.schemas.searcher import (
     Retrieval,
     SearchParams,
     SearchRequest,

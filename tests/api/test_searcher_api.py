@@ -12,16 +12,16 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.clients import RetrieverClient, SearcherClient
-from services.common.http import ClientSettings
-from services.common.llm import LLMSettings, OpenAIChatClient
-from services.common.schemas.base import Document
-from services.common.schemas.retriever import RetrieveRequest, RetrieveResponse
-from services.common.schemas.searcher import SearchRequest
-from services.searcher.api import create_app
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.settings import SearcherSettings
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.clients import RetrieverClient, SearcherClient
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.llm import LLMSettings, OpenAIChatClient
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.retriever import RetrieveRequest, RetrieveResponse
+from plugsearch.common.schemas.searcher import SearchRequest
+from plugsearch.searcher.api import create_app
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.searcher.settings import SearcherSettings
 from tests.asgi import app_client
 from tests.support import fake_policy
 from tests.support.chat_policy import chat as chat_policy
@@ -265,7 +265,7 @@ class ManifestStack(Stack):
 
     def __init__(self, manifest: Path, **settings: Any) -> None:
         super().__init__(**settings)
-        from services.searcher.policy import ChatPolicy
+        from plugsearch.searcher.policy import ChatPolicy
 
         served = SearcherSettings(policy_manifest=manifest, **settings)
         self.app = create_app(served, policy=ChatPolicy(self.policy, manifest=served.chat_manifest()),

@@ -19,15 +19,15 @@ import pytest
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.clients import RetrieverClient
-from services.common.http import ClientSettings
-from services.common.schemas.searcher import SearchParams, search_cost
-from services.searcher.api import create_app
-from services.searcher.compact import CompactPolicy
-from services.searcher.env import Action, SearchEnv
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.settings import SearcherSettings
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.schemas.searcher import SearchParams, search_cost
+from plugsearch.searcher.api import create_app
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.searcher.env import Action, SearchEnv
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.searcher.settings import SearcherSettings
 from tests.api.test_searcher_api import Q, fake_retriever_app
 from tests.api.test_searcher_stream import events_of
 from tests.asgi import app_client
@@ -79,7 +79,7 @@ def test_a_bad_compact_policy_folder_is_refused_at_start_up(tmp_path: Path) -> N
 
 
 def test_the_packaged_policy_is_shipped_and_named_by_packaged() -> None:
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     settings = SearcherSettings(compact_policy="packaged", retrieve_k=30)
     assert settings.compact_policy == COMPACT_DIR
@@ -101,7 +101,7 @@ async def test_qagent_is_refused_and_a_compact_search_costs_its_retrievals(polic
         await retriever.aclose()
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "mode" and "qagent" in refused.json()["error"]["message"]
-    from services.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
+    from plugsearch.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
 
     first = retrieval_cost(Retrieval(None, len(Q), 5))  # BM25 (the default method), k 5: 0.85
     follow_up = retrieval_cost(Retrieval(None, len(Q) + 64, 5))
@@ -139,7 +139,7 @@ async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_t
     assert [e["method"] for name, e in streamed if name == "retrieval"] == ["bm25", "dense"]
     requests = retriever.state.requests
     assert [r.methods for r in requests] == [["bm25", "dense"]] * 2  # each search's pool: one request
-    from services.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
+    from plugsearch.common.schemas.searcher import Retrieval, SearchRequest, retrieval_cost
 
     dense = retrieval_cost(Retrieval("dense", len(Q), 5))  # it encodes the question: dearer than BM25's
     assert dense > retrieval_cost(Retrieval("bm25", len(Q), 5))
@@ -150,9 +150,9 @@ async def test_compact_dense_on_adds_a_dense_block_to_the_trace_the_stream_and_t
 async def test_compact_dense_auto_follows_what_the_retriever_serves(dense_policy_dir: Path) -> None:
     from fastapi.responses import JSONResponse
 
-    from services.common.schemas.searcher import SearchRequest
-    from services.searcher.index_identity import IndexIdentity
-    from services.searcher.serving import SearchService
+    from plugsearch.common.schemas.searcher import SearchRequest
+    from plugsearch.searcher.index_identity import IndexIdentity
+    from plugsearch.searcher.serving import SearchService
 
     retriever = fake_retriever_app()
     retriever.state.details = {"index_id": "i1", "methods": ["bm25", "dense", "hybrid"], "encoder": "all-MiniLM-L6-v2"}
@@ -244,10 +244,10 @@ async def test_the_service_applies_the_setting_of_the_policys_manifest(searching
 
 
 async def test_a_bare_searcher_serves_the_packaged_policy_in_its_setting_and_naive_keeps_its_defaults() -> None:
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     shipped = CompactPolicy.load(COMPACT_DIR)
-    app, retriever, client = searcher(SearcherSettings())  # as `python -m services.searcher` with its URLs only
+    app, retriever, client = searcher(SearcherSettings())  # as `python -m plugsearch.searcher` with its URLs only
     try:
         async with app_client(app) as http:  # type: ignore[arg-type]
             version = (await http.get("/version")).json()["details"]
@@ -317,9 +317,9 @@ async def test_the_follow_up_method_does_not_follow_the_retrievers_default(searc
     client = RetrieverClient(ClientSettings(url="http://retriever", max_retries=0),
                              transport=httpx.ASGITransport(app=retriever))
     settings = SearcherSettings(compact_policy=searching_dir)
-    from services.common.schemas.searcher import SearchRequest
-    from services.searcher.index_identity import IndexIdentity
-    from services.searcher.serving import SearchService
+    from plugsearch.common.schemas.searcher import SearchRequest
+    from plugsearch.searcher.index_identity import IndexIdentity
+    from plugsearch.searcher.serving import SearchService
 
     service = SearchService(settings, policy=CompactPolicy.load(searching_dir), retriever=ServiceRetriever(client),
                             index_identity=IndexIdentity(client, ttl_s=0))
@@ -423,10 +423,10 @@ def test_a_bad_manifest_is_refused_at_start_with_a_clear_message(tmp_path: Path,
 
 def test_the_service_started_with_a_bad_manifest_exits_2_with_one_line(tmp_path: Path) -> None:
     folder = bad_policy(tmp_path, "no_select_k")
-    from services.common.workers import free_port
+    from plugsearch.common.workers import free_port
 
     env = {**os.environ, "SEARCHER_COMPACT_POLICY": str(folder), "SEARCHER_PORT": str(free_port())}
-    done = subprocess.run([sys.executable, "-m", "services.searcher"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "plugsearch.searcher"], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.startswith("searcher: invalid configuration: ") and "lacks select_k" in done.stderr

@@ -11,21 +11,21 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.clients import RetrieverClient
-from services.common.http import ClientSettings
-from services.common.schemas.searcher import SearchRequest
-from services.retriever.api import create_app as retriever_app
-from services.retriever.settings import RetrieverSettings
-from services.searcher.api import sampler
-from services.searcher.compact import CompactPolicy
-from services.searcher.corpus_check import CorpusGate
-from services.searcher.env import Action, SearchEnv
-from services.searcher.index_identity import IndexIdentity
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.serving import SearchService
-from services.searcher.settings import SearcherSettings
-from services.searcher.trained import COMPACT_DIR
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.schemas.searcher import SearchRequest
+from plugsearch.retriever.api import create_app as retriever_app
+from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.searcher.api import sampler
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.searcher.corpus_check import CorpusGate
+from plugsearch.searcher.env import Action, SearchEnv
+from plugsearch.searcher.index_identity import IndexIdentity
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.searcher.serving import SearchService
+from plugsearch.searcher.settings import SearcherSettings
+from plugsearch.searcher.trained import COMPACT_DIR
 from tests.api.test_retriever_api import tiny, wait_ready  # noqa: F401 - tiny: the retriever's fixture
 from tests.asgi import app_client
 

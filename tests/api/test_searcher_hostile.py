@@ -11,14 +11,14 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.clients import RetrieverClient
-from services.common.errors import BadRequest
-from services.common.http import ClientSettings
-from services.common.schemas.retriever import MAX_QUERY_CHARS
-from services.common.schemas.searcher import MAX_QUESTION_CHARS, SearchParams
-from services.searcher.policy import ChatPolicy
-from services.searcher.retrieval import ServiceRetriever
-from services.searcher.serving import CACHE_NAMESPACE
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.common.errors import BadRequest
+from plugsearch.common.http import ClientSettings
+from plugsearch.common.schemas.retriever import MAX_QUERY_CHARS
+from plugsearch.common.schemas.searcher import MAX_QUESTION_CHARS, SearchParams
+from plugsearch.searcher.policy import ChatPolicy
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.searcher.serving import CACHE_NAMESPACE
 from tests.api.test_searcher_api import Q, Stack, fake_retriever_app
 from tests.asgi import app_client
 from tests.support.chat_policy import run_search

@@ -22,12 +22,12 @@ import pytest
 
 import plugsearch
 from plugsearch import AsyncSearchClient, SearchClient
-from services.common import sse
-from services.common.llm import ChatMessage, ChatResult
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import ActionEvent, EndEvent, RetrievalEvent, SearchResponse
-from services.searcher.api import create_app
-from services.searcher.settings import SearcherSettings
+from plugsearch.common import sse
+from plugsearch.common.llm import ChatMessage, ChatResult
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import ActionEvent, EndEvent, RetrievalEvent, SearchResponse
+from plugsearch.searcher.api import create_app
+from plugsearch.searcher.settings import SearcherSettings
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client, served_in_thread
 from tests.support.chat_policy import chat as chat_policy

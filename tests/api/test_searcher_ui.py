@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from services.searcher.api import create_app
-from services.searcher.settings import SearcherSettings
-from services.searcher.ui import ASSETS
+from plugsearch.searcher.api import create_app
+from plugsearch.searcher.settings import SearcherSettings
+from plugsearch.searcher.ui import ASSETS
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client
 

@@ -13,9 +13,9 @@ import httpx
 import orjson
 import pytest
 
-from services.common.errors import UpstreamTimeout
-from services.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
-from services.searcher.settings import ChatProxySettings
+from plugsearch.common.errors import UpstreamTimeout
+from plugsearch.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
+from plugsearch.searcher.settings import ChatProxySettings
 from tests.api.test_chat_proxy import KEY, ChatStack
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client

@@ -14,9 +14,9 @@ from fastapi import FastAPI, Request
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from services.common.llm import LLMSettings
-from services.common.schemas.base import Document
-from services.common.schemas.retriever import RetrieveRequest, RetrieveResponse
+from plugsearch.common.llm import LLMSettings
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.retriever import RetrieveRequest, RetrieveResponse
 from tests.api import test_searcher_api as searcher_api_tests
 from tests.api.test_searcher_api import Q, Stack
 from tests.asgi import app_client
@@ -119,12 +119,12 @@ async def test_tracing_off_records_and_sends_nothing(stack: Stack) -> None:
 
 
 async def test_the_trainers_generator_and_judge_calls_are_one_trace() -> None:
-    from services.generator.api import create_app as generator_app
-    from services.generator.settings import GeneratorSettings
-    from services.judge.api import create_app as judge_app
-    from services.judge.settings import JudgeSettings
-    from trainer.common.settings import TrainerSettings
-    from trainer.common.upstreams import ServiceStack
+    from plugsearch.generator.api import create_app as generator_app
+    from plugsearch.generator.settings import GeneratorSettings
+    from plugsearch.judge.api import create_app as judge_app
+    from plugsearch.judge.settings import JudgeSettings
+    from plugsearch.trainer.common.settings import TrainerSettings
+    from plugsearch.trainer.common.upstreams import ServiceStack
 
     llm = LLMSettings(base_url="http://fake-llm/v1", model="fake-gen", max_retries=0)
     generator = generator_app(GeneratorSettings(llm=llm, tokenizer_from_gguf=False),

@@ -27,10 +27,10 @@ import httpx
 import orjson
 import pytest
 
-from services.common.llama_server import DEFAULT_MODEL_ALIAS, LlamaServer
-from services.common.llm import LLMSettings
-from services.searcher.api import create_app
-from services.searcher.settings import ChatProxySettings, SearcherSettings
+from plugsearch.common.llama_server import DEFAULT_MODEL_ALIAS, LlamaServer
+from plugsearch.common.llm import LLMSettings
+from plugsearch.searcher.api import create_app
+from plugsearch.searcher.settings import ChatProxySettings, SearcherSettings
 from tests.asgi import app_client, served_in_thread
 from tests.support.services import ensure_bm25_index, retriever_process
 

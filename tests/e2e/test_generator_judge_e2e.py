@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from services.common.llama_server import DEFAULT_MODEL_ALIAS
+from plugsearch.common.llama_server import DEFAULT_MODEL_ALIAS
 from tests.conftest import VAR, free_port
 from tests.support.services import service_process
 
@@ -36,7 +36,7 @@ def service(module: str, prefix: str, llama_url: str, redis_url: str) -> Iterato
     if prefix == "GENERATOR":
         env["GENERATOR_TOKENIZER_CACHE_DIR"] = str(VAR / "tokenizers")
     # up to 300 s: reading SmolLM2's tokenizer from the GGUF the first time
-    with service_process(f"services.{module}", env, port, VAR / "logs" / f"e2e_{module}.log", timeout_s=300) as url:
+    with service_process(f"plugsearch.{module}", env, port, VAR / "logs" / f"e2e_{module}.log", timeout_s=300) as url:
         yield url
 
 
@@ -84,7 +84,7 @@ def test_saved_smollm2_tokenizer_counts_like_transformers(var_dir: Path) -> None
     """The fast path (tokenizers on the saved copy) counts and cuts exactly as transformers does."""
     from transformers import AutoTokenizer
 
-    from services.generator.tokens import FastTokens, load_token_counter
+    from plugsearch.generator.tokens import FastTokens, load_token_counter
 
     cache = var_dir / "tokenizers"
     fast = load_token_counter(None, model=DEFAULT_MODEL_ALIAS, cache_dir=str(cache))

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from services.common.llama_server import DEFAULT_MODEL_ALIAS
-from services.common.workers import free_port
+from plugsearch.common.llama_server import DEFAULT_MODEL_ALIAS
+from plugsearch.common.workers import free_port
 from tests.support.services import (
     REPO,
     ensure_bm25_index,

@@ -33,7 +33,7 @@ def start(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]
     since = log.stat().st_size if log.exists() else 0
     workers = int(env["RETRIEVER_WORKERS"])
     with log.open("ab") as out:  # the child keeps its own copy of the file
-        proc = subprocess.Popen([sys.executable, "-m", "services.retriever"], cwd=REPO, start_new_session=True,
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.retriever"], cwd=REPO, start_new_session=True,
                                 env={**os.environ, **env, "RETRIEVER_PORT": str(port)}, stdout=out,
                                 stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240

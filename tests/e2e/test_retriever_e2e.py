@@ -16,14 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.procgroup import ProcessGroup, ProcessSpec
-from services.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-from services.retriever.corpus import Corpus
-from services.retriever.dense import DenseRetriever, FaissIndex
-from services.retriever.dense_build import dense_folder
-from services.retriever.encoder import Encoder
-from services.retriever.fusion import HybridRetriever
-from services.retriever.settings import RetrieverSettings
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec
+from plugsearch.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
+from plugsearch.retriever.corpus import Corpus
+from plugsearch.retriever.dense import DenseRetriever, FaissIndex
+from plugsearch.retriever.dense_build import dense_folder
+from plugsearch.retriever.encoder import Encoder
+from plugsearch.retriever.fusion import HybridRetriever
+from plugsearch.retriever.settings import RetrieverSettings
 from tests.conftest import REPO, first_questions, free_port
 from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
@@ -41,7 +41,7 @@ class Served:
                "RETRIEVER_DENSE": str(settings.dense).lower(), "RETRIEVER_BM25_BACKEND": settings.bm25_backend,
                "RETRIEVER_LOG_LEVEL": "WARNING", **extra_env}
         self.group = ProcessGroup(cwd=REPO)
-        self.group.add(ProcessSpec("retriever", [sys.executable, "-m", "services.retriever"], env=env,
+        self.group.add(ProcessSpec("retriever", [sys.executable, "-m", "plugsearch.retriever"], env=env,
                                    ready_url=f"{self.url}/health/ready"))
         self.group.start()
         self.proc = self.group.procs["retriever"]

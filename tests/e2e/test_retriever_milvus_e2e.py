@@ -15,15 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.procgroup import ProcessGroup, ProcessSpec
-from services.common.workers import free_port
-from services.retriever.bm25 import Bm25sRetriever
-from services.retriever.corpus import Corpus
-from services.retriever.dense import DenseRetriever, FaissIndex
-from services.retriever.dense_build import dense_folder
-from services.retriever.encoder import Encoder
-from services.retriever.fusion import HybridRetriever
-from services.retriever.settings import RetrieverSettings
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec
+from plugsearch.common.workers import free_port
+from plugsearch.retriever.bm25 import Bm25sRetriever
+from plugsearch.retriever.corpus import Corpus
+from plugsearch.retriever.dense import DenseRetriever, FaissIndex
+from plugsearch.retriever.dense_build import dense_folder
+from plugsearch.retriever.encoder import Encoder
+from plugsearch.retriever.fusion import HybridRetriever
+from plugsearch.retriever.settings import RetrieverSettings
 from tests.api.test_retriever_milvus import tiny  # noqa: F401 - the fixture: tiny corpus, its collection built
 from tests.e2e.test_retriever_e2e import Served, questions, served_ids  # noqa: F401 - `questions` is a fixture
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.llama_server import DEFAULT_MODEL_ALIAS
+from plugsearch.common.llama_server import DEFAULT_MODEL_ALIAS
 from tests.support.services import ensure_bm25_index, load_questions, retriever_process, searcher_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.searcher.compact import CompactPolicy
-from services.searcher.trained import COMPACT_DIR
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.searcher.trained import COMPACT_DIR
 from tests.support.procs import process_table
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +71,7 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
     env = {**os.environ, "PLUGSEARCH_DATA": str(data_dir), "PYTHONUNBUFFERED": "1",
            "SEARCHER_DOC_CHARS": "300", "SEARCHER_MAX_NEW_TOKENS": "64"}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color", "--chat",
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.stack", "--free-ports", "--no-color", "--chat",
                                  "--ready-file", str(ready_file), "--var-dir", str(var_dir),
                                  "--ready-timeout", str(READY_TIMEOUT_S)],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -90,7 +90,7 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
         started = descendants(proc.pid)
         names = {Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                  for pid in started if Path(f"/proc/{pid}/cmdline").exists()}
-        expected = ["services.common.llama_server", *(f"services.{svc}" for svc in ("retriever", "generator", "judge",
+        expected = ["plugsearch.common.llama_server", *(f"plugsearch.{svc}" for svc in ("retriever", "generator", "judge",
                                                                         "searcher"))]
         if shutil.which("redis-server"):
             expected.append("redis-server")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.workers import free_port
+from plugsearch.common.workers import free_port
 from tests.e2e.test_stack import alive, descendants, log_tail
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +27,7 @@ def run_stack(tmp_path: Path, data_dir: Path, *args: str, env: dict[str, str] | 
         corpus.write_text("".join(next(src) for _ in range(500)))
     log = tmp_path / "stack.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color", "--no-redis",
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.stack", "--free-ports", "--no-color", "--no-redis",
                                  "--corpus", str(corpus), "--var-dir", str(tmp_path / "var"), *args],
                                 cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
@@ -62,7 +62,7 @@ def test_a_service_that_dies_at_start_stops_the_others(tmp_path: Path, data_dir:
     code, output, seen = run_stack(tmp_path, data_dir, "--llm-url", f"http://127.0.0.1:{free_port()}/v1",
                                    env={"GENERATOR_MIN_DOCUMENT_TOKENS": "5000"})
     assert code not in (0, 130), output[-4000:]
-    assert "generator stopped (rc=2)" in output  # a bad setting: one line, exit 2 (services.common.process.entrypoint)
+    assert "generator stopped (rc=2)" in output  # a bad setting: one line, exit 2 (plugsearch.common.process.entrypoint)
     assert "generator: invalid configuration: " in output
     assert "plugsearch is ready" not in output
     assert seen and not alive(seen), output[-4000:]

@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
+from plugsearch.trainer.common.data import load_qa
 from tests.e2e.test_stack import alive, descendants, log_tail, wait_ready
 from tests.e2e.test_stack_failures import REPO
-from trainer.common.data import load_qa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")]
 
@@ -70,7 +70,7 @@ def stack(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
            "SEARCHER_POLICY__MAX_RETRIES": "0", "SEARCHER_POLICY__BREAKER_RESET_S": "1",
            "SEARCHER_SEARCH_TIMEOUT_S": "100", "SEARCHER_REQUEST_TIMEOUT_S": "150"}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.stack", "--free-ports", "--no-color", "--chat",
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.stack", "--free-ports", "--no-color", "--chat",
                                  "--policy", "base", "--corpus", str(corpus), "--var-dir", str(tmp / "var"),
                                  "--ready-file", str(ready_file), "--ready-timeout", str(READY_TIMEOUT_S)],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.workers import free_port
+from plugsearch.common.workers import free_port
 from tests.support.services import (
     ensure_bm25_index,
     python_process,
@@ -69,7 +69,7 @@ def traced(data_dir: Path, var_dir: Path) -> Iterator[Traced]:
     logs = var_dir / "logs"
     port = free_port()
     collector = f"http://127.0.0.1:{port}"
-    with python_process(["-m", "services.collector", "--port", str(port)], f"{collector}/health/ready",
+    with python_process(["-m", "plugsearch.collector", "--port", str(port)], f"{collector}/health/ready",
                         logs / "tracing_collector.log"), pytest.MonkeyPatch.context() as env:
         # what an operator sets: the standard variables only (batches every 100 ms to keep the test short)
         env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector)

@@ -1,6 +1,6 @@
 """`bench/train_gpu_check.py --device cpu`: two GRPO steps of a tiny random Qwen2 model through the real
 environment, rollout, reward and TRL update; the mask holds and the ids trained on are the ids sampled.
-On a GPU machine the same script runs with `--device cuda` (see trainer/README.md)."""
+On a GPU machine the same script runs with `--device cuda` (see plugsearch/trainer/README.md)."""
 
 from __future__ import annotations
 

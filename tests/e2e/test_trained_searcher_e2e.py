@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.llama_server import LlamaServer, smollm2_gguf_path
-from services.searcher.trained import TrainedSearcher
+from plugsearch.common.llama_server import LlamaServer, smollm2_gguf_path
+from plugsearch.searcher.trained import TrainedSearcher
 from tests.support.services import ensure_bm25_index, load_questions, retriever_process, searcher_process
 
 pytestmark = [pytest.mark.e2e]

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from services.common.procgroup import ProcessGroup, ProcessSpec
+from plugsearch.common.procgroup import ProcessGroup, ProcessSpec
+from plugsearch.trainer.common.localstack import LocalServices
 from tests.conftest import REPO
-from trainer.common.localstack import LocalServices
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
@@ -41,7 +41,7 @@ def stack(llama_url: str, data_dir: Path, var_dir: Path) -> Iterator[LocalServic
 
 @pytest.fixture(scope="module")
 def policy_path(var_dir: Path) -> Path:
-    from trainer.llm.model import default_policy_path
+    from plugsearch.trainer.llm.model import default_policy_path
 
     return default_policy_path(var_dir)
 
@@ -70,13 +70,13 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
                                               data_dir: Path) -> None:
     import torch
 
-    from services.common.schemas.searcher import SearchParams
-    from trainer.common.baseline import BaselineConfig, BaselineStore
-    from trainer.common.data import train_split
-    from trainer.common.upstreams import ServiceStack
-    from trainer.llm.grpo import TrainConfig, build_trainer, read_reward_log, train
-    from trainer.llm.probe import GradientProbe
-    from trainer.llm.runner import AsyncRunner
+    from plugsearch.common.schemas.searcher import SearchParams
+    from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
+    from plugsearch.trainer.common.data import train_split
+    from plugsearch.trainer.common.upstreams import ServiceStack
+    from plugsearch.trainer.llm.grpo import TrainConfig, build_trainer, read_reward_log, train
+    from plugsearch.trainer.llm.probe import GradientProbe
+    from plugsearch.trainer.llm.runner import AsyncRunner
 
     items = train_split(data_dir, ("nq",), per_dataset=2)
     config = TrainConfig(output_dir=tmp_path / "run", model_path=policy_path, max_steps=2, questions_per_step=2,
@@ -130,7 +130,7 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
 
 def test_baseline_job_survives_sigkill(stack: LocalServices, tmp_path: Path) -> None:
     env = _env(stack, tmp_path)
-    argv = [sys.executable, "-m", "trainer.cli", "baseline", "--datasets", "nq", "--per-dataset", "8",
+    argv = [sys.executable, "-m", "plugsearch.trainer.cli", "baseline", "--datasets", "nq", "--per-dataset", "8",
             "--batch", "1", "--quiet"]
     files = lambda: list((tmp_path / "baselines").glob("baseline-*.jsonl"))  # noqa: E731
 
@@ -164,7 +164,7 @@ def test_training_resumes_from_last_checkpoint_after_sigkill(stack: LocalService
                                                              tmp_path: Path) -> None:
     env = _env(stack, tmp_path)
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "trainer.cli", "train", "--datasets", "nq", "--per-dataset", "12",
+    argv = [sys.executable, "-m", "plugsearch.trainer.cli", "train", "--datasets", "nq", "--per-dataset", "12",
             "--questions", "3", "--questions-per-step", "1", "--num-generations", "2", "--steps", "3",
             "--save-steps", "1", "--max-turns", "1", "--retrieve-k", "2", "--select-k", "1", "--doc-chars", "150",
             "--max-new-tokens", "16", "--max-completion-tokens", "256", "--threads", "1", "--model", str(policy_path),

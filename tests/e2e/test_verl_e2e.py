@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from services.common.clients import RetrieverClient
-from services.searcher.retrieval import ServiceRetriever
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.searcher.retrieval import ServiceRetriever
+from plugsearch.trainer.common.localstack import LocalServices
+from plugsearch.trainer.verl import reward
+from plugsearch.trainer.verl.agent_loop import OUTCOME_FIELD
 from tests.e2e.test_trainer_e2e import stack  # noqa: F401 - fixture: the local services
 from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
@@ -24,9 +27,6 @@ from tests.unit.test_trainer_verl import (
     run,
     tokenizer,  # noqa: F401 - fixture: SmolLM2's tokenizer
 )
-from trainer.common.localstack import LocalServices
-from trainer.verl import reward
-from trainer.verl.agent_loop import OUTCOME_FIELD
 
 pytestmark = [pytest.mark.e2e]
 
@@ -50,7 +50,7 @@ async def test_verl_episode_and_reward_through_the_services(stack: LocalServices
     documents = output.extra_fields[OUTCOME_FIELD]["documents"]
     assert len(documents) == 2 and output.extra_fields[OUTCOME_FIELD]["stop_reason"] == "complete"
 
-    from services.common.schemas.searcher import SearchParams
+    from plugsearch.common.schemas.searcher import SearchParams
 
     retriever = ServiceRetriever(RetrieverClient(settings.retriever))
     try:

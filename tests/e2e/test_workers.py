@@ -75,7 +75,7 @@ def test_workers_share_the_port_metrics_and_lifecycle(tmp_path: Path) -> None:
            "SEARCHER_RETRIEVER__URL": f"http://127.0.0.1:{free_port()}", "SEARCHER_CACHE_ENABLED": "false"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     log = (tmp_path / "searcher.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "services.searcher"], cwd=REPO, env=env,  # noqa: S603
+    proc = subprocess.Popen([sys.executable, "-m", "plugsearch.searcher"], cwd=REPO, env=env,  # noqa: S603
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         workers = wait_for(lambda: len(workers_of(proc.pid)) == 2 and workers_of(proc.pid), 60, "two workers")
@@ -136,7 +136,7 @@ def broken_app() -> object:
 
 
 def supervise(factory: str, port: int, workers: int = 2) -> subprocess.Popen[bytes]:
-    code = ("import sys; from services.common.workers import Supervisor; "
+    code = ("import sys; from plugsearch.common.workers import Supervisor; "
             f"sys.exit(Supervisor('tests.e2e.test_workers:{factory}', dict(host='127.0.0.1', port={port}, "
             f"log_level='warning', log_config=None), {workers}, poll_s=0.1).run())")
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO,  # noqa: S603

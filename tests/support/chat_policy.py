@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.schemas.searcher import SearchParams
-from services.searcher.env import SearchOutcome
-from services.searcher.loop import run_search as _run_search
-from services.searcher.policy import ChatPolicy
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.searcher.env import SearchOutcome
+from plugsearch.searcher.loop import run_search as _run_search
+from plugsearch.searcher.policy import ChatPolicy
 
 
 def chat(llm: Any) -> ChatPolicy:
@@ -17,5 +17,5 @@ def chat(llm: Any) -> ChatPolicy:
 
 
 async def run_search(question: str, params: SearchParams, *, policy: Any, **kwargs: Any) -> SearchOutcome:
-    """`services.searcher.loop.run_search` with a fake chat LLM as its policy (None: no policy, naive)."""
+    """`plugsearch.searcher.loop.run_search` with a fake chat LLM as its policy (None: no policy, naive)."""
     return await _run_search(question, params, policy=None if policy is None else ChatPolicy(policy), **kwargs)

@@ -23,7 +23,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.common import tracing
+from plugsearch.common import tracing
 
 Responder = Callable[[dict[str, Any]], "str | Awaitable[str]"]
 

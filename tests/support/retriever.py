@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.retriever.cli import build
-from services.retriever.settings import RetrieverSettings
+from plugsearch.retriever.cli import build
+from plugsearch.retriever.settings import RetrieverSettings
 
 TINY_SOURCES = (("nq_gold.jsonl", 120), ("hotpotqa.jsonl", 100), ("popqa.jsonl", 80))
 

@@ -14,17 +14,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from services.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
-from services.common.workers import free_port
+from plugsearch.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
+from plugsearch.common.workers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def ensure_bm25_index(corpus: Path, var_dir: Path) -> Path:
     """The bm25s index of `corpus` (built when missing or stale); returns the index folder."""
-    from services.retriever.cli import build
-    from services.retriever.settings import RetrieverSettings
-    from services.stack.corpus import index_dir_for
+    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.settings import RetrieverSettings
+    from plugsearch.stack.corpus import index_dir_for
 
     index_dir = index_dir_for(corpus, var_dir)
     settings = RetrieverSettings(corpus=corpus, index_dir=index_dir, bm25=True, dense=False,
@@ -64,7 +64,7 @@ def retriever_process(corpus: Path, index_dir: Path, log: Path) -> Iterator[str]
     env = {"RETRIEVER_PORT": str(port), "RETRIEVER_CORPUS": str(corpus), "RETRIEVER_INDEX_DIR": str(index_dir),
            "RETRIEVER_DENSE": "false", "RETRIEVER_BM25": "true", "RETRIEVER_BM25_BACKEND": "bm25s",
            "RETRIEVER_DEFAULT_METHOD": "bm25", "RETRIEVER_LOG_LEVEL": "warning"}
-    with service_process("services.retriever", env, port, log) as url:
+    with service_process("plugsearch.retriever", env, port, log) as url:
         yield url
 
 
@@ -90,13 +90,13 @@ def searcher_process(retriever_url: str, policy_base_url: str, log: Path, *, pol
         env["SEARCHER_POLICY__MODEL"] = policy_model
     for key, value in (extra or {}).items():
         env[f"SEARCHER_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-    with service_process("services.searcher", env, port, log) as url:
+    with service_process("plugsearch.searcher", env, port, log) as url:
         yield url
 
 
 def load_questions(path: Path, n: int, *, skip_yes_no: bool = True) -> list[dict[str, Any]]:
     """The first `n` questions of a QA file (yes/no questions skipped: answer recall cannot judge them)."""
-    from services.common.answers import is_yes_no
+    from plugsearch.common.answers import is_yes_no
 
     out = []
     with path.open() as f:

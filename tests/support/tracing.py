@@ -1,5 +1,5 @@
 """Tracing in tests: spans captured in memory (the SDK's `InMemorySpanExporter`), or tracing set up and off,
-each for one block; what `services.common.tracing` held before comes back afterwards."""
+each for one block; what `plugsearch.common.tracing` held before comes back afterwards."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.common import tracing
+from plugsearch.common import tracing
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.answers import SimpleTokenizer, has_answers, normalize_answer, span_match
+from plugsearch.common.answers import SimpleTokenizer, has_answers, normalize_answer, span_match
 
 pyserini_eval = pytest.importorskip("pyserini.eval.evaluate_dpr_retrieval")
 

@@ -15,13 +15,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from services.common.app import build_app
-from services.common.clients import RetrieverClient
-from services.common.errors import Unauthorized
-from services.common.http import ClientSettings, UpstreamUnavailable
-from services.common.logging import RequestIdFilter
-from services.common.schemas.base import StrictModel
-from services.common.settings import ServiceSettings
+from plugsearch.common.app import build_app
+from plugsearch.common.clients import RetrieverClient
+from plugsearch.common.errors import Unauthorized
+from plugsearch.common.http import ClientSettings, UpstreamUnavailable
+from plugsearch.common.logging import RequestIdFilter
+from plugsearch.common.schemas.base import StrictModel
+from plugsearch.common.settings import ServiceSettings
 from tests.asgi import app_client
 
 KEY_A = "public-key-aaaaaaaa-0123456789"
@@ -42,22 +42,22 @@ OPEN = ["/health/live", "/metrics", "/version", "/openapi.json"]
 def service_app(name: str, **auth: Any) -> FastAPI:
     """The service's real app with auth settings (no lifespan needed: the guard answers first)."""
     if name == "searcher":
-        from services.searcher.api import create_app as searcher_app
-        from services.searcher.settings import SearcherSettings
+        from plugsearch.searcher.api import create_app as searcher_app
+        from plugsearch.searcher.settings import SearcherSettings
 
         return searcher_app(SearcherSettings(**auth))
     if name == "retriever":
-        from services.retriever.api import create_app as retriever_app
-        from services.retriever.settings import RetrieverSettings
+        from plugsearch.retriever.api import create_app as retriever_app
+        from plugsearch.retriever.settings import RetrieverSettings
 
         return retriever_app(RetrieverSettings(**auth))
     if name == "generator":
-        from services.generator.api import create_app as generator_app
-        from services.generator.settings import GeneratorSettings
+        from plugsearch.generator.api import create_app as generator_app
+        from plugsearch.generator.settings import GeneratorSettings
 
         return generator_app(GeneratorSettings(**auth))
-    from services.judge.api import create_app as judge_app
-    from services.judge.settings import JudgeSettings
+    from plugsearch.judge.api import create_app as judge_app
+    from plugsearch.judge.settings import JudgeSettings
 
     return judge_app(JudgeSettings(**auth))
 
@@ -110,8 +110,8 @@ async def test_without_keys_services_are_open(service: str) -> None:
 
 def test_services_and_trainer_read_the_internal_token_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the stack and the deployments set: each caller's upstream token, each callee's accepted token."""
-    from services.searcher.settings import SearcherSettings
-    from trainer.common.settings import TrainerSettings
+    from plugsearch.searcher.settings import SearcherSettings
+    from plugsearch.trainer.common.settings import TrainerSettings
 
     monkeypatch.setenv("SEARCHER_RETRIEVER__TOKEN", INTERNAL)
     monkeypatch.setenv("SEARCHER_API_KEYS", f"{KEY_A},{KEY_B}")
@@ -146,8 +146,8 @@ def echo_app(**settings: Any) -> FastAPI:
 
 
 async def test_internal_client_sends_its_token_and_fails_fast_without() -> None:
-    from services.retriever.api import create_app
-    from services.retriever.settings import RetrieverSettings
+    from plugsearch.retriever.api import create_app
+    from plugsearch.retriever.settings import RetrieverSettings
 
     app = create_app(RetrieverSettings(internal_token=INTERNAL))
     transport = httpx.ASGITransport(app=app)

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from pydantic import SecretStr
 
-from services.common.answers import (
+from plugsearch.common.answers import (
     exact_match,
     f1_score,
     has_answers,
@@ -20,13 +20,13 @@ from services.common.answers import (
     normalize_answer,
     span_match,
 )
-from services.common.app import build_app
-from services.common.cache import MemoryCache, ResultCache, make_cache
-from services.common.errors import BadRequest, UpstreamError, UpstreamTimeout
-from services.common.http import CircuitBreaker, ClientSettings, ServiceClient, UpstreamUnavailable
-from services.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
-from services.common.schemas.base import StrictModel, bounded_text
-from services.common.settings import ServiceSettings
+from plugsearch.common.app import build_app
+from plugsearch.common.cache import MemoryCache, ResultCache, make_cache
+from plugsearch.common.errors import BadRequest, UpstreamError, UpstreamTimeout
+from plugsearch.common.http import CircuitBreaker, ClientSettings, ServiceClient, UpstreamUnavailable
+from plugsearch.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
+from plugsearch.common.schemas.base import StrictModel, bounded_text
+from plugsearch.common.settings import ServiceSettings
 from tests.asgi import app_client
 
 
@@ -348,7 +348,7 @@ async def _raw_server(answer: bytes | None) -> tuple[asyncio.Server, list[bytes]
 
 
 async def test_aiohttp_wire_sends_json_token_and_request_id_and_decodes_answers() -> None:
-    from services.common.logging import reset_request_id, set_request_id
+    from plugsearch.common.logging import reset_request_id, set_request_id
 
     body = b'{"ok": true, "big": 1}'
     server, seen = await _raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from bench.compact_documents import final_ranking
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchParams
-from services.retriever.corpus import corpus_lines, parse_line
-from services.searcher.compact import CompactPolicy
-from services.searcher.loop import run_search
-from services.searcher.trained import COMPACT_DIR
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.retriever.corpus import corpus_lines, parse_line
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.searcher.loop import run_search
+from plugsearch.searcher.trained import COMPACT_DIR
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "compact_sample.json"
 

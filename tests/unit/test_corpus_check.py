@@ -11,17 +11,17 @@ import random
 
 import pytest
 
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchParams
-from services.searcher.corpus_check import (
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.searcher.corpus_check import (
     MIN_QUESTIONS,
     CorpusGate,
     check_policy,
     evaluated_here,
     paired_interval,
 )
-from services.searcher.env import Action, SearchEnv
-from services.searcher.pseudo_questions import (
+from plugsearch.searcher.env import Action, SearchEnv
+from plugsearch.searcher.pseudo_questions import (
     PseudoQuestion,
     bridge_question,
     check_questions,

@@ -39,7 +39,7 @@ SECRET_PLACEHOLDER = "placeholder-secret-value-0123456789"
 
 # ------------------------------------------------------------------------------------ code side
 def settings_class(service: str) -> type[BaseSettings]:
-    module = importlib.import_module(f"services.{service}.settings")
+    module = importlib.import_module(f"plugsearch.{service}.settings")
     cls = getattr(module, f"{service.capitalize()}Settings")
     assert issubclass(cls, BaseSettings)
     return cls  # type: ignore[no-any-return]
@@ -87,7 +87,7 @@ def resolve_script(name: str) -> Any:
 def app_paths(service: str, monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """Routes of the service's real app (created, lifespan not run: nothing is loaded)."""
     settings = load_settings(service, {}, monkeypatch)
-    api = importlib.import_module(f"services.{service}.api")
+    api = importlib.import_module(f"plugsearch.{service}.api")
     app = api.create_app(settings)
     return {getattr(route, "path", "") for route in app.routes}
 
@@ -239,7 +239,7 @@ def test_compose_service_matches_code(service: str, compose: dict[str, Any], mon
     assert target == service
     stage = dockerfile[1][target]
     assert entrypoint(stage) == [f"plugsearch-{service}"]
-    assert console_scripts()[f"plugsearch-{service}"] == f"services.{service}.__main__:main"
+    assert console_scripts()[f"plugsearch-{service}"] == f"plugsearch.{service}.__main__:main"
     assert callable(resolve_script(f"plugsearch-{service}"))
     assert "entrypoint" not in svc and "command" not in svc
 
@@ -324,8 +324,8 @@ def test_compose_builds_with_the_dockerfile_inputs(compose_raw: dict[str, Any], 
 
 
 def llama_command(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What `python -m services.common.llama_server ARGS` would run (captured, not run)."""
-    from services.common import llama_server
+    """What `python -m plugsearch.common.llama_server ARGS` would run (captured, not run)."""
+    from plugsearch.common import llama_server
 
     captured: list[list[str]] = []
     monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(list(cmd)))
@@ -338,7 +338,7 @@ def test_llm_image_and_compose_command(compose: dict[str, Any], monkeypatch: pyt
                                        dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
     stage = dockerfile[1]["llm"]
     entry = entrypoint(stage)
-    assert entry[:3] == ["python", "-m", "services.common.llama_server"]
+    assert entry[:3] == ["python", "-m", "plugsearch.common.llama_server"]
     llm = compose["services"]["llm"]
     cmd = llama_command([*entry[3:], *[str(a) for a in llm["command"]]], monkeypatch)
     port = int(cmd[cmd.index("--port") + 1])
@@ -680,7 +680,7 @@ def test_k8s_wiring_between_services(rendered: tuple[str, list[dict[str, Any]]],
     assert (job.corpus, job.index_dir, job.bm25_backend, job.dense) == \
         (retriever.corpus, retriever.index_dir, retriever.bm25_backend, retriever.dense)
     if retriever.dense:
-        from services.retriever.encoder import encoder_identity
+        from plugsearch.retriever.encoder import encoder_identity
 
         assert job.encoder.name == retriever.encoder.name
         assert encoder_identity(job.encoder) == encoder_identity(retriever.encoder)
@@ -705,7 +705,7 @@ def test_k8s_jobs_run_real_cli_commands(rendered: tuple[str, list[dict[str, Any]
 
 
 def test_k8s_trainer_job_matches_trainer_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.common.settings import TrainerSettings
+    from plugsearch.trainer.common.settings import TrainerSettings
 
     docs = kustomize("gpu")
     services = objects(docs, "Service")
@@ -742,7 +742,7 @@ def test_k8s_llm_command(monkeypatch: pytest.MonkeyPatch,
 
 
 # ---------------------------------------------------------------------------------- the image package
-PACKAGES = ("services", "trainer", "plugsearch")
+PACKAGES = ("plugsearch",)
 """The top-level packages pyproject installs (and the Dockerfile copies)."""
 
 
@@ -947,8 +947,8 @@ def env_file(name: str) -> dict[str, str]:
 def check_compact_pair(searcher: Any, retriever: Any) -> None:
     """The searcher serves the packaged compact policy, and the retriever serves the pool it was trained on:
     BM25, and dense with the very encoder its dense scorer read (a mismatch would drop it to the lexical scorer)."""
-    from services.searcher.compact import CompactPolicy
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.compact import CompactPolicy
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     assert searcher.policy_kind == "compact" and searcher.compact_policy == COMPACT_DIR
     policy = CompactPolicy.load(searcher.compact_policy)

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from services.common import procgroup
-from services.common.workers import free_port, port_is_free
-from services.stack import StackError
-from services.stack.cli import _parse_args, curl_example, main
-from services.stack.corpus import SAMPLE_NAME, download_sample, index_dir_for, resolve_corpus
-from services.stack.policy import _trained_policy, serve_dense
-from services.stack.specs import (
+from plugsearch.common import procgroup
+from plugsearch.common.workers import free_port, port_is_free
+from plugsearch.stack import StackError
+from plugsearch.stack.cli import _parse_args, curl_example, main
+from plugsearch.stack.corpus import SAMPLE_NAME, download_sample, index_dir_for, resolve_corpus
+from plugsearch.stack.policy import _trained_policy, serve_dense
+from plugsearch.stack.specs import (
     BASE_OFFSETS,
     DEFAULT_PORTS,
     REDIS_DB,
@@ -133,9 +133,9 @@ def test_service_env_is_what_the_settings_class_reads(service: str, tmp_path: Pa
         assert settings.redis_url is not None and settings.redis_url.get_secret_value() == (
             f"redis://:{options.redis_password}@127.0.0.1:{options.ports['redis']}/{REDIS_DB[service]}")
     assert spec.ready_url == f"http://127.0.0.1:{options.ports[service]}/health/ready"
-    # `python -m services.<svc>` is what the console script plugsearch-<svc> runs
-    assert spec.argv == [sys.executable, "-m", f"services.{service}"]
-    assert console_scripts()[f"plugsearch-{service}"] == f"services.{service}.__main__:main"
+    # `python -m plugsearch.<svc>` is what the console script plugsearch-<svc> runs
+    assert spec.argv == [sys.executable, "-m", f"plugsearch.{service}"]
+    assert console_scripts()[f"plugsearch-{service}"] == f"plugsearch.{service}.__main__:main"
 
 
 def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,7 +167,7 @@ def test_services_are_wired_to_each_other(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_redis_and_the_llm_get_per_run_secrets_never_on_a_command_line(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.common import llama_server
+    from plugsearch.common import llama_server
 
     options, other = make_options(tmp_path), make_options(tmp_path)
     assert options.redis_password != other.redis_password and options.llm_api_key != other.llm_api_key
@@ -276,8 +276,8 @@ def test_each_api_key_option_is_one_key_commas_included(tmp_path: Path, monkeypa
 def test_index_command_uses_the_index_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     options = make_options(tmp_path)
     argv, env = index_command(options)
-    assert argv[1:] == ["-m", "services.retriever.cli", "build"]
-    assert console_scripts()["plugsearch-index"] == "services.retriever.cli:main"
+    assert argv[1:] == ["-m", "plugsearch.retriever.cli", "build"]
+    assert console_scripts()["plugsearch-index"] == "plugsearch.retriever.cli:main"
     assert env == {"RETRIEVER_CORPUS": str(options.corpus), "RETRIEVER_INDEX_DIR": str(options.index_dir)}
 
 
@@ -381,10 +381,10 @@ def test_redis_probe_uses_ping(redis_url: str) -> None:
 
 
 def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.common import llama_server
+    from plugsearch.common import llama_server
 
     spec = {s.name: s for s in build_specs(make_options(tmp_path, llm_threads=3, llm_prompt_cache_mb=64))}["llm"]
-    assert spec.argv[1:3] == ["-m", "services.common.llama_server"]
+    assert spec.argv[1:3] == ["-m", "plugsearch.common.llama_server"]
     captured: list[list[str]] = []
     monkeypatch.setattr(llama_server, "serve", lambda cmd, repacking: captured.append(list(cmd)))
     monkeypatch.setattr(llama_server, "smollm2_gguf_path", lambda: Path("/m.gguf"))
@@ -397,7 +397,7 @@ def test_llm_process_gets_threads_and_prompt_cache(tmp_path: Path, monkeypatch: 
 
 # --------------------------------------------------------------------------------- trained searcher
 def fake_trained(folder: Path, *, base_sha: str | None = None, beats_base: bool = True) -> Any:
-    from services.searcher.trained import ADAPTER, MANIFEST, TrainedSearcher, sha256
+    from plugsearch.searcher.trained import ADAPTER, MANIFEST, TrainedSearcher, sha256
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ADAPTER).write_bytes(b"GGUF adapter bytes")
@@ -431,7 +431,7 @@ def test_the_trained_searcher_gets_its_own_llm_process_and_its_settings(tmp_path
     assert not [k for k in specs["searcher"].env if k.startswith(("SEARCHER_RETRIEVE_K", "SEARCHER_MAX_TURNS",
                                                                     "SEARCHER_SELECT_K"))]
     assert searcher.policy_manifest == trained.folder / "manifest.json"
-    from services.searcher.policy import ChatPolicy
+    from plugsearch.searcher.policy import ChatPolicy
 
     setting = ChatPolicy(object(), manifest=searcher.chat_manifest()).setting  # type: ignore[arg-type]
     assert setting is not None and (setting.max_turns, setting.retrieve_k, setting.select_k) == (1, 5, 3)
@@ -440,7 +440,7 @@ def test_the_trained_searcher_gets_its_own_llm_process_and_its_settings(tmp_path
 
 
 def test_an_altered_adapter_or_another_base_model_is_refused(tmp_path: Path) -> None:
-    from services.searcher.trained import ADAPTER, TrainedSearcher, TrainedSearcherError
+    from plugsearch.searcher.trained import ADAPTER, TrainedSearcher, TrainedSearcherError
 
     trained = fake_trained(tmp_path / "t", base_sha="0" * 64)
     other = tmp_path / "other.gguf"
@@ -462,8 +462,8 @@ def test_policy_choice(tmp_path: Path) -> None:
     assert _trained_policy(_parse_args([]), said.append, none) is None  # auto, nothing shipped: base
     with pytest.raises(StackError, match="--policy base"):
         _trained_policy(_parse_args(["--policy", "trained"]), said.append, none)
-    from services.common.llama_server import smollm2_gguf_path
-    from services.searcher.trained import sha256
+    from plugsearch.common.llama_server import smollm2_gguf_path
+    from plugsearch.searcher.trained import sha256
 
     base = sha256(smollm2_gguf_path())
     better = fake_trained(tmp_path / "better", base_sha=base).folder
@@ -502,8 +502,8 @@ def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_pat
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The compact policy needs no LLM: no llama.cpp, generator or judge unless asked for; the searcher is told
     which policy (the setting comes from the policy's manifest, never from the stack)."""
-    from services.searcher.compact import CompactPolicy
-    from services.searcher.trained import COMPACT_DIR
+    from plugsearch.searcher.compact import CompactPolicy
+    from plugsearch.searcher.trained import COMPACT_DIR
 
     shipped = CompactPolicy.load(COMPACT_DIR)
     options = make_options(tmp_path, compact=shipped, dense=True, llm_services=False)

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from services.common.tracing import requested_exporters
+from plugsearch.common.tracing import requested_exporters
 from tests.unit.test_deploy_config import (
     OVERLAYS,
     SECRET_PLACEHOLDER,
@@ -58,8 +58,8 @@ def test_compose_tracing_profile_collects_every_services_spans() -> None:
     collector = services[urlsplit(endpoint).hostname or ""]
     assert collector["profiles"] == ["tracing"] and "ports" not in collector  # internal network only
     (script,) = collector["entrypoint"]
-    assert console_scripts()[script] == "services.collector:main" and callable(resolve_script(script))
-    from services.collector import CollectorSettings, create_app
+    assert console_scripts()[script] == "plugsearch.collector:main" and callable(resolve_script(script))
+    from plugsearch.collector import CollectorSettings, create_app
 
     settings = CollectorSettings(**{k.removeprefix("COLLECTOR_").lower(): v
                                     for k, v in collector["environment"].items()})

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from plugsearch.trainer.verl import CONFIG_DIR
+from plugsearch.trainer.verl.check_config import VERL_VERSION, batch_problems
 from tests.unit.test_deploy_config import (
     K8S_VERSION,
     REPO,
@@ -40,14 +42,12 @@ from tests.unit.test_deploy_config import (
     resolve_script,
     stage_env,
 )
-from trainer.verl import CONFIG_DIR
-from trainer.verl.check_config import VERL_VERSION, batch_problems
 
 CRD = REPO / "tests" / "schemas" / "kuberay" / "ray.io_rayjobs.yaml"
 CRD_BLOB = "c7d3f081af8cf08c256a8c33a0c3b6ea28b816a0"
 """git blob id of ray-operator/config/crd/bases/ray.io_rayjobs.yaml at KubeRay v1.7.0 (tests/schemas/README.md)."""
 VERL_DOCKERFILE = REPO / "docker" / "verl.Dockerfile"
-VERL_CONFIG_DIR = "/opt/plugsearch/trainer/verl"
+VERL_CONFIG_DIR = "/opt/plugsearch/plugsearch/trainer/verl"
 ACCELERATE_DIR = "/opt/plugsearch/accelerate"
 SERVICE_URLS = {"TRAINER_RETRIEVER__URL": "retriever", "TRAINER_GENERATOR__URL": "generator",
                 "TRAINER_JUDGE__URL": "judge", "TRAINER_SEARCHER__URL": "searcher"}
@@ -216,12 +216,12 @@ def test_rayjob_entrypoint_matches_the_cluster_and_veRLs_arithmetic(rayjob: dict
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from omegaconf import OmegaConf
 
-    from trainer.verl import data
+    from plugsearch.trainer.verl import data
 
     baseline, parquet, verl = entrypoint_commands(rayjob)
     assert baseline[0] == "plugsearch-train" and baseline[1] == "baseline"
     parses(resolve_script(baseline[0]), baseline[1:], capsys)
-    assert parquet[:3] == ["python3", "-m", "trainer.verl.data"]
+    assert parquet[:3] == ["python3", "-m", "plugsearch.trainer.verl.data"]
     args = data._parser().parse_args(parquet[3:])
     assert args.s3_filter and args.datasets == baseline[baseline.index("--datasets") + 1:][:len(args.datasets)]
 
@@ -265,7 +265,7 @@ def pods(train: list[dict[str, Any]], rayjob: dict[str, Any]) -> Iterator[tuple[
 
 def test_pods_reach_the_services_with_the_internal_token_and_use_existing_volumes(
         train: list[dict[str, Any]], rayjob: dict[str, Any]) -> None:
-    from trainer.common.settings import TrainerSettings
+    from plugsearch.trainer.common.settings import TrainerSettings
 
     gpu = kustomize("gpu")
     services = objects(gpu, "Service")
@@ -320,7 +320,7 @@ def test_accelerate_configs_load_with_accelerates_own_loader(name: str) -> None:
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
 
-    path = REPO / "trainer" / "llm" / "accelerate" / f"{name}.yaml"
+    path = REPO / "plugsearch" / "trainer" / "llm" / "accelerate" / f"{name}.yaml"
     config = ClusterConfig.from_yaml_file(str(path))  # refuses unknown keys
     assert config.num_processes == 8 and config.num_machines == 1 and config.mixed_precision == "bf16"
     assert str(config.distributed_type) == {"ddp": "DistributedType.MULTI_GPU", "fsdp": "DistributedType.FSDP"}[name]
@@ -337,22 +337,22 @@ def test_accelerate_job_runs_trainer_cli_on_every_gpu(train: list[dict[str, Any]
     args = launch_command_parser().parse_args(command[2:])
     config_file = Path(args.config_file)
     assert str(config_file.parent) == ACCELERATE_DIR
-    local = REPO / "trainer" / "llm" / "accelerate" / config_file.name
+    local = REPO / "plugsearch" / "trainer" / "llm" / "accelerate" / config_file.name
     args.config_file = str(local)  # the image's copy of this file (checked below)
     args, _, _ = _validate_launch_command(args)
     gpus = container["resources"]["limits"]["nvidia.com/gpu"]
     assert args.num_processes == gpus == container["resources"]["requests"]["nvidia.com/gpu"]
-    assert args.module and args.training_script == "trainer.cli"
+    assert args.module and args.training_script == "plugsearch.trainer.cli"
     train_args = list(args.training_script_args)
     assert train_args[train_args.index("--precision") + 1] == args.mixed_precision == "bf16"
     assert train_args[train_args.index("--device") + 1] == "cuda"
     assert train_args[train_args.index("--vllm") + 1] == "colocate"
     parses(resolve_script("plugsearch-train"), train_args, capsys)
-    assert console_scripts()["plugsearch-train"] == "trainer.cli:main"
+    assert console_scripts()["plugsearch-train"] == "plugsearch.trainer.cli:main"
     # the trainer image ships the configs at that path
     (stage,) = [s for s in parse_dockerfile(REPO / "docker" / "Dockerfile")[1] if s.name == "trainer"]
     copies = [tuple(c.value) for c in stage.commands if c.cmd.upper() == "COPY" and not c.flags]
-    assert ("trainer/llm/accelerate", ACCELERATE_DIR) in copies
+    assert ("plugsearch/trainer/llm/accelerate", ACCELERATE_DIR) in copies
     assert entrypoint(stage) == ["plugsearch-train"]
 
 
@@ -379,7 +379,7 @@ def test_verl_image_pins_verl_and_its_rollout_engine_together() -> None:
     assert f"--config-path={VERL_CONFIG_DIR}" in entry and "--config-name=s3_grpo" in entry
     workdir = stage.last("WORKDIR").value[0]
     copies = {tuple(c.value) for c in stage.commands if c.cmd.upper() == "COPY"}
-    assert ("trainer", "./trainer") in copies and VERL_CONFIG_DIR == f"{workdir}/trainer/verl"
+    assert ("plugsearch", "./plugsearch") in copies and VERL_CONFIG_DIR == f"{workdir}/plugsearch/trainer/verl"
     ignore = (REPO / "docker" / "verl.Dockerfile.dockerignore").read_text().splitlines()
     for source in {src for c in copies for src in c[:-1]}:
         assert f"!{source}" in ignore or f"!{source}/**" in ignore, source

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from services.common.admission import AdaptiveLimit, FairAdmission, FairShare
-from services.stack.specs import StackOptions, build_specs
+from plugsearch.common.admission import AdaptiveLimit, FairAdmission, FairShare
+from plugsearch.stack.specs import StackOptions, build_specs
 
 
 class Clock:

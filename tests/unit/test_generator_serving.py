@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.errors import UpstreamError
-from services.common.llm import ChatMessage, ChatResult
-from services.common.metrics import ServiceMetrics
-from services.common.schemas.generator import GenDocument, GenerateRequest
-from services.generator.prompts import load_prompt
-from services.generator.serving import Generator, document_key
-from services.generator.tokens import EstimatedTokens, HFTokens
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.errors import UpstreamError
+from plugsearch.common.llm import ChatMessage, ChatResult
+from plugsearch.common.metrics import ServiceMetrics
+from plugsearch.common.schemas.generator import GenDocument, GenerateRequest
+from plugsearch.generator.prompts import load_prompt
+from plugsearch.generator.serving import Generator, document_key
+from plugsearch.generator.tokens import EstimatedTokens, HFTokens
 from tests.gate import ScriptedBase
 
 
@@ -129,8 +129,8 @@ async def test_batch_failure_raises_the_upstream_error() -> None:
 
 
 def test_token_counter_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from services.common.llama_server import DEFAULT_MODEL_ALIAS, GGUF_ENV
-    from services.generator.tokens import load_token_counter
+    from plugsearch.common.llama_server import DEFAULT_MODEL_ALIAS, GGUF_ENV
+    from plugsearch.generator.tokens import load_token_counter
 
     monkeypatch.setenv(GGUF_ENV, str(tmp_path / "missing.gguf"))  # SmolLM2 not available: estimate
     assert load_token_counter(None, model=DEFAULT_MODEL_ALIAS).kind == "estimate"

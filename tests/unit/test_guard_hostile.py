@@ -17,13 +17,13 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from services.common.admission import COST_STATE, AdaptiveLimit
-from services.common.app import build_app
-from services.common.guard import MAX_JSON_MEMBERS
-from services.common.schemas.base import StrictModel
-from services.common.settings import ServiceSettings
-from services.searcher.api import create_app as create_searcher
-from services.searcher.settings import SearcherSettings
+from plugsearch.common.admission import COST_STATE, AdaptiveLimit
+from plugsearch.common.app import build_app
+from plugsearch.common.guard import MAX_JSON_MEMBERS
+from plugsearch.common.schemas.base import StrictModel
+from plugsearch.common.settings import ServiceSettings
+from plugsearch.searcher.api import create_app as create_searcher
+from plugsearch.searcher.settings import SearcherSettings
 from tests.api.test_searcher_stream import BlockingPolicy, FlakyRetriever
 from tests.asgi import app_client, served_in_thread
 from tests.support.chat_policy import chat as chat_policy

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from fpdf import FPDF
 
-from services.retriever.bm25 import Bm25sRetriever
-from services.retriever.cli import build
-from services.retriever.cli import main as cli_main
-from services.retriever.corpus import Corpus
-from services.retriever.ingest import IngestOptions, ingest
-from services.retriever.ingest.formats import (
+from plugsearch.retriever.bm25 import Bm25sRetriever
+from plugsearch.retriever.cli import build
+from plugsearch.retriever.cli import main as cli_main
+from plugsearch.retriever.corpus import Corpus
+from plugsearch.retriever.ingest import IngestOptions, ingest
+from plugsearch.retriever.ingest.formats import (
     NO_TEXT_LAYER,
     Block,
     Document,
@@ -26,9 +26,9 @@ from services.retriever.ingest.formats import (
     read_document,
     sniff,
 )
-from services.retriever.ingest.passages import Piece, cut, pack
-from services.retriever.ingest.run import IngestError
-from services.retriever.settings import RetrieverSettings
+from plugsearch.retriever.ingest.passages import Piece, cut, pack
+from plugsearch.retriever.ingest.run import IngestError
+from plugsearch.retriever.settings import RetrieverSettings
 
 NOTES = ("Solar panels turn light into electricity. Their output falls when the panels are hot.\n\n"
          "Clean panels every spring! Dust can cost a tenth of the yield.\n")

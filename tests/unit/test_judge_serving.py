@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from services.common.cache import MemoryCache, ResultCache
-from services.common.errors import UpstreamError, UpstreamTimeout
-from services.common.llm import ChatMessage, ChatResult
-from services.common.metrics import ServiceMetrics
-from services.common.schemas.judge import JudgeRequest
-from services.judge.prompts import load_prompt
-from services.judge.serving import Judge, format_answers, parse_verdict
+from plugsearch.common.cache import MemoryCache, ResultCache
+from plugsearch.common.errors import UpstreamError, UpstreamTimeout
+from plugsearch.common.llm import ChatMessage, ChatResult
+from plugsearch.common.metrics import ServiceMetrics
+from plugsearch.common.schemas.judge import JudgeRequest
+from plugsearch.judge.prompts import load_prompt
+from plugsearch.judge.serving import Judge, format_answers, parse_verdict
 from tests.gate import ScriptedBase
 
 _PROMPT = re.compile(r"following response: (?P<response>.*)\n\nGolden answers: (?P<answers>\[.*\])\n", re.S)

@@ -1,4 +1,4 @@
-"""Documents put and deleted while serving (`services.retriever.changelog`, `services.retriever.live`): the durable
+"""Documents put and deleted while serving (`plugsearch.retriever.changelog`, `plugsearch.retriever.live`): the durable
 log and its torn tail, the overlay over a real bm25s index and document store (a put passage found, a replaced
 document's old passages and a deleted one's never), every worker's view through the log, and the API's rules
 (who may change, what a search key gets)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.retriever.changelog import LOG_FILE, ChangeLog, Passage
-from services.retriever.serving import RetrieverService, check_indexes
+from plugsearch.retriever.changelog import LOG_FILE, ChangeLog, Passage
+from plugsearch.retriever.serving import RetrieverService, check_indexes
 from tests.asgi import app_client
 from tests.support.retriever import ensure_tiny_indexes, tiny_bm25s, tiny_settings
 
@@ -87,7 +87,7 @@ def test_put_replace_and_delete_are_searched_by_every_worker_whole(tiny: tuple[P
 
 async def test_only_the_internal_token_or_an_admin_key_changes_documents(tiny: tuple[Path, Path],
                                                                           tmp_path: Path) -> None:
-    from services.retriever.api import create_app
+    from plugsearch.retriever.api import create_app
 
     search_key, admin_key, token = "search-key-123456", "admin-key-1234567", "internal-token-123"
     settings = tiny_settings(*tiny, dense=False, changes_dir=tmp_path, api_keys=search_key, admin_keys=admin_key,
@@ -192,8 +192,8 @@ def test_the_command_line_puts_an_ingested_corpus_and_deletes_through_the_api(
     the project's HTTP client), then `delete`; a wrong token is one line and exit 1."""
     import time
 
-    from services.retriever.api import create_app
-    from services.retriever.cli import main
+    from plugsearch.retriever.api import create_app
+    from plugsearch.retriever.cli import main
     from tests.asgi import served_in_thread
 
     folder = tmp_path / "docs"

@@ -7,10 +7,10 @@ import asyncio
 import httpx
 import pytest
 
-from services.common.errors import UpstreamError
-from services.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
-from services.common.logging import reset_request_id, set_request_id
-from services.common.metrics import ServiceMetrics
+from plugsearch.common.errors import UpstreamError
+from plugsearch.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
+from plugsearch.common.logging import reset_request_id, set_request_id
+from plugsearch.common.metrics import ServiceMetrics
 from tests.gate import Gate
 
 Q = [ChatMessage(role="user", content="q")]

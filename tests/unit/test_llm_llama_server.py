@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.llama_server import (
+from plugsearch.common.llama_server import (
     GGUF_ENV,
     SMOLLM2_GGUF,
     LlamaServer,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.metrics import MULTIPROCESS_ENV, forget_dead_workers
+from plugsearch.common.metrics import MULTIPROCESS_ENV, forget_dead_workers
 
 
 def test_live_gauges_of_dead_workers_are_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from services.common.errors import NotReady
-from services.common.schemas.searcher import SearchParams
-from services.searcher.compact import CompactPolicy
-from services.searcher.policy_corpus import CorpusMismatch, check_corpus
-from services.searcher.serving import SearchService
-from services.searcher.settings import SearcherSettings
-from services.stack import StackError
-from services.stack.cli import _parse_args
-from services.stack.policy import _compact_policy, check_policy_corpus, serve_dense
+from plugsearch.common.errors import NotReady
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.searcher.policy_corpus import CorpusMismatch, check_corpus
+from plugsearch.searcher.serving import SearchService
+from plugsearch.searcher.settings import SearcherSettings
+from plugsearch.stack import StackError
+from plugsearch.stack.cli import _parse_args
+from plugsearch.stack.policy import _compact_policy, check_policy_corpus, serve_dense
 from tests.unit.test_searcher_compact import DENSE_READER, NAME_SEEKER, MemoryRetriever
 
 SHA = "ab" * 32
@@ -125,7 +125,7 @@ async def test_the_searcher_refuses_to_search_another_corpus_with_a_bound_policy
 async def test_a_bound_policy_keeps_serving_a_changing_corpus_and_says_how_far_it_moved(tmp_path: Path) -> None:
     """Documents put and deleted while serving keep the corpus's identity (the policy serves on), and the
     searcher reports the drift, advising retraining past the documented share."""
-    from services.searcher.policy_corpus import RETRAIN_SHARE, corpus_drift
+    from plugsearch.searcher.policy_corpus import RETRAIN_SHARE, corpus_drift
 
     corpus = tmp_path / "mine.jsonl"
     corpus.write_text('{"id": "1", "title": "A", "text": "alpha"}\n')

@@ -1,4 +1,4 @@
-"""`services.common.procgroup`: start, readiness, prefixed logs, stop of the whole process group, revive (real
+"""`plugsearch.common.procgroup`: start, readiness, prefixed logs, stop of the whole process group, revive (real
 short-lived processes)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.procgroup import (
+from plugsearch.common.procgroup import (
     NotReady,
     Output,
     ProcessExited,

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from services.common import progress
-from services.common.progress import ProgressLog, duration
+from plugsearch.common import progress
+from plugsearch.common.progress import ProgressLog, duration
 
 
 def test_durations_read_like_a_person_writes_them() -> None:

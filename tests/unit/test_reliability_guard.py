@@ -14,18 +14,18 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from services.common.app import build_app
-from services.common.cache import RedisCache, ResultCache
-from services.common.errors import UpstreamError
-from services.common.http import (
+from plugsearch.common.app import build_app
+from plugsearch.common.cache import RedisCache, ResultCache
+from plugsearch.common.errors import UpstreamError
+from plugsearch.common.http import (
     CircuitBreaker,
     ClientSettings,
     ServiceClient,
     UpstreamUnavailable,
     parse_retry_after,
 )
-from services.common.schemas.base import StrictModel
-from services.common.settings import ServiceSettings
+from plugsearch.common.schemas.base import StrictModel
+from plugsearch.common.settings import ServiceSettings
 from tests.asgi import app_client
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from services.common.errors import BadRequest, UpstreamTimeout, ValidationFailed
-from services.common.http import UpstreamUnavailable
-from services.common.schemas.base import Document
-from services.common.schemas.retriever import RetrieveResponse
-from services.searcher.retrieval import RetrieverRefused, ServiceRetriever
+from plugsearch.common.errors import BadRequest, UpstreamTimeout, ValidationFailed
+from plugsearch.common.http import UpstreamUnavailable
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.retriever import RetrieveResponse
+from plugsearch.searcher.retrieval import RetrieverRefused, ServiceRetriever
 
 BAD = "refuse me"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.retriever import docstore
-from services.retriever.base import Hits
-from services.retriever.corpus import Corpus, CorpusError
-from services.retriever.docstore import DiskStore, build_docstore, ensure_docstore, open_store, store_folder
-from services.retriever.manifest import IndexMismatch, Manifest
-from services.retriever.settings import RetrieverSettings
+from plugsearch.retriever import docstore
+from plugsearch.retriever.base import Hits
+from plugsearch.retriever.corpus import Corpus, CorpusError
+from plugsearch.retriever.docstore import DiskStore, build_docstore, ensure_docstore, open_store, store_folder
+from plugsearch.retriever.manifest import IndexMismatch, Manifest
+from plugsearch.retriever.settings import RetrieverSettings
 from tests.support.retriever import write_tiny_corpus
 
 ODD_ROWS = [{"id": "a", "title": 'Quote "and" \\ slash', "text": "caf\u00e9 \u2603 line\nbreak"},
@@ -161,7 +161,7 @@ def test_checksum_memo_for_large_files_follows_the_file(tmp_path: Path, monkeypa
 
 
 def test_service_renders_the_same_bytes_from_either_store(tmp_path: Path) -> None:
-    from services.retriever.serving import RetrieverService
+    from plugsearch.retriever.serving import RetrieverService
 
     path = write_rows(tmp_path / "c.jsonl", ODD_ROWS)
     held = Corpus.load(path)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from services.common.errors import Overloaded
-from services.retriever.base import Hits
-from services.retriever.batching import MicroBatcher
-from services.retriever.corpus import Corpus, CorpusError, file_checksum, join_contents, split_contents
-from services.retriever.fusion import HybridRetriever, rrf_fuse
-from services.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
-from services.retriever.settings import RetrieverSettings
+from plugsearch.common.errors import Overloaded
+from plugsearch.retriever.base import Hits
+from plugsearch.retriever.batching import MicroBatcher
+from plugsearch.retriever.corpus import Corpus, CorpusError, file_checksum, join_contents, split_contents
+from plugsearch.retriever.fusion import HybridRetriever, rrf_fuse
+from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
+from plugsearch.retriever.settings import RetrieverSettings
 
 
 def hits(rows: list[list[int]], scores: list[list[float]] | None = None) -> Hits:
@@ -195,7 +195,7 @@ def test_missing_corpus_is_a_corpus_error(tmp_path: Path) -> None:
 def test_rendered_response_equals_plain_json_of_the_documents(tmp_path: Path) -> None:
     import orjson
 
-    from services.retriever.serving import RetrieverService
+    from plugsearch.retriever.serving import RetrieverService
 
     path = tmp_path / "c.jsonl"
     rows = [{"id": "a", "title": 'Quote "and" \\ slash', "text": "caf\u00e9 \u2603 line\nbreak"},
@@ -254,9 +254,9 @@ def test_settings_env_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_default_corpus_follows_plugsearch_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The data folder is found as the stack and the trainer find it (services/common/paths.py), whatever the
+    """The data folder is found as the stack and the trainer find it (plugsearch/common/paths.py), whatever the
     current directory; RETRIEVER_CORPUS still wins."""
-    from services.common.paths import REPOSITORY
+    from plugsearch.common.paths import REPOSITORY
 
     monkeypatch.delenv("RETRIEVER_CORPUS", raising=False)
     monkeypatch.delenv("PLUGSEARCH_DATA", raising=False)
@@ -426,7 +426,7 @@ def test_hits_helpers() -> None:
 
 # --------------------------------------------------------------------------- query vectors
 def test_query_vector_cache_is_a_bounded_lru_keyed_by_encoder_and_text() -> None:
-    from services.retriever.encoder import QueryVectorCache
+    from plugsearch.retriever.encoder import QueryVectorCache
 
     cache = QueryVectorCache(2)
     vec = np.eye(3, dtype=np.float32)

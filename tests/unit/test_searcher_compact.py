@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchedDocument, SearchParams
-from services.searcher.compact import (
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import SearchedDocument, SearchParams
+from plugsearch.searcher.compact import (
     ABSENT_COSINE_GAP,
     CANDIDATE_FEATURES,
     DENSE_FEATURES,
@@ -31,12 +31,12 @@ from services.searcher.compact import (
     title_core,
     title_head,
 )
-from services.searcher.env import Action, InfoBlock, SearchEnv, SearchEvent
-from services.searcher.loop import run_search
-from trainer.common.data import QAItem
-from trainer.common.rewards import documents_hit
-from trainer.compact.data import LabeledItem
-from trainer.compact.rl import Episode, run_episode
+from plugsearch.searcher.env import Action, InfoBlock, SearchEnv, SearchEvent
+from plugsearch.searcher.loop import run_search
+from plugsearch.trainer.common.data import QAItem
+from plugsearch.trainer.common.rewards import documents_hit
+from plugsearch.trainer.compact.data import LabeledItem
+from plugsearch.trainer.compact.rl import Episode, run_episode
 
 QUESTION = "Which city is the director of Big Stone Gap based in?"
 CORPUS = {
@@ -259,7 +259,7 @@ async def test_training_episode_reward_reads_the_environments_documents() -> Non
 
 async def test_sampled_log_probability_matches_the_trainers() -> None:
     torch = pytest.importorskip("torch")
-    from trainer.compact.model import log_prob, norms_of, torch_model
+    from plugsearch.trainer.compact.model import log_prob, norms_of, torch_model
 
     policy = CompactPolicy(weights(doc={"score_rel": 2.0, "title_in_q": 1.0}, query={"name_query": 0.5}))
     item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
@@ -449,7 +449,7 @@ def test_titles_link_without_their_disambiguation() -> None:
 
 async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainers() -> None:
     pytest.importorskip("torch")
-    from trainer.compact.model import log_prob, norms_of, torch_model
+    from plugsearch.trainer.compact.model import log_prob, norms_of, torch_model
 
     item = LabeledItem(QAItem(id="q", question=QUESTION, golden_answers=["x"]))
     ep = await run_episode(DENSE_READER, item, MemoryRetriever(), params(pool_methods=["bm25", "dense"], select_k=2),
@@ -468,7 +468,7 @@ async def test_sampled_log_probability_with_the_dense_scorer_matches_the_trainer
 
 
 def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
-    from services.searcher.compact.candidates import _names
+    from plugsearch.searcher.compact.candidates import _names
 
     # the served searcher's follow-ups of 2026-11-27: "European Union. Tickets", "Although", "October"
     eiffel = ("The Eiffel Tower is in Paris. Although it was criticised, it became a symbol of France. Tickets are "
@@ -492,7 +492,7 @@ def test_follow_up_names_are_names_and_titles_within_one_sentence() -> None:
 
 
 def test_a_title_follow_up_is_the_title_and_the_questions_other_words_not_a_copy() -> None:
-    from services.searcher.compact import title_query
+    from plugsearch.searcher.compact import title_query
 
     q = QuestionInfo.of("Which city is the director of Big Stone Gap based in?")
     assert title_query(q, "Big Stone Gap (film)") == "Big Stone Gap (film) city director based"

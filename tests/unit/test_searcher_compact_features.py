@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.common.schemas.searcher import SearchedDocument
-from services.searcher.compact import (
+from plugsearch.common.schemas.searcher import SearchedDocument
+from plugsearch.searcher.compact import (
     DOC_FEATURES,
     PoolDoc,
     PoolTexts,
@@ -24,8 +24,8 @@ from services.searcher.compact import (
     title_core,
     title_head,
 )
-from services.searcher.compact.features import LINK_WINDOW, doc_columns
-from services.searcher.env import InfoBlock
+from plugsearch.searcher.compact.features import LINK_WINDOW, doc_columns
+from plugsearch.searcher.env import InfoBlock
 
 _WORD = re.compile(r"\w+")
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
@@ -227,7 +227,7 @@ def test_text_words_and_capitalised_words_equal_the_regex_definitions_for_every_
     """`_lower_words` and `_cap_count` read texts through bytes tables (C speed) instead of the regexes that define
     them (`\\w+` lower-cased; `\\b[A-Z][a-z]+`): the same words and counts for every character, each beside ASCII
     letters, digits, spaces, punctuation and itself, at a text's start and inside it."""
-    from services.searcher.compact.text import _cap_count, _has_new_name, _lower_words
+    from plugsearch.searcher.compact.text import _cap_count, _has_new_name, _lower_words
 
     characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
     for start in range(0, len(characters), 1024):

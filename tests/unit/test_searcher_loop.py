@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from services.common.errors import UpstreamError, UpstreamTimeout
-from services.common.http import UpstreamUnavailable
-from services.common.llm import ChatMessage, ChatResult
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchParams
-from services.searcher.env import select_documents
-from services.searcher.prompts import PROMPT_VERSION
+from plugsearch.common.errors import UpstreamError, UpstreamTimeout
+from plugsearch.common.http import UpstreamUnavailable
+from plugsearch.common.llm import ChatMessage, ChatResult
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.searcher.env import select_documents
+from plugsearch.searcher.prompts import PROMPT_VERSION
 from tests.support import fake_policy
 from tests.support.chat_policy import run_search
 

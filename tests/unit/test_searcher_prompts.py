@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common.schemas.searcher import SearchParams, SearchRequest
-from services.searcher.prompts import PROMPT_VERSION, VARIABLES, PromptError, PromptSet
-from services.searcher.serving import SearchService
-from services.searcher.settings import SearcherSettings
+from plugsearch.common.schemas.searcher import SearchParams, SearchRequest
+from plugsearch.searcher.prompts import PROMPT_VERSION, VARIABLES, PromptError, PromptSet
+from plugsearch.searcher.serving import SearchService
+from plugsearch.searcher.settings import SearcherSettings
 from tests.support.chat_policy import chat as chat_policy
 from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import FakeRetriever, ScriptedPolicy, s3

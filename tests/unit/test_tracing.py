@@ -1,4 +1,4 @@
-"""`services.common.tracing`: off unless the OTEL_* variables switch it on; when off, no-ops that set no
+"""`plugsearch.common.tracing`: off unless the OTEL_* variables switch it on; when off, no-ops that set no
 context and send no header; when on, nested spans, client spans whose context goes out as `traceparent`,
 server spans that continue a caller's."""
 
@@ -11,7 +11,7 @@ import pytest
 from opentelemetry import context, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from services.common import tracing
+from plugsearch.common import tracing
 from tests.support.tracing import captured_spans, never_set_up, parent_of, tracing_off
 
 OTEL_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",

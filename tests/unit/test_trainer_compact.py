@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from services.searcher.compact import CompactPolicy
-from services.stack.corpus import index_dir_for
-from trainer.cli import main
-from trainer.common.evaluation import beats_naive
-from trainer.compact.config import CompactConfig
-from trainer.compact.data import load_items
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.stack.corpus import index_dir_for
+from plugsearch.trainer.cli import main
+from plugsearch.trainer.common.evaluation import beats_naive
+from plugsearch.trainer.compact.config import CompactConfig
+from plugsearch.trainer.compact.data import load_items
 
 
 def test_training_rows_start_at_200_and_never_use_the_evaluation_only_sets(data_dir: Path) -> None:
@@ -113,8 +113,8 @@ def user_files(data_dir: Path, folder: Path, rows: range = range(200, 280), dist
 
 def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus_only(
         data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from services.stack import StackError
-    from services.stack.policy import check_policy_corpus
+    from plugsearch.stack import StackError
+    from plugsearch.stack.policy import check_policy_corpus
 
     corpus, qa = user_files(data_dir, tmp_path / "mine", by_ids=True)  # half labelled by answers, half by ids
     out, var = tmp_path / "run", tmp_path / "var"
@@ -249,7 +249,7 @@ def test_a_duplicate_passage_id_is_one_line_before_anything_is_written(data_dir:
 
 def test_ctrl_c_stops_with_one_line_and_the_command_to_resume(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    import trainer.compact.run as compact_run
+    import plugsearch.trainer.compact.run as compact_run
 
     def interrupted(job: object) -> None:
         raise KeyboardInterrupt
@@ -264,7 +264,7 @@ def test_ctrl_c_stops_with_one_line_and_the_command_to_resume(
 
 
 def test_which_policy_to_serve_follows_the_paired_intervals() -> None:
-    from trainer.compact.run import recommendation, versus_shipped
+    from plugsearch.trainer.compact.run import recommendation, versus_shipped
 
     rows = [{"scores": {"3": {"compact_rl": {"hit": float(i % 2)}, "compact_shipped": {"hit": 0.0}}}}
             for i in range(40)]
@@ -280,8 +280,8 @@ def test_which_policy_to_serve_follows_the_paired_intervals() -> None:
 
 def test_questions_labelled_by_passage_ids_are_read_checked_and_scored(tmp_path: Path) -> None:
     """BEIR / TREC-style labels: the ids of the passages that answer a question, instead of its answers."""
-    from services.common.schemas.base import Document
-    from trainer.common.data import QAFileError, QAItem, answerable, found, read_qa_file
+    from plugsearch.common.schemas.base import Document
+    from plugsearch.trainer.common.data import QAFileError, QAItem, answerable, found, read_qa_file
 
     qa = tmp_path / "qrels.jsonl"
     qa.write_text("\n".join(json.dumps(r) for r in (
@@ -308,7 +308,7 @@ def test_shipped_questions_are_mixed_in_evenly_each_with_the_shared_corpus_s_ret
         data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--shipped N`: N training rows (200+, never the RL-dev rows) of the shipped sets, drawn evenly across
     them, each searched over the shared corpus (its own retriever), not the user's."""
-    from trainer.compact import run as compact_run
+    from plugsearch.trainer.compact import run as compact_run
 
     made: list[Path] = []
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.common.data import (
+from plugsearch.trainer.common.data import (
     MIN_SPLIT,
     QAFileError,
     QAItem,
@@ -21,7 +21,7 @@ from trainer.common.data import (
     split_items,
     split_sizes,
 )
-from trainer.compact.data import user_split
+from plugsearch.trainer.compact.data import user_split
 
 
 def write(path: Path, rows: list[object]) -> Path:

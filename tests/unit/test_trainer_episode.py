@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from services.common.llm import ChatMessage
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchParams
-from services.searcher.env import PolicyCall
+from plugsearch.common.llm import ChatMessage
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.searcher.env import PolicyCall
+from plugsearch.trainer.llm.episode import ChatTokens, Sampled, run_episode
 from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
-from trainer.llm.episode import ChatTokens, Sampled, run_episode
 
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.llm.model import default_policy_path, load_tokenizer
+    from plugsearch.trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_trainer_rewards import FakeStack, _item
-from trainer.common.data import QAItem
-from trainer.common.evaluation import (
+from plugsearch.trainer.common.data import QAItem
+from plugsearch.trainer.common.evaluation import (
     EvalConfig,
     EvalRecord,
     load_results,
@@ -18,6 +17,7 @@ from trainer.common.evaluation import (
     summarise,
     write_report,
 )
+from tests.unit.test_trainer_rewards import FakeStack, _item
 
 
 async def test_eval_is_resumable_and_scores_every_method(tmp_path: Path) -> None:
@@ -85,8 +85,8 @@ async def test_a_run_cut_short_has_every_dataset_scored_by_every_method(tmp_path
 
 
 def test_eval_llm_threads_option() -> None:
-    from trainer.cli import build_parser
-    from trainer.cli.common import LLM_THREADS_DEFAULT
+    from plugsearch.trainer.cli import build_parser
+    from plugsearch.trainer.cli.common import LLM_THREADS_DEFAULT
 
     parser = build_parser()
     assert parser.parse_args(["eval", "--local"]).llm_threads == LLM_THREADS_DEFAULT >= 1

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer.llm.export import ExportError, export_peft_dir, lora_tensors
+from plugsearch.trainer.llm.export import ExportError, export_peft_dir, lora_tensors
 
 
 def test_query_and_key_adapters_are_refused() -> None:
@@ -29,8 +29,8 @@ def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_pat
     from llama_cpp import Llama
     from peft import LoraConfig, get_peft_model
 
-    from services.common.llama_server import apply_weight_repacking, smollm2_gguf_path
-    from trainer.llm.model import default_policy_path, load_policy
+    from plugsearch.common.llama_server import apply_weight_repacking, smollm2_gguf_path
+    from plugsearch.trainer.llm.model import default_policy_path, load_policy
 
     monkeypatch.setattr(lib, "llama_model_default_params", lib.llama_model_default_params)  # restored after
     apply_weight_repacking()  # as the served llama.cpp does (off on CPUs with AMX)
@@ -75,7 +75,7 @@ def test_llama_cpp_applies_the_exported_adapter_like_peft(var_dir: Path, tmp_pat
 
 
 def test_records_name_no_folder_of_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.cli.common import portable
+    from plugsearch.trainer.cli.common import portable
 
     monkeypatch.chdir(tmp_path)
     record = {"prompts_dir": tmp_path / "services" / "p", "png": str(tmp_path / "var" / "c.png"),

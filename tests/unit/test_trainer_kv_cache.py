@@ -1,10 +1,10 @@
-"""trainer.llm.kv_cache: the KV cache's keyword read from the model's own forward, through wrappers."""
+"""plugsearch.trainer.llm.kv_cache: the KV cache's keyword read from the model's own forward, through wrappers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.llm.kv_cache import cache_keyword, output_cache
+from plugsearch.trainer.llm.kv_cache import cache_keyword, output_cache
 
 
 class New:

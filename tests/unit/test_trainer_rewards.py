@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from services.common.schemas.base import Document
-from services.common.schemas.retriever import Method
-from trainer.common.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
-from trainer.common.data import QAItem, s3_filter, train_split
-from trainer.common.rewards import RewardComputer, Trajectory, format_score
-from trainer.common.upstreams import Answered
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.retriever import Method
+from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
+from plugsearch.trainer.common.data import QAItem, s3_filter, train_split
+from plugsearch.trainer.common.rewards import RewardComputer, Trajectory, format_score
+from plugsearch.trainer.common.upstreams import Answered
 
 
 class FakeStack:
@@ -138,7 +138,7 @@ def test_train_split_holds_out_eval_questions_and_interleaves(data_dir: Path) ->
 
 
 def test_resume_picks_the_newest_complete_checkpoint(tmp_path: Path) -> None:
-    from trainer.llm.grpo import last_checkpoint
+    from plugsearch.trainer.llm.grpo import last_checkpoint
 
     assert last_checkpoint(tmp_path / "missing") is None
     for step, complete in ((2, True), (4, True), (6, False)):
@@ -243,10 +243,10 @@ async def test_gbr_at_the_same_budget_keeps_one_baseline_per_n_and_counts_servic
 def test_the_compact_trainer_rewards_through_the_one_computer(tmp_path: Path) -> None:
     """One RL step of the compact policy with `gbr` through (fake) services: the episodes are the searcher's,
     the reward the computer's, the step's log says how long the services took."""
+    from plugsearch.trainer.compact.config import CompactConfig
+    from plugsearch.trainer.compact.data import LabeledItem
+    from plugsearch.trainer.compact.rl import reinforce
     from tests.unit.test_searcher_compact import NAME_SEEKER, QUESTION, MemoryRetriever
-    from trainer.compact.config import CompactConfig
-    from trainer.compact.data import LabeledItem
-    from trainer.compact.rl import reinforce
 
     answered: list[int] = []
 

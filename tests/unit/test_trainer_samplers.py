@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from services.searcher.env import PolicyCall
-from trainer.llm.samplers import HFSampler, VLLMSampler
+from plugsearch.searcher.env import PolicyCall
+from plugsearch.trainer.llm.samplers import HFSampler, VLLMSampler
 
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.llm.model import default_policy_path, load_tokenizer
+    from plugsearch.trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from trainer.llm.shared_prefix import shared_prefix_logps
+from plugsearch.trainer.llm.shared_prefix import shared_prefix_logps
 
 
 @pytest.fixture()

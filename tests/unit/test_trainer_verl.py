@@ -1,4 +1,4 @@
-"""veRL's path through the search environment (`trainer.verl.agent_loop`, `trainer.verl.reward`), against a
+"""veRL's path through the search environment (`plugsearch.trainer.verl.agent_loop`, `plugsearch.trainer.verl.reward`), against a
 fake of veRL 0.9.1's server manager: the same documents as the service and TRL paths (the two-block case),
 the ids trained on are the ids the server sampled, and the reward reads the environment's documents, never
 the text. Runs without veRL; where veRL is installed (the check venv) the same tests run on its classes."""
@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from services.common.schemas.base import Document
-from services.searcher.env import PolicyCall
-from services.searcher.prompts import PromptSet
+from plugsearch.common.schemas.base import Document
+from plugsearch.searcher.env import PolicyCall
+from plugsearch.searcher.prompts import PromptSet
+from plugsearch.trainer.common.rewards import RewardComputer
+from plugsearch.trainer.common.upstreams import Answered
+from plugsearch.trainer.verl import reward
+from plugsearch.trainer.verl.agent_loop import OUTCOME_FIELD, PlugsearchAgentLoop, ServerSampler
 from tests.support.chat_policy import run_search
 from tests.unit.test_searcher_loop import ScriptedPolicy, s3
 from tests.unit.test_trainer_episode import PARAMS, TWO_BLOCKS, Blocks
-from trainer.common.rewards import RewardComputer
-from trainer.common.upstreams import Answered
-from trainer.verl import reward
-from trainer.verl.agent_loop import OUTCOME_FIELD, PlugsearchAgentLoop, ServerSampler
 
 SEARCH = {"mode": PARAMS.mode, "max_turns": PARAMS.max_turns, "retrieve_k": PARAMS.retrieve_k,
           "select_k": PARAMS.select_k}
@@ -31,7 +31,7 @@ SEARCH = {"mode": PARAMS.mode, "max_turns": PARAMS.max_turns, "retrieve_k": PARA
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.llm.model import default_policy_path, load_tokenizer
+    from plugsearch.trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 
@@ -94,7 +94,7 @@ VERL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_pena
 
 
 def row(question: str = "A", **extra: Any) -> dict[str, Any]:
-    """The dataset fields veRL hands to `run` (`trainer.verl.data` rows)."""
+    """The dataset fields veRL hands to `run` (`plugsearch.trainer.verl.data` rows)."""
     return {"raw_prompt": [{"role": "user", "content": question}], "data_source": "nq", "agent_name": "plugsearch_s3",
             "reward_model": {"style": "rule", "ground_truth": ["gold"]}, "index": 0,
             "extra_info": {"question": question, "id": "nq-1", "index": 0,
@@ -281,7 +281,7 @@ async def test_verl_batches_the_episode_and_its_reward_loop_scores_the_environme
 
 # --------------------------------------------------------------------------------------------- config
 def verl_config() -> Any:
-    from trainer.verl import CONFIG_DIR
+    from plugsearch.trainer.verl import CONFIG_DIR
 
     return OmegaConf.load(CONFIG_DIR / "s3_grpo.yaml")
 
@@ -289,15 +289,15 @@ def verl_config() -> Any:
 @pytest.mark.parametrize(("nnodes", "gpus"), [(1, 1), (1, 8), (2, 8)])
 def test_config_batch_arithmetic_holds_on_one_eight_and_sixteen_gpus(nnodes: int, gpus: int) -> None:
     """Mirrors veRL 0.9.1's batch checks (validate_config and the workers' asserts, quoted in
-    `check_config.batch_problems`); `python -m trainer.verl.check_config` runs veRL's own code on top."""
-    from trainer.verl.check_config import batch_problems
+    `check_config.batch_problems`); `python -m plugsearch.trainer.verl.check_config` runs veRL's own code on top."""
+    from plugsearch.trainer.verl.check_config import batch_problems
 
     assert batch_problems(verl_config(), nnodes=nnodes, gpus_per_node=gpus) == []
 
 
 def test_the_old_config_fails_the_mirrored_checks() -> None:
     """The issue's numbers: mini-batch 60 x n 5 over 8 GPUs is 37.5 per GPU; rollout TP 2 on one GPU."""
-    from trainer.verl.check_config import batch_problems
+    from plugsearch.trainer.verl.check_config import batch_problems
 
     config = verl_config()
     config.data.train_batch_size = 120
@@ -315,7 +315,7 @@ def test_config_runs_our_agent_loop_and_reward(monkeypatch: pytest.MonkeyPatch) 
 
     import yaml
 
-    from trainer.verl import CONFIG_DIR
+    from plugsearch.trainer.verl import CONFIG_DIR
 
     config = verl_config()
     rollout = config.actor_rollout_ref.rollout
@@ -327,7 +327,7 @@ def test_config_runs_our_agent_loop_and_reward(monkeypatch: pytest.MonkeyPatch) 
     for entry in entries.values():  # each entry builds with veRL's kwargs
         module, _, name = entry["_target_"].rpartition(".")
         assert getattr(__import__(module, fromlist=[name]), name) is PlugsearchAgentLoop
-    assert config.reward.custom_reward_function.path == "pkg://trainer.verl.reward"
+    assert config.reward.custom_reward_function.path == "pkg://plugsearch.trainer.verl.reward"
     assert inspect.iscoroutinefunction(getattr(reward, config.reward.custom_reward_function.name))
     assert config.data.max_prompt_length + config.data.max_response_length <= rollout.max_model_len
     assert config.actor_rollout_ref.model.path  # resolves with or without POLICY_MODEL
@@ -348,8 +348,8 @@ def qa_dir(tmp_path: Path, sizes: dict[str, int]) -> Path:
 def test_parquet_rows_are_verls_format_with_the_environments_prompt(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from services.common.schemas.searcher import SearchParams
-    from trainer.verl.data import agent_search_params, build, first_messages
+    from plugsearch.common.schemas.searcher import SearchParams
+    from plugsearch.trainer.verl.data import agent_search_params, build, first_messages
 
     data = qa_dir(tmp_path, {"nq": 205, "hotpotqa": 203})
     summary = build(data, tmp_path / "out", val_per_dataset=2)
@@ -375,7 +375,7 @@ def test_parquet_rows_are_verls_format_with_the_environments_prompt(tmp_path: Pa
 
 
 def test_parquet_s3_filter_and_refusals(tmp_path: Path) -> None:
-    from trainer.verl.data import build, main
+    from plugsearch.trainer.verl.data import build, main
 
     data = qa_dir(tmp_path, {"nq": 203, "hotpotqa": 201})
     baselines = {"nq-200": 0.0, "nq-201": 1.0, "nq-202": 0.0, "hotpotqa-200": 0.0}
@@ -393,7 +393,7 @@ def test_verls_dataset_reads_the_parquet(tmp_path: Path, tokenizer: Any) -> None
     pytest.importorskip("verl")
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from trainer.verl.data import build
+    from plugsearch.trainer.verl.data import build
 
     build(qa_dir(tmp_path, {"nq": 202}), tmp_path / "out", datasets=["nq"], val_per_dataset=1)
     data = verl_config().data

@@ -7,18 +7,25 @@ from typing import Any
 
 import pytest
 
-from services.common.schemas.base import Document
-from services.common.schemas.searcher import SearchedDocument, SearchParams
-from services.searcher import parsing
-from services.searcher.env import InfoBlock
-from trainer.common.data import QAItem
-from trainer.llm.episode import ChatTokens
-from trainer.llm.warmstart import Example, action_text, batches, candidate_queries, demonstrate, masked_nll
+from plugsearch.common.schemas.base import Document
+from plugsearch.common.schemas.searcher import SearchedDocument, SearchParams
+from plugsearch.searcher import parsing
+from plugsearch.searcher.env import InfoBlock
+from plugsearch.trainer.common.data import QAItem
+from plugsearch.trainer.llm.episode import ChatTokens
+from plugsearch.trainer.llm.warmstart import (
+    Example,
+    action_text,
+    batches,
+    candidate_queries,
+    demonstrate,
+    masked_nll,
+)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(var_dir: Path) -> Any:
-    from trainer.llm.model import default_policy_path, load_tokenizer
+    from plugsearch.trainer.llm.model import default_policy_path, load_tokenizer
 
     return load_tokenizer(default_policy_path(var_dir))
 
@@ -124,9 +131,9 @@ def test_warm_start_trains_on_the_resolved_device_and_resumes(tmp_path: Path, va
 
     import torch
 
-    from trainer.llm.grpo import LoraSettings
-    from trainer.llm.model import default_policy_path
-    from trainer.llm.warmstart import LOSS_LOG, WarmStartConfig, train_warm_start
+    from plugsearch.trainer.llm.grpo import LoraSettings
+    from plugsearch.trainer.llm.model import default_policy_path
+    from plugsearch.trainer.llm.warmstart import LOSS_LOG, WarmStartConfig, train_warm_start
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from train_gpu_check import tiny_model

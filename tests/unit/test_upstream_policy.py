@@ -15,11 +15,11 @@ import httpx
 import orjson
 import pytest
 
-from services.common.errors import Overloaded, ServiceError, UpstreamError, UpstreamTimeout
-from services.common.http import MAX_RETRY_PAUSE_S, ClientSettings, ServiceClient, UpstreamUnavailable
-from services.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
-from services.common.metrics import ServiceMetrics
-from services.common.workers import free_port
+from plugsearch.common.errors import Overloaded, ServiceError, UpstreamError, UpstreamTimeout
+from plugsearch.common.http import MAX_RETRY_PAUSE_S, ClientSettings, ServiceClient, UpstreamUnavailable
+from plugsearch.common.llm import ChatMessage, LLMSettings, OpenAIChatClient
+from plugsearch.common.metrics import ServiceMetrics
+from plugsearch.common.workers import free_port
 
 REPLY = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
          "usage": {"prompt_tokens": 1, "completion_tokens": 1}}

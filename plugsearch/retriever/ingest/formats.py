@@ -1,0 +1,372 @@
+"""What a file is and what it says: each format read by the library made for it into a `Document`.
+
+A `Document` is a title and its sections in order; a section is the heading path it sits under (`("Guide",
+"Install")`, empty before the first heading and where the format has none) and its blocks of text (paragraphs,
+list items, table rows, a PDF page), each a sentence boundary. Readers:
+
+- plain text (`.txt`, `.text`): UTF-8, else the encoding charset-normalizer detects (a tie between code pages
+  goes to cp1252); paragraphs split at blank lines; title = the file name (without its extension).
+- Markdown (`.md`, `.markdown`): markdown-it-py (CommonMark + tables); headings give the heading path, title =
+  a front matter `title:`, else the first heading, else the file name. Code blocks are kept as text; HTML blocks
+  are read as HTML.
+- HTML (`.html`, `.htm`, `.xhtml`): BeautifulSoup with the standard library's parser (the encoding from the file's
+  declaration, else detected); scripts, styles, templates, `<head>` and SVG dropped; h1..h6 give the heading path;
+  title = `<title>`, else the first `<h1>`, else the file name.
+- PDF (`.pdf`): pypdf's text layer, a block per page (`Block.page`); title = the PDF's metadata title, else the
+  file name; no heading path. No text on any page: skipped as scanned.
+- JSONL passages (`.jsonl`, the corpus format the retriever reads): every row checked as the retriever loads it
+  and passed through (`read_jsonl`); one bad row skips the file.
+
+Before any of that, `sniff` checks the first bytes against the extension: a `.pdf` must start with `%PDF-`; a text
+format must not be a known binary format or hold NUL bytes (UTF-16/32 with a byte order mark excepted).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import unicodedata
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+
+import orjson
+from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
+from bs4.element import NavigableString, PreformattedString, Tag
+from charset_normalizer import from_bytes
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from pypdf import PdfReader
+from pypdf.errors import PyPdfError
+
+from plugsearch.retriever.corpus import CorpusError, parse_line
+from plugsearch.retriever.ingest.passages import Passage, ws
+
+EXTENSIONS: dict[str, str] = {
+    ".txt": "text", ".text": "text",
+    ".md": "markdown", ".markdown": "markdown",
+    ".html": "html", ".htm": "html", ".xhtml": "html",
+    ".pdf": "pdf",
+    ".jsonl": "jsonl",
+}
+LABELS = {"text": "text", "markdown": "Markdown", "html": "HTML", "pdf": "PDF", "jsonl": "JSONL"}
+NO_TEXT_LAYER = "no text layer (scanned? OCR it first)"
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"%PDF-", "a PDF"),
+    (b"PK\x03\x04", "a ZIP archive (docx, xlsx, epub, ...)"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Office document"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF87a", "a GIF image"), (b"GIF89a", "a GIF image"),
+    (b"\x1f\x8b", "gzip data"),
+    (b"\x7fELF", "an executable"),
+)
+_UNICODE_BOMS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")
+
+
+class SkipFile(Exception):
+    """The file is not ingested; the message says why (it goes into the report). `ignored`: not an error (an
+    extension no reader takes, a hidden file)."""
+
+    def __init__(self, reason: str, *, ignored: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.ignored = ignored
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of text that ends a sentence where it ends (a paragraph, list item, table row, PDF page)."""
+
+    text: str
+    page: int | None = None
+
+
+@dataclass
+class Section:
+    headings: tuple[str, ...]
+    blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass
+class Document:
+    title: str
+    sections: list[Section]
+
+
+def format_of(path: PurePath) -> str | None:
+    """The reader an extension asks for (`text`, `markdown`, `html`, `pdf`, `jsonl`); None for any other."""
+    return EXTENSIONS.get(path.suffix.lower())
+
+
+def _magic(head: bytes) -> str | None:
+    return next((what for magic, what in _MAGIC if head.startswith(magic)), None)
+
+
+def sniff(kind: str, head: bytes) -> None:
+    """Refuse a file whose first bytes say it is not what its extension says."""
+    label = LABELS[kind]
+    if kind == "pdf":
+        if b"%PDF-" not in head[:1024]:
+            looks = _magic(head) or ("binary data" if b"\x00" in head else "text")
+            raise SkipFile(f"not a PDF: no %PDF- header (it looks like {looks})")
+        return
+    if (what := _magic(head)) is not None:
+        raise SkipFile(f"not a {label} file: it is {what}")
+    if b"\x00" in head and not head.startswith(_UNICODE_BOMS):
+        raise SkipFile(f"not a {label} file: binary data (NUL bytes)")
+
+
+def decode_text(data: bytes, label: str) -> str:
+    """UTF-8 (with or without a byte order mark), else the encoding charset-normalizer finds; text that decodes
+    into control characters is binary."""
+    text: str | None = None
+    if not data.startswith(_UNICODE_BOMS):
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            text = None
+    if text is None:
+        matches = from_bytes(data)
+        best = matches.best()
+        if best is None:
+            raise SkipFile(f"not a {label} file: no character encoding fits its bytes")
+        # single-byte code pages often fit equally well (cp1250 and cp1252 read French alike to it): a tie goes to
+        # Windows' Western code page, the commonest legacy encoding
+        tied = [m for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
+        text = str(next((m for m in tied if "cp1252" in m.could_be_from_charset), best))
+    sample = text[:65536]
+    controls = sum(1 for c in sample if unicodedata.category(c) == "Cc" and c not in "\t\n\r\f\v")
+    if controls > max(2, len(sample) // 100):
+        raise SkipFile(f"not a {label} file: binary data ({controls} control characters in its first "
+                       f"{len(sample):,} characters)")
+    return text
+
+
+class _Outline:
+    """Sections as headings arrive: a heading of level L closes every open heading of level >= L."""
+
+    def __init__(self) -> None:
+        self.open: list[tuple[int, str]] = []
+        self.sections = [Section(())]
+        self.first_heading = ""
+
+    def heading(self, level: int, text: str) -> None:
+        text = ws(text)
+        if not text:
+            return
+        while self.open and self.open[-1][0] >= level:
+            self.open.pop()
+        self.open.append((level, text))
+        self.first_heading = self.first_heading or text
+        self.sections.append(Section(tuple(t for _, t in self.open)))
+
+    def add(self, text: str, page: int | None = None) -> None:
+        if text.strip():
+            self.sections[-1].blocks.append(Block(text, page))
+
+    def document(self, title: str) -> Document:
+        return Document(title=ws(title), sections=[s for s in self.sections if s.blocks])
+
+
+# ---------------------------------------------------------------------------------------------------- plain text
+
+def read_text(data: bytes, name: str) -> Document:
+    outline = _Outline()
+    for paragraph in re.split(r"\n[ \t\f\v]*\n", decode_text(data, "text").replace("\r\n", "\n")):
+        outline.add(paragraph)
+    return outline.document(name)
+
+
+# ------------------------------------------------------------------------------------------------------ Markdown
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
+_FRONT_TITLE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
+_MD_FLUSH = {"paragraph_close", "tr_close", "list_item_close", "blockquote_close", "hr"}
+
+
+def _inline_text(children: list[Token] | None) -> str:
+    parts = []
+    for child in children or []:
+        if child.type in ("text", "code_inline", "image"):  # an image's content is its alt text
+            parts.append(child.content)
+        elif child.type in ("softbreak", "hardbreak"):
+            parts.append(" ")
+    return "".join(parts)
+
+
+def read_markdown(data: bytes, name: str) -> Document:
+    text = decode_text(data, "Markdown")
+    title = ""
+    if front := _FRONT_MATTER.match(text):  # YAML front matter: its title, the rest is not text
+        if found := _FRONT_TITLE.search(front.group(1)):
+            title = found.group(1).strip("'\"")
+        text = text[front.end():]
+    tokens = MarkdownIt("commonmark", {"html": True}).enable("table").parse(text)
+    outline = _Outline()
+    buffer: list[str] = []
+
+    def flush() -> None:
+        outline.add(" ".join(buffer))
+        buffer.clear()
+
+    heading_level = 0
+    for token in tokens:
+        if token.type == "heading_open":
+            flush()
+            heading_level = int(token.tag[1:])
+        elif token.type == "heading_close":
+            heading_level = 0
+        elif token.type == "inline" and heading_level:
+            outline.heading(heading_level, _inline_text(token.children))
+        elif token.type == "inline":
+            buffer.append(_inline_text(token.children))
+        elif token.type in ("fence", "code_block"):
+            flush()
+            outline.add(token.content)
+        elif token.type == "html_block":
+            flush()
+            for block in _html_blocks(_soup(token.content.encode()), _Outline()).sections:
+                for piece in block.blocks:
+                    outline.add(piece.text)
+        elif token.type in _MD_FLUSH:
+            flush()
+    flush()
+    return outline.document(title or outline.first_heading or name)
+
+
+# ---------------------------------------------------------------------------------------------------------- HTML
+
+_HTML_DROP = {"script", "style", "noscript", "template", "head", "title", "svg", "math", "iframe", "object",
+              "canvas"}
+_HTML_HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+_HTML_BLOCKS = {"address", "article", "aside", "blockquote", "body", "br", "caption", "dd", "details", "dialog",
+                "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "form", "header", "hr", "li",
+                "main", "nav", "ol", "p", "pre", "section", "summary", "table", "tbody", "tfoot", "thead", "tr",
+                "ul"}
+_HTML_CELLS = {"td", "th"}
+
+
+def _soup(data: bytes) -> BeautifulSoup:
+    with warnings.catch_warnings():  # a page that reads like a URL or is XHTML: parsed as it is, on purpose
+        warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        return BeautifulSoup(data, "html.parser")
+
+
+def _html_blocks(root: Tag, outline: _Outline) -> _Outline:
+    """Walk the tree in document order (iteratively: deep nesting is no recursion), a block at each block-level
+    element, a section at each heading."""
+    buffer: list[str] = []
+
+    def flush() -> None:
+        outline.add("".join(buffer))
+        buffer.clear()
+
+    stack: list[tuple[Iterator[object], bool]] = [(iter(root.children), False)]
+    while stack:
+        children, is_block = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            if is_block:
+                flush()
+        elif isinstance(child, NavigableString):
+            if not isinstance(child, PreformattedString):  # comments, CDATA, doctype, processing instructions
+                buffer.append(str(child))
+        elif isinstance(child, Tag) and child.name not in _HTML_DROP:
+            if child.name in _HTML_HEADINGS:
+                flush()
+                outline.heading(_HTML_HEADINGS[child.name], child.get_text(" "))
+                continue
+            block = child.name in _HTML_BLOCKS
+            if block:
+                flush()
+            elif child.name in _HTML_CELLS:
+                buffer.append(" ")
+            stack.append((iter(child.children), block))
+    flush()
+    return outline
+
+
+def read_html(data: bytes, name: str) -> Document:
+    if not data.startswith(_UNICODE_BOMS):
+        decode_text(data[:65536], "HTML")  # binary data refused before it is parsed
+    soup = _soup(data)
+    title = soup.title.get_text(" ") if soup.title is not None else ""
+    if not ws(title) and (h1 := soup.find("h1")) is not None:
+        title = h1.get_text(" ")
+    outline = _html_blocks(soup, _Outline())
+    return outline.document(title if ws(title) else name)
+
+
+# ----------------------------------------------------------------------------------------------------------- PDF
+
+def read_pdf(data: bytes, name: str) -> Document:
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise SkipFile("an encrypted PDF (it needs a password): decrypt it first")
+        pages = list(reader.pages)
+    except PyPdfError as exc:
+        raise SkipFile(f"not a readable PDF: {exc}") from exc
+    if not pages:
+        raise SkipFile("empty document: a PDF without pages")
+    outline = _Outline()
+    for number, page in enumerate(pages, start=1):
+        outline.add(page.extract_text() or "", page=number)
+    document = outline.document(name)
+    if not document.sections:
+        raise SkipFile(NO_TEXT_LAYER)
+    metadata = reader.metadata
+    if metadata is not None and metadata.title and ws(str(metadata.title)):
+        document.title = ws(str(metadata.title))
+    return document
+
+
+READERS = {"text": read_text, "markdown": read_markdown, "html": read_html, "pdf": read_pdf}
+
+
+def read_document(kind: str, data: bytes, name: str) -> Document:
+    """`data` (the whole file) as a document of format `kind`; `name`: the title when the document has none."""
+    return READERS[kind](data, name)
+
+
+# --------------------------------------------------------------------------------------------- JSONL passages
+
+def read_jsonl(data: bytes, source: str) -> list[Passage]:
+    """A corpus file's rows as passages, each checked as the retriever loads it (`corpus.parse_line`): `id`, and
+    `title` + `text` or `contents`; `doc_id`, `headings`, `source`, `position`, `page` kept where a row has them
+    (a corpus written by `ingest`), else the row is its own document (`doc_id` = `id`, position 0) from this
+    file. A bad row skips the whole file, naming its line."""
+    passages: list[Passage] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            passage_id, title, text = parse_line(line, lineno, Path(source))
+        except CorpusError as exc:
+            raise SkipFile(f"bad row: {exc}") from exc
+        if passage_id in first_line:
+            raise SkipFile(f"line {lineno}: passage id {passage_id!r} is used again (first at line "
+                           f"{first_line[passage_id]})")
+        first_line[passage_id] = lineno
+        if not text.strip():
+            raise SkipFile(f"line {lineno}: passage {passage_id!r} has no text")
+        row = orjson.loads(line)
+        doc_id, headings = row.get("doc_id", passage_id), row.get("headings", [])
+        row_source, position, page = row.get("source", source), row.get("position", 0), row.get("page")
+        if not isinstance(doc_id, str) or not doc_id or not isinstance(row_source, str) \
+                or not isinstance(headings, list) or not all(isinstance(h, str) for h in headings) \
+                or not isinstance(position, int) or isinstance(position, bool) or position < 0 \
+                or not (page is None or (isinstance(page, int) and not isinstance(page, bool))):
+            raise SkipFile(f"line {lineno}: doc_id and source must be strings, headings a list of strings, "
+                           "position an integer >= 0, page an integer")
+        passages.append(Passage(id=passage_id, title=title, text=text, doc_id=doc_id, headings=tuple(headings),
+                                source=row_source, position=position, page=page))
+    if not passages:
+        raise SkipFile("empty document: no rows")
+    return passages

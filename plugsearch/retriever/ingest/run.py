@@ -1,0 +1,315 @@
+"""Walking the given paths into one corpus file: the checks, the progress bar, the report, the atomic writes.
+
+Files are taken in a stable order (each path as given, a folder's files sorted by their path within it, depth
+first). A file's document id is its path relative to the path it was found under, with `/` separators
+(`guides/install.md`; a file given itself: its name), so ingesting the same folder again gives the same ids.
+Each file is read whole (up to the size limit) and cut before any of it is written; any failure, a check that
+refuses it or an exception from its reader, skips that file with the reason in the report, and the batch goes
+on. Refused: a path that resolves (links followed) outside the allowed folders, a broken link, a file over the
+size limit (by its size on disk: it is never read), an empty file, an extension no reader takes (ignored, not an
+error), a hidden file or folder (ignored), content that is not what the extension says, a PDF with no text layer,
+a document with no text, and a document id or passage id already taken in this batch (the first keeps it).
+
+The corpus goes to a temporary file beside the output, renamed over it once complete (never half-written); with
+no passage at all nothing is written there. The report (`<out stem>.report.json`) is written the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import orjson
+
+from plugsearch.retriever.ingest.formats import (
+    EXTENSIONS,
+    SkipFile,
+    format_of,
+    read_document,
+    read_jsonl,
+    sniff,
+)
+from plugsearch.retriever.ingest.passages import DEFAULT_WORDS, Passage, cut
+
+logger = logging.getLogger(__name__)
+
+MB = 1 << 20
+DEFAULT_MAX_MB = 200.0
+
+
+class IngestError(ValueError):
+    """Nothing could be ingested (bad options, no passage); the message says why, `report` (when the batch ran)
+    what was skipped."""
+
+    def __init__(self, message: str, report: IngestReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    paths: tuple[Path, ...]
+    out: Path
+    allow: tuple[Path, ...] = ()  # empty: the paths given
+    words: int = DEFAULT_WORDS
+    max_mb: float = DEFAULT_MAX_MB
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise IngestError("no path to ingest")
+        if not 10 <= self.words <= 10_000:
+            raise IngestError(f"--words {self.words}: between 10 and 10000")
+        if self.max_mb <= 0:
+            raise IngestError(f"--max-mb {self.max_mb}: must be positive")
+
+    @property
+    def report_path(self) -> Path:
+        return self.out.with_name(f"{self.out.stem}.report.json")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+    kind: Literal["error", "ignored"] = "error"
+
+
+@dataclass(frozen=True)
+class _File:
+    path: Path  # as found: the given path joined with its path inside it
+    rel: str  # relative to the given path, `/`-separated: the document id and `source`
+
+
+@dataclass
+class IngestReport:
+    corpus: str
+    written: bool = False
+    files: int = 0
+    documents: int = 0
+    passages: int = 0
+    formats: Counter[str] = field(default_factory=Counter)
+    skipped: list[Skipped] = field(default_factory=list)
+    sha256: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Skipped]:
+        return [s for s in self.skipped if s.kind == "error"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"corpus": self.corpus, "written": self.written, "files": self.files, "documents": self.documents,
+                "passages": self.passages, "formats": dict(sorted(self.formats.items())), "sha256": self.sha256,
+                "errors": len(self.errors), "ignored": len(self.skipped) - len(self.errors),
+                "skipped": [{"path": s.path, "kind": s.kind, "reason": s.reason} for s in self.skipped],
+                "options": self.options}
+
+    def summary(self) -> list[str]:
+        """What a person reads after the run (the command prints it on stderr)."""
+        where = f"into {self.corpus}" if self.written else f"(nothing written to {self.corpus})"
+        lines = [f"ingested {self.files:,} files ({self.documents:,} documents) as {self.passages:,} passages "
+                 f"{where}"]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped):,} ({len(self.errors):,} errors):")
+            lines += [f"  {s.path}: {s.reason}" for s in self.skipped]
+        return lines
+
+
+def _inside(path: Path, allowed: list[Path]) -> bool:
+    return any(path == a or path.is_relative_to(a) for a in allowed)
+
+
+def _walk_folder(folder: Path, rel: str, allowed: list[Path], seen: set[Path]) -> Iterator[_File | Skipped]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        yield Skipped(str(folder), f"cannot list the folder: {exc.strerror or exc}")
+        return
+    for entry in entries:
+        path, name = Path(entry.path), f"{rel}{entry.name}"
+        if entry.name.startswith("."):
+            yield Skipped(str(path), "hidden file or folder", "ignored")
+            continue
+        real = path.resolve()
+        if not _inside(real, allowed):
+            yield Skipped(str(path), f"outside the allowed folders (it resolves to {real}); allow its folder "
+                          "with --allow")
+        elif real.is_dir():
+            if real in seen:
+                yield Skipped(str(path), f"a link to a folder already walked ({real})", "ignored")
+            else:
+                seen.add(real)
+                yield from _walk_folder(path, f"{name}/", allowed, seen)
+        elif real.is_file():
+            yield _File(path, name)
+        elif not real.exists():
+            yield Skipped(str(path), f"a broken link (to {real})")
+        else:
+            yield Skipped(str(path), "not a regular file", "ignored")
+
+
+def walk(paths: tuple[Path, ...], allowed: list[Path]) -> Iterator[_File | Skipped]:
+    """The files under `paths` in a stable order, and what was refused on the way."""
+    seen: set[Path] = set()
+    for given in paths:
+        real = given.resolve()
+        if not os.path.lexists(given):
+            yield Skipped(str(given), "no such file or folder")
+        elif not _inside(real, allowed):
+            yield Skipped(str(given), f"outside the allowed folders (it resolves to {real})")
+        elif real.is_dir():
+            if real not in seen:
+                seen.add(real)
+                yield from _walk_folder(given, "", allowed, seen)
+        elif real.is_file():
+            yield _File(given, given.name)
+        else:
+            yield Skipped(str(given), "not a regular file, or a broken link")
+
+
+def kind_of(name: str) -> str:
+    """The reader `name`'s extension asks for; SkipFile (ignored) for an extension no reader takes."""
+    kind = format_of(PurePosixPath(name))
+    if kind is None:
+        known = ", ".join(sorted(EXTENSIONS))
+        raise SkipFile(f"unknown extension {PurePosixPath(name).suffix or '(none)'!r} (ingested: {known})",
+                       ignored=True)
+    return kind
+
+
+def read_data(name: str, data: bytes, *, doc_id: str, words: int, max_bytes: int,
+              title: str | None = None) -> tuple[str, list[Passage]]:
+    """(format, passages) of a file's bytes; SkipFile when it is refused. `name`, `/`-separated, is what the file
+    is: its extension picks the reader, it is the passages' `source`, and its stem the title of a document that
+    has none (`title`, when given, is the title whatever the document says). What `ingest` reads each file with,
+    and the retriever's `POST /documents/files` each file it is sent."""
+    kind = kind_of(name)
+    if len(data) > max_bytes:
+        raise SkipFile(f"too large: {len(data) / MB:,.1f} MB, over the limit of {max_bytes / MB:g} MB per file")
+    if not data:
+        raise SkipFile("empty file")
+    sniff(kind, data[:8192])
+    if kind == "jsonl":
+        return kind, read_jsonl(data, name)
+    document = read_document(kind, data, PurePosixPath(name).stem)
+    if title:
+        document.title = title
+    passages = cut(document, doc_id=doc_id, source=name, words=words)
+    if not passages:
+        raise SkipFile("empty document: no text")
+    return kind, passages
+
+
+def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Passage]]:
+    """(format, passages) of one file found on disk (`read_data`), its size checked before it is read."""
+    kind_of(file.rel)
+    size = file.path.stat().st_size
+    if size > max_bytes:
+        raise SkipFile(f"too large: {size / MB:,.1f} MB, over the limit of {max_bytes / MB:g} MB (--max-mb)")
+    if size == 0:
+        raise SkipFile("empty file")
+    with file.path.open("rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew since it was measured
+        raise SkipFile(f"too large: over the limit of {max_bytes / MB:g} MB (--max-mb)")
+    return read_data(file.rel, data, doc_id=file.rel, words=words, max_bytes=max_bytes)
+
+
+class _Ids:
+    """Document and passage ids taken so far in this batch, and by which file."""
+
+    def __init__(self) -> None:
+        self.documents: dict[str, str] = {}
+        self.passages: dict[str, str] = {}
+
+    def check(self, passages: list[Passage]) -> None:
+        doc_ids = dict.fromkeys(p.doc_id for p in passages)
+        for doc_id in doc_ids:
+            if doc_id in self.documents:
+                raise SkipFile(f"duplicate document id {doc_id!r}: already taken by {self.documents[doc_id]}")
+        for passage in passages:
+            if passage.id in self.passages:
+                raise SkipFile(f"duplicate passage id {passage.id!r}: already taken by {self.passages[passage.id]}")
+
+    def take(self, file: _File, passages: list[Passage]) -> int:
+        """Record the file's ids; return how many documents it held."""
+        doc_ids = dict.fromkeys(p.doc_id for p in passages)
+        self.documents.update(dict.fromkeys(doc_ids, str(file.path)))
+        self.passages.update(dict.fromkeys((p.id for p in passages), str(file.path)))
+        return len(doc_ids)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ingest(options: IngestOptions) -> IngestReport:
+    """Ingest `options.paths` into `options.out`; return (and write beside it) the report. Raises IngestError
+    when no passage came out (the report is written all the same, the corpus file is left as it was)."""
+    from tqdm import tqdm
+
+    allowed = [p.resolve() for p in (options.allow or options.paths)]
+    max_bytes = int(options.max_mb * MB)
+    report = IngestReport(corpus=str(options.out), options={
+        "paths": [str(p) for p in options.paths], "allow": [str(p) for p in allowed], "words": options.words,
+        "max_mb": options.max_mb})
+    found = list(walk(options.paths, allowed))
+    files = [f for f in found if isinstance(f, _File)]
+    report.skipped += [s for s in found if isinstance(s, Skipped)]
+    ids = _Ids()
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = options.out.with_name(f".{options.out.name}.{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    bar = tqdm(total=len(files), unit="doc", desc="ingest", disable=not options.show_progress, dynamic_ncols=True)
+    try:
+        with tmp.open("wb") as fh:
+            for file in files:
+                try:
+                    if file.rel in ids.documents:  # before reading it
+                        raise SkipFile(f"duplicate document id {file.rel!r}: already taken by "
+                                       f"{ids.documents[file.rel]}")
+                    kind, passages = read_file(file, words=options.words, max_bytes=max_bytes)
+                    ids.check(passages)
+                except SkipFile as exc:
+                    report.skipped.append(Skipped(str(file.path), exc.reason, "ignored" if exc.ignored else "error"))
+                except Exception as exc:  # a reader's failure on one file never stops the batch
+                    logger.warning("%s could not be read", file.path, exc_info=True)
+                    report.skipped.append(Skipped(str(file.path), f"could not be read: {type(exc).__name__}: {exc}"))
+                else:
+                    chunk = b"".join(orjson.dumps(p.row()) + b"\n" for p in passages)
+                    fh.write(chunk)
+                    digest.update(chunk)
+                    report.documents += ids.take(file, passages)
+                    report.files += 1
+                    report.passages += len(passages)
+                    report.formats[kind] += 1
+                bar.update(1)
+                bar.set_postfix(passages=report.passages, skipped=len(report.skipped), refresh=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        bar.close()
+        if report.passages:
+            os.replace(tmp, options.out)
+            report.written, report.sha256 = True, digest.hexdigest()
+    finally:
+        bar.close()
+        tmp.unlink(missing_ok=True)
+    _write_atomically(options.report_path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+    if not report.written:
+        raise IngestError(f"no passage to write: {len(files):,} files found, {len(report.skipped):,} skipped; "
+                          f"{options.out} left as it was (see {options.report_path})", report)
+    return report

@@ -1,0 +1,80 @@
+"""The stack's corpus: `--corpus`, else the shared combined corpus, else FlashRAG's public sample downloaded once
+into `var/corpus/`; and the folder its indexes live in, keyed by the corpus's content."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from plugsearch.stack import StackError
+
+SAMPLE_URL = ("https://raw.githubusercontent.com/RUC-NLPIR/FlashRAG/adb2a8bc285042abf7c0c56ff004283f62318c5a/"
+              "examples/quick_start/indexes/sample_data.jsonl")
+"""FlashRAG's quick-start sample of the DPR Wikipedia dump (1,000 passages, `{"id", "contents"}`, MIT)."""
+SAMPLE_NAME = "flashrag_wiki_sample.jsonl"
+
+
+def check_corpus_file(path: Path) -> None:
+    """A corpus is JSONL whose lines carry `id` and `text` or `contents`: check the first line."""
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline()
+    except OSError as exc:
+        raise StackError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
+    try:
+        row = json.loads(first)
+    except ValueError as exc:
+        raise StackError(f"{path} is not JSONL (first line: {first[:80]!r})") from exc
+    if not isinstance(row, dict) or "id" not in row or not ({"text", "contents"} & row.keys()):
+        raise StackError(f"{path}: each line needs an `id` and `title`+`text` or `contents` field")
+
+
+def download_sample(dest: Path, url: str = SAMPLE_URL, *, timeout_s: float = 60.0,
+                    log: Callable[[str], None] = print) -> Path:
+    """Download the public sample corpus once (atomically) and check it looks like a corpus."""
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log(f"no local corpus: downloading a public sample corpus (FlashRAG wiki sample, ~0.7 MB)\n"
+        f"  from {url}\n  to   {dest}\n  (pass --corpus PATH to index your own JSONL instead)")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response, tmp.open("wb") as out:  # noqa: S310
+            shutil.copyfileobj(response, out)
+        check_corpus_file(tmp)
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError, StackError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise StackError(f"could not download the sample corpus from {url}: {exc}; "
+                         "pass --corpus PATH to a local JSONL corpus") from exc
+    return dest
+
+
+def resolve_corpus(corpus: Path | None, *, data_dir: Path, var_dir: Path, download: bool = True,
+                   log: Callable[[str], None] = print) -> Path:
+    """`--corpus`, else the shared combined corpus, else the downloaded public sample."""
+    if corpus is not None:
+        if not corpus.is_file():
+            raise StackError(f"--corpus {corpus} is not a file")
+        check_corpus_file(corpus)
+        return corpus.resolve()
+    shared = data_dir / "corpus" / "combined.jsonl"
+    if shared.is_file():
+        return shared.resolve()
+    sample = var_dir / "corpus" / SAMPLE_NAME
+    if not sample.is_file() and not download:
+        raise StackError(f"no corpus at {shared} and downloads are off; pass --corpus PATH")
+    return download_sample(sample, log=log).resolve()
+
+
+def index_dir_for(corpus: Path, var_dir: Path) -> Path:
+    """Indexes are keyed by the corpus's content: `var/indexes/<stem>-<sha256 prefix>`."""
+    from plugsearch.retriever.corpus import file_checksum
+
+    digest = file_checksum(corpus).split(":", 1)[-1]
+    return (var_dir / "indexes" / f"{corpus.stem}-{digest[:12]}").resolve()

@@ -1,0 +1,5 @@
+"""`python -m plugsearch.trainer.cli ...` = `plugsearch-train ...`."""
+
+from plugsearch.trainer.cli import main
+
+main()

@@ -1,4 +1,0 @@
-"""The searcher service: s3 / QAgent / naive search loops behind `POST /search`.
-
-`services.searcher.loop` is the one implementation of the loops; the trainer imports it.
-"""

@@ -1,8 +1,0 @@
-"""`plugsearch-searcher` / `python -m services.searcher`: the public search service (port 8000)."""
-
-from services.common.process import entrypoint
-
-worker_app, main = entrypoint("searcher")
-
-if __name__ == "__main__":
-    main()

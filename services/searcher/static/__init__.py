@@ -1,1 +1,0 @@
-"""The search playground's static files (served at `/ui` when `SEARCHER_UI=true`, see `services.searcher.ui`)."""

@@ -1,5 +1,0 @@
-"""`python -m trainer.cli ...` = `plugsearch-train ...`."""
-
-from trainer.cli import main
-
-main()
