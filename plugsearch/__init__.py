@@ -1,7 +1,7 @@
 """plugsearch: plug-in search agents for any LLM.
 
 `from plugsearch import SearchClient` (or `AsyncSearchClient`) calls a running searcher; see
-docs/INTEGRATIONS.md for the client, the MCP server (`plugsearch-mcp`), the OpenAI-compatible answering
+docs/integrations.md for the client, the MCP server (`plugsearch-mcp`), the OpenAI-compatible answering
 proxy and the Search-R1 / veRL recipes.
 
 The names below are read on first use (PEP 562), so importing a service's package (`plugsearch.retriever`)

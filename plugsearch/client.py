@@ -9,7 +9,7 @@
 Both return the searcher's pydantic models and call it through the `ServiceClient` the services use
 between themselves (timeouts, retries, Retry-After honoured); errors raise `plugsearch.ServiceError`
 subclasses with the server's status, message and parameter. Defaults: `PLUGSEARCH_URL` (else
-http://127.0.0.1:8000) and `PLUGSEARCH_API_KEY`. See docs/INTEGRATIONS.md.
+http://127.0.0.1:8000) and `PLUGSEARCH_API_KEY`. See docs/integrations.md.
 """
 
 from __future__ import annotations

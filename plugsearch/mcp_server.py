@@ -4,7 +4,7 @@ One tool, `search(question, mode, budget)`, over a running searcher through `plu
 returning the ready-to-paste `context` and the `documents`. Transports: stdio (what desktop clients
 launch) or streamable HTTP (`--transport http`: /mcp, GET /health; no authentication of its own, so it
 binds 127.0.0.1 unless told otherwise). Settings: `McpSettings` (env `PLUGSEARCH_MCP_*`, or the flags);
-logs go to stderr. See docs/INTEGRATIONS.md.
+logs go to stderr. See docs/integrations.md.
 """
 
 from __future__ import annotations

@@ -9,6 +9,6 @@ search's metadata: mode, queries, policy, degraded), blocking or asyncio where t
 - `plugsearch.integrations.dspy.PlugsearchRM`: a DSPy retriever, `dspy.Retrieve` (`[dspy]`).
 
 A search the searcher refuses or fails (4xx, 5xx) raises the framework's kind of error, with the error
-envelope's message and its `status`, `error_type`, `param` and `retry_after`. See docs/INTEGRATIONS.md.
+envelope's message and its `status`, `error_type`, `param` and `retry_after`. See docs/integrations.md.
 Each module imports its framework, so import only the one you use.
 """

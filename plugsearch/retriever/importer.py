@@ -1,7 +1,7 @@
 """Adopt indexes built elsewhere (pyserini / Anserini Lucene, Search-R1 / FlashRAG FAISS) without rebuilding.
 
 `plugsearch-index import lucene DIR` / `import faiss FILE` check that the artefact belongs to the corpus
-(the checks: docs/INTEGRATIONS.md, "Bring your indexes"; a failed one is named), then write the index folder
+(the checks: docs/integrations.md, "Bring your indexes"; a failed one is named), then write the index folder
 and manifest `plugsearch-index build` writes (`<index_dir>/pyserini/`, `<index_dir>/dense-<type>/`), the
 artefact linked (default) or copied in. The corpus is streamed (count, checksum, sampled rows), never held
 in memory.

@@ -1,7 +1,7 @@
 """The README's first command for real: `plugsearch-stack` on free ports (real Redis, llama.cpp with
 SmolLM2, retriever with its BM25 index, generator, judge, searcher), `POST /search` returns documents,
 SIGINT stops every process it started. Started with `--chat`, the answering proxy's set-up from
-docs/INTEGRATIONS.md: the `openai` client gets a 200 answer from the stack's own llama.cpp."""
+docs/integrations.md: the `openai` client gets a 200 answer from the stack's own llama.cpp."""
 
 from __future__ import annotations
 
