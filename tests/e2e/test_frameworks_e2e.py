@@ -113,6 +113,8 @@ async def test_langchain_retriever_async(searcher_url: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- LlamaIndex
 def test_llamaindex_retriever(searcher_url: str) -> None:
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.query_engine import RetrieverQueryEngine
     from llama_index.core.retrievers import BaseRetriever
     from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
 
@@ -130,6 +132,11 @@ def test_llamaindex_retriever(searcher_url: str) -> None:
         # what an LLM sees of a node: the title and the text, not the search's bookkeeping
         seen = first.node.get_content(metadata_mode=MetadataMode.LLM)
         assert first.node.metadata["title"] in seen and "stop_reason" not in seen
+        # in a query engine, as docs/integrations.md shows it (an LLM that echoes its prompt stands in for yours)
+        engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
+        answer = engine.query(QUESTION)
+        assert [n.node.node_id for n in answer.source_nodes] == [n.node.node_id for n in nodes]
+        assert first.node.text[:40] in str(answer)
         bad = PlugsearchRetriever(searcher_url, api_key=KEY, mode="naive", method="dense")
         with pytest.raises(PlugsearchRetrieverError) as caught:
             bad.retrieve(QUESTION)

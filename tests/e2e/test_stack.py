@@ -1,5 +1,6 @@
 """The README's first command for real: `plugsearch-stack` on free ports (real Redis, llama.cpp with
-SmolLM2, retriever with its BM25 index, generator, judge, searcher), `POST /search` returns documents,
+SmolLM2, retriever with its BM25 index, generator, judge, searcher), `POST /search` returns documents (the
+README's own first-search `curl` too, read from README.md),
 SIGINT stops every process it started. Started with `--chat`, the answering proxy's set-up from
 docs/integrations.md: the `openai` client gets a 200 answer from the stack's own llama.cpp."""
 
@@ -21,6 +22,7 @@ import pytest
 
 from plugsearch.searcher.compact import CompactPolicy
 from plugsearch.searcher.trained import COMPACT_DIR
+from tests.docs.test_docs_commands import readme_first_search
 from tests.support.procs import process_table
 
 pytestmark = pytest.mark.e2e
@@ -130,6 +132,15 @@ def test_stack_serves_search_and_stops_cleanly_on_sigint(tmp_path: Path, data_di
             titles = [doc["title"] for doc in naive.json()["documents"]]
             assert any("call of the wild" in title.lower() for title in titles), titles
             assert client.get(f"{info['urls']['retriever']}/health/ready").status_code == 200
+        # the README's first search as a reader copies it (tests/docs checks it is the curl printed above)
+        if shutil.which("curl"):
+            copied = readme_first_search().text.replace("http://127.0.0.1:8000", info["searcher"])
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", copied], capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 0, done.stderr
+            answered = json.loads(done.stdout)
+            assert answered["mode"] == "s3" and len(answered["documents"]) == 3 and answered["context"], answered
+        with httpx.Client(timeout=300.0) as client:
             # issue 31: the documented chat set-up answers (the proxy has the LLM's per-run key)
             import openai
 
