@@ -448,6 +448,19 @@ def test_programs_subcommands_options_and_paths_exist() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_commands_named_in_the_text_exist_with_their_options() -> None:
+    """`plugsearch-index ingest --max-mb` in a sentence is held to the same rule as in a block."""
+    problems = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for span in re.findall(r"`(plugsearch-[a-z]+(?: [^`]*)?)`", text):
+            for words in commands(" ".join(span.split())):
+                found = program(words)
+                if found and found[0] in console_scripts():
+                    problems += [f"{page.name}: `{span}`: {p}" for p in check_cli(*found)]
+    assert not problems, "\n".join(problems)
+
+
 def test_every_setting_a_page_names_is_read_by_the_code() -> None:
     known = known_setting_names()
     problems = []
