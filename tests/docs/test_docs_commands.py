@@ -461,6 +461,15 @@ def test_commands_named_in_the_text_exist_with_their_options() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_every_benchmark_script_has_its_section() -> None:
+    """docs/benchmarks.md holds every script under bench/ that runs (a parser of its own): what it measures, its
+    command, its figures."""
+    headings = set(re.findall(r"^### (bench/\S+\.py)$", (REPO / "docs" / "benchmarks.md").read_text(), re.M))
+    scripts = {p.relative_to(REPO).as_posix() for p in (REPO / "bench").glob("*.py")
+               if "ArgumentParser" in p.read_text()}
+    assert scripts <= headings, sorted(scripts - headings)
+
+
 def test_every_setting_a_page_names_is_read_by_the_code() -> None:
     known = known_setting_names()
     problems = []
