@@ -30,7 +30,7 @@ import plugsearch
 from plugsearch import AsyncSearchClient
 from plugsearch.common.schemas.feedback import SEARCH_ID_PATTERN
 from tests.api.test_searcher_api import Q, Stack
-from tests.asgi import app_client
+from tests.asgi import app_client, served_in_thread
 
 KEY_A = "feedback-key-aaaa-0001"
 KEY_B = "feedback-key-bbbb-0002"
@@ -267,3 +267,35 @@ async def test_the_public_client_marks_and_reads_marks(stack: Stack) -> None:
             with pytest.raises(plugsearch.Forbidden):
                 await other.feedback(found.search_id, helpful=[found.documents[0].id])
             assert [r async for r in other.marks()] == []
+
+
+def test_export_from_a_running_searcher_reads_what_the_key_may(stack: Stack, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`plugsearch-feedback export --url`: every key's marks with an admin key, a plain key's own with it; the
+    blocking client marks over a real socket."""
+    from plugsearch import SearchClient
+    from plugsearch.searcher.feedback.cli import main
+
+    with served_in_thread(stack.app) as url:
+        marked = {}
+        for key in (KEY_A, KEY_B):
+            with SearchClient(url, api_key=key, timeout=30) as client:
+                found = client.search(f"a question of {key}", mode="naive", retrieve_k=4)
+                assert found.search_id is not None
+                client.feedback(found.search_id, helpful=[found.documents[2].id], not_helpful=[found.documents[0].id])
+                marked[key] = found
+        everyone, own = tmp_path / "everyone.jsonl", tmp_path / "own.jsonl"
+        assert main(["export", "--url", url, "--api-key", ADMIN, "--out", str(everyone)]) == 0
+        assert main(["export", "--url", url, "--api-key", KEY_B, "--out", str(own)]) == 0
+        assert main(["stats", "--url", url, "--api-key", INTERNAL]) == 0
+        stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert main(["export", "--url", url, "--api-key", "not-a-key-0000", "--out", str(own)]) == 2
+        assert "missing or invalid API key" in capsys.readouterr().err
+    rows = [json.loads(line) for line in everyone.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"feedback-{marked[k].search_id}" for k in (KEY_A, KEY_B)]
+    assert rows[0] == {"id": f"feedback-{marked[KEY_A].search_id}", "question": f"a question of {KEY_A}",
+                       "passage_ids": [marked[KEY_A].documents[2].id],
+                       "negative_ids": [marked[KEY_A].documents[0].id], "source": "feedback"}
+    assert [json.loads(line)["id"] for line in own.read_text().splitlines()] == [
+        f"feedback-{marked[KEY_B].search_id}"]  # unchanged by the refused export: written whole or not at all
+    assert stats["marks"] == 2 and stats["owners"] == 2 and stats["searches"] is None

@@ -120,12 +120,18 @@ class StoredMark(NamedTuple):
 def connect(path: Path, *, synchronous: str) -> sqlite3.Connection:
     """A connection in WAL mode with explicit transactions (`BEGIN IMMEDIATE` ... `COMMIT`), shareable between
     threads under the caller's lock."""
-    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise FeedbackStoreError(f"{path}: cannot be opened: {exc}") from exc
     try:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise FeedbackStoreError(f"{path}: cannot use write-ahead logging (journal mode {mode})")
         conn.execute(f"PRAGMA synchronous={synchronous}")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise FeedbackStoreError(f"{path}: cannot be used as a feedback store: {exc}") from exc
     except BaseException:
         conn.close()
         raise
