@@ -151,7 +151,8 @@ class SearchService:
         self.admission = SearchAdmission(settings, rate_limiter)
         self.feedback = Feedback(feedback_store, admission=self.admission, admin_ids=settings.admin_ids(),
                                  reason=feedback_reason or "this searcher keeps no marks",
-                                 off=feedback_store is None and settings.feedback == "off", counters=metrics)
+                                 off=feedback_store is None and settings.feedback == "off", counters=metrics,
+                                 workers=settings.workers)
         """Marks from use: a `search_id` for every answer (`search`, `open_stream`, `search_batch`), and the marks."""
         self.index_identity = index_identity
         self.drift: dict[str, Any] | None = None

@@ -75,8 +75,11 @@ class Feedback:
     """`store` None: no marks kept (`reason` says why: off answers 409, a store that could not open 503)."""
 
     def __init__(self, store: FeedbackStore | None, *, admission: SearchAdmission, admin_ids: frozenset[str],
-                 reason: str | None = None, off: bool = False, counters: Any = None) -> None:
+                 reason: str | None = None, off: bool = False, counters: Any = None, workers: int = 1) -> None:
         self.store = store
+        self.workers = workers
+        """Worker processes sharing the file: with more than one, a search another worker answered may still be
+        on its way to the file when its mark arrives here (`_pending`)."""
         self.admission = admission
         self.admin_ids = admin_ids
         self.reason = reason
@@ -148,10 +151,13 @@ class Feedback:
                                 replaced=stored.replaced, marked_at=stored.marked_at)
 
     async def _pending(self, store: FeedbackStore, search_id: str) -> None:
-        """Give a search answered a moment ago the time to be written: this process's writer flushed, then up to
-        `PENDING_WAIT_S` for another worker's (the caller's next try answers 404 if it still is not there)."""
+        """Give a search answered a moment ago the time to be written: this process's writer flushed, then, with
+        several workers, up to `PENDING_WAIT_S` for another worker's (the next try answers 404 if it still is not
+        there)."""
         if store.writer is not None:
             await asyncio.to_thread(store.writer.flush, PENDING_WAIT_S)
+        if self.workers <= 1:
+            return  # this process's writer was the only one
         deadline = time.monotonic() + PENDING_WAIT_S
         while time.monotonic() < deadline:  # another process's write: nothing here to wait on but the file
             if await asyncio.to_thread(store.has_search, search_id):
