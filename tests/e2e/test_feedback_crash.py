@@ -73,7 +73,10 @@ class Marker(threading.Thread):
         self.stopped_by: str | None = None
 
     def run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        # a connection per request: the kernel spreads them over the two workers, so a mark often reaches the
+        # worker that did not answer its search
+        headers = {"Authorization": f"Bearer {KEY}", "Connection": "close"}
+        with httpx.Client(base_url=self.url, timeout=30, headers=headers) as client:
             try:
                 while True:
                     if self.acked and self.rng.random() < 0.3:  # mark an earlier search again: replaces its mark
