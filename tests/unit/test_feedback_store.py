@@ -1,6 +1,6 @@
 """The feedback store (`plugsearch.searcher.feedback.store`) on real SQLite files: its bounds (what pruning drops
 and what it keeps), its schema version, several processes writing one file at once (as `SEARCHER_WORKERS` does),
-and the rows `plugsearch-feedback export` writes from it."""
+and what `plugsearch-feedback export` and `plugsearch-feedback stats` read from it."""
 
 from __future__ import annotations
 
@@ -66,7 +66,11 @@ def test_marks_need_a_known_fresh_search_its_owner_and_its_own_documents(tmp_pat
         store.close()
 
 
-def test_pruning_drops_old_and_excess_searches_and_marks_but_keeps_marked_searches(tmp_path: Path) -> None:
+def test_pruning_drops_old_and_excess_searches_and_marks_but_keeps_marked_searches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugsearch.searcher.feedback import store as module
+
+    monkeypatch.setattr(module, "PRUNE_EVERY_S", 1e12)  # pruned here when the test says, not by the writer
     clock = Clock()
     limits = StoreLimits(max_searches=3, search_ttl_s=1000, max_marks=2, mark_ttl_s=5000)
     store = FeedbackStore(tmp_path / "f.sqlite3", limits, clock=clock)
@@ -100,6 +104,27 @@ def test_pruning_drops_old_and_excess_searches_and_marks_but_keeps_marked_search
         assert store.prune()[1] == 2 and store.marks() == []
     finally:
         store.close()
+
+
+def test_the_writer_prunes_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugsearch.searcher.feedback import store as module
+
+    monkeypatch.setattr(module, "PRUNE_EVERY_S", 0.0)  # after every batch (the service's writer: once a minute)
+    clock = Clock()
+    store = FeedbackStore(tmp_path / "f.sqlite3", StoreLimits(max_searches=2, search_ttl_s=50), clock=clock)
+    try:
+        assert store.writer is not None
+        for i in range(5):
+            store.writer.record(record(f"old{i}", clock.now - 100))  # past the window
+        for i in range(4):
+            store.writer.record(record(f"new{i}", clock.now - i))
+        assert store.writer.flush()
+        assert store.writer.flush()  # the writer takes this one after pruning past the batch that held the first
+        with sqlite3.connect(tmp_path / "f.sqlite3") as db:
+            kept = sorted(r[0] for r in db.execute("SELECT search_id FROM searches"))
+    finally:
+        store.close()
+    assert kept == sorted([sid("new0"), sid("new1")])  # the two newest: max_searches 2
 
 
 def test_a_file_of_a_newer_schema_or_of_something_else_is_refused(tmp_path: Path) -> None:

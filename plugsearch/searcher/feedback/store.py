@@ -435,14 +435,21 @@ class SearchWriter:
                     except queue.Empty:
                         break
                 searches = [i for i in items if isinstance(i, SearchRecord)]
-                if searches:
-                    self._write(searches)
+                try:
+                    if searches:
+                        self._write(searches)
+                except Exception:  # a bug: logged, and the thread goes on
+                    self.failed += len(searches)
+                    logger.exception("feedback store: the writer failed on %d searches", len(searches))
                 for item in items:
                     if isinstance(item, _Flush):
                         item.done.set()
                 if any(item is _STOP for item in items):
                     return
-                self._maybe_prune()
+                try:
+                    self._maybe_prune()
+                except Exception:
+                    logger.exception("feedback store: pruning failed")
         finally:
             self._conn.close()
 
