@@ -238,7 +238,8 @@ async def test_off_and_unusable_stores_are_said_and_searches_go_on(tmp_path: Pat
             assert found["search_id"] is None and found["documents"]
             response = await client.post("/feedback", json={"search_id": "A" * 22, "helpful": ["x"]})
             assert error_of(response, 503)["type"] == "not_ready" and response.headers["retry-after"]
-            assert "cannot be used" in response.json()["error"]["message"]
+            assert "could not be opened" in response.json()["error"]["message"]
+            assert str(folder) not in response.text  # where the file is stays in the log
             assert (await client.get("/version")).json()["details"]["feedback"]["state"] == "unavailable"
     finally:
         await off.aclose()

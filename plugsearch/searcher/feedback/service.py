@@ -68,7 +68,7 @@ def open_store(settings: SearcherSettings) -> tuple[FeedbackStore | None, str | 
     except (OSError, sqlite3.Error, FeedbackStoreError) as exc:
         logger.error("the feedback store %s cannot be used, so searches carry no search_id and POST /feedback "
                      "answers 503: %s", settings.feedback_db, exc)
-        return None, f"the feedback store cannot be used: {exc}"
+        return None, "the feedback store could not be opened at start-up (the searcher's log says why)"
 
 
 class Feedback:
