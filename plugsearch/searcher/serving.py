@@ -1,6 +1,6 @@
 """The searcher's logic behind the API: request -> prepared search (checked, its parameters, its price, its cache
 key: `SearchService.prepare`, once) -> admission (`plugsearch.searcher.admission`) -> cached search -> response +
-metrics.
+metrics, and the response's `search_id` for marks (`plugsearch.searcher.feedback`).
 
 Knows nothing of FastAPI. The loop itself lives in `plugsearch.searcher.loop` (shared with the trainer).
 """
