@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "AsyncSearchClient": "plugsearch.client",
     "SearchClient": "plugsearch.client",
     "BadRequest": "plugsearch.common.errors",
+    "Forbidden": "plugsearch.common.errors",
     "NotFound": "plugsearch.common.errors",
     "Overloaded": "plugsearch.common.errors",
     "ServiceError": "plugsearch.common.errors",
@@ -27,6 +28,9 @@ _EXPORTS: dict[str, str] = {
     "UpstreamTimeout": "plugsearch.common.errors",
     "ValidationFailed": "plugsearch.common.errors",
     "UpstreamUnavailable": "plugsearch.common.http",
+    "FeedbackPage": "plugsearch.common.schemas.feedback",
+    "FeedbackRecord": "plugsearch.common.schemas.feedback",
+    "FeedbackResponse": "plugsearch.common.schemas.feedback",
     "ActionEvent": "plugsearch.common.schemas.searcher",
     "EndEvent": "plugsearch.common.schemas.searcher",
     "RetrievalEvent": "plugsearch.common.schemas.searcher",
@@ -42,6 +46,10 @@ __all__ = [
     "AsyncSearchClient",
     "BadRequest",
     "EndEvent",
+    "FeedbackPage",
+    "FeedbackRecord",
+    "FeedbackResponse",
+    "Forbidden",
     "NotFound",
     "Overloaded",
     "RetrievalEvent",
@@ -64,6 +72,7 @@ if TYPE_CHECKING:
     from plugsearch.client import AsyncSearchClient, SearchClient
     from plugsearch.common.errors import (
         BadRequest,
+        Forbidden,
         NotFound,
         Overloaded,
         ServiceError,
@@ -73,6 +82,7 @@ if TYPE_CHECKING:
         ValidationFailed,
     )
     from plugsearch.common.http import UpstreamUnavailable
+    from plugsearch.common.schemas.feedback import FeedbackPage, FeedbackRecord, FeedbackResponse
     from plugsearch.common.schemas.searcher import (
         ActionEvent,
         EndEvent,

@@ -5,6 +5,7 @@
     with SearchClient("http://127.0.0.1:8000", api_key="...") as client:
         result = client.search("who wrote the call of the wild", mode="s3")
         prompt = f"{result.context}\\n\\nQuestion: {result.question}"
+        client.feedback(result.search_id, helpful=[result.documents[0].id])  # what helped: training data
 
 Both return the searcher's pydantic models and call it through the `ServiceClient` the services use
 between themselves (timeouts, retries, Retry-After honoured); errors raise `plugsearch.ServiceError`
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -26,6 +27,13 @@ from pydantic import SecretStr
 from plugsearch.common.clients import SearcherClient
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.http import ClientSettings
+from plugsearch.common.schemas.feedback import (
+    FeedbackPage,
+    FeedbackQuery,
+    FeedbackRecord,
+    FeedbackRequest,
+    FeedbackResponse,
+)
 from plugsearch.common.schemas.searcher import (
     Method,
     SearchMode,
@@ -92,6 +100,39 @@ class AsyncSearchClient:
             options["mode"] = mode
         return await self._client.search_batch([_request(q, options) for q in questions])
 
+    async def feedback(self, search_id: str, *, helpful: Sequence[str] = (), not_helpful: Sequence[str] = (),
+                       answer: str | None = None, comment: str | None = None) -> FeedbackResponse:
+        """Mark which documents of a search (its `search_id`) helped, and optionally which did not, the answer your
+        LLM gave from them and a comment. A second mark on the same search replaces the first; once this returns
+        the mark is stored. Raises `NotFound` (unknown or expired id), `Forbidden` (another key's search),
+        `ValidationFailed` (ids the search did not return), `BadRequest` (refused here, before the network)."""
+        try:
+            request = FeedbackRequest(search_id=search_id, helpful=list(helpful), not_helpful=list(not_helpful),
+                                      answer=answer, comment=comment)
+        except ValueError as exc:
+            raise BadRequest(f"invalid feedback: {exc}") from exc
+        return await self._client.feedback(request)
+
+    async def feedback_page(self, *, after: int = 0, limit: int = 100, since: float | None = None) -> FeedbackPage:
+        """One page of marks (`GET /feedback`): the key's own, or every key's for an admin key or the internal
+        token; oldest first; the next page is `after=page.next_after`."""
+        try:
+            query = FeedbackQuery(after=after, limit=limit, since=since)
+        except ValueError as exc:
+            raise BadRequest(f"invalid page: {exc}") from exc
+        return await self._client.feedback_page(query)
+
+    async def marks(self, *, since: float | None = None, page: int = 500) -> AsyncIterator[FeedbackRecord]:
+        """Every mark this key may read (`feedback_page`, page after page), oldest first."""
+        after = 0
+        while True:
+            found = await self.feedback_page(after=after, limit=page, since=since)
+            for record in found.marks:
+                yield record
+            if found.next_after is None:
+                return
+            after = found.next_after
+
     async def ready(self) -> bool:
         """True when the searcher and its retriever answer (`GET /health/ready`)."""
         return await self._client.ready() == "ok"
@@ -154,6 +195,24 @@ class SearchClient:
         finally:
             if not self._closed:
                 self._run(events.aclose())
+
+    def feedback(self, search_id: str, **options: Any) -> FeedbackResponse:
+        """See `AsyncSearchClient.feedback`."""
+        return self._run(self._async.feedback(search_id, **options))
+
+    def feedback_page(self, **options: Any) -> FeedbackPage:
+        """See `AsyncSearchClient.feedback_page`."""
+        return self._run(self._async.feedback_page(**options))
+
+    def marks(self, *, since: float | None = None, page: int = 500) -> Iterator[FeedbackRecord]:
+        """See `AsyncSearchClient.marks`."""
+        after = 0
+        while True:
+            found = self.feedback_page(after=after, limit=page, since=since)
+            yield from found.marks
+            if found.next_after is None:
+                return
+            after = found.next_after
 
     def ready(self) -> bool:
         return self._run(self._async.ready())

@@ -1,7 +1,8 @@
 """`plugsearch-mcp`: the searcher as an MCP tool, for agents (Claude Desktop, IDEs, any MCP client).
 
-One tool, `search(question, mode, budget)`, over a running searcher through `plugsearch.AsyncSearchClient`,
-returning the ready-to-paste `context` and the `documents`. Transports: stdio (what desktop clients
+Two tools over a running searcher through `plugsearch.AsyncSearchClient`: `search(question, mode, budget)`, returning
+the ready-to-paste `context`, the `documents` and the answer's `search_id`; and `feedback(search_id, helpful, ...)`,
+which marks the documents that helped (marks become training data: docs/training.md, "Marks from use"). Transports: stdio (what desktop clients
 launch) or streamable HTTP (`--transport http`: /mcp, GET /health; no authentication of its own, so it
 binds 127.0.0.1 unless told otherwise). Settings: `McpSettings` (env `PLUGSEARCH_MCP_*`, or the flags);
 logs go to stderr. See docs/integrations.md.
@@ -20,6 +21,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from plugsearch.client import AsyncSearchClient
 from plugsearch.common.errors import ServiceError
 from plugsearch.common.logging import configure_logging
+from plugsearch.common.schemas.feedback import (
+    MAX_ANSWER_CHARS,
+    MAX_COMMENT_CHARS,
+    MAX_MARKED_IDS,
+    SEARCH_ID_PATTERN,
+    FeedbackResponse,
+)
 from plugsearch.common.schemas.searcher import (
     MAX_QUESTION_CHARS,
     MAX_RETRIEVE_K,
@@ -37,13 +45,20 @@ INSTRUCTIONS = (
     "plugsearch finds the documents an LLM needs to answer a question. Call `search` with the user's "
     "question; put the returned `context` into your prompt and answer from it, citing document titles. "
     "Modes: `s3` (a trained searcher issues and selects queries; default), `qagent` (plan, search, reflect), "
-    "`naive` (plain top-k retrieval, fastest).")
+    "`naive` (plain top-k retrieval, fastest). After answering, call `feedback` with the search's `search_id` and the "
+    "ids of the documents your answer used (`helpful`), and of those that did not help (`not_helpful`): the searcher "
+    "learns from these marks.")
 
 TOOL_DESCRIPTION = (
     "Search a document collection for what is needed to answer `question`. Returns `context` (the found "
     "documents, formatted to paste into a prompt) and `documents` (id, title, text, score, and the turn and "
     "query that found each). `budget` caps the number of documents returned (naive mode retrieves exactly "
-    "that many); leave it unset for the searcher's own choice.")
+    "that many); leave it unset for the searcher's own choice. `search_id` names this answer for `feedback`.")
+
+FEEDBACK_DESCRIPTION = (
+    "Mark which documents of a search helped answer its question: `search_id` from `search`, `helpful` the ids of "
+    "the documents the answer used, optionally `not_helpful` (ids that did not help), `answer` (the answer given) "
+    "and `comment`. Marking the same search again replaces the earlier mark.")
 
 
 class McpSettings(BaseSettings):
@@ -64,6 +79,8 @@ class McpSettings(BaseSettings):
 class SearchToolResult(BaseModel):
     """What the `search` tool returns."""
 
+    search_id: str | None = Field(None, description="this answer's id, for `feedback` (null: the searcher keeps "
+                                                    "no marks)")
     question: str
     mode: SearchMode
     context: str = Field(..., description="the documents, formatted to paste into a prompt")
@@ -79,8 +96,16 @@ async def run_search_tool(client: AsyncSearchClient, question: str, mode: Search
     response = await client.search(question, mode=mode, retrieve_k=budget if mode == "naive" else None)
     documents = response.documents if budget is None else response.documents[:budget]
     context = response.context if len(documents) == len(response.documents) else format_documents(documents)
-    return SearchToolResult(question=response.question, mode=response.mode, context=context, documents=documents,
-                            queries=response.queries, degraded=response.degraded, cached=response.cached)
+    return SearchToolResult(search_id=response.search_id, question=response.question, mode=response.mode,
+                            context=context, documents=documents, queries=response.queries,
+                            degraded=response.degraded, cached=response.cached)
+
+
+async def run_feedback_tool(client: AsyncSearchClient, search_id: str, helpful: list[str], not_helpful: list[str],
+                            answer: str | None, comment: str | None) -> FeedbackResponse:
+    """The `feedback` tool's work, independent of MCP: one mark."""
+    return await client.feedback(search_id, helpful=helpful, not_helpful=not_helpful, answer=answer,
+                                 comment=comment)
 
 
 def searcher_client(settings: McpSettings) -> AsyncSearchClient:
@@ -121,6 +146,22 @@ def create_server(client: AsyncSearchClient, settings: McpSettings | None = None
         except ServiceError as exc:  # the searcher's own message (bad input, overloaded, unavailable ...)
             logger.warning("search tool failed: %s %s", exc.status, exc.message)
             raise ToolError(f"search failed ({exc.status}): {exc.message}") from exc
+
+    @server.tool(name="feedback", title="Mark what helped", description=FEEDBACK_DESCRIPTION)
+    async def feedback(
+        search_id: Annotated[str, Field(pattern=SEARCH_ID_PATTERN, description="the `search_id` `search` returned")],
+        helpful: Annotated[list[str], Field(max_length=MAX_MARKED_IDS,
+                                            description="ids of the documents that helped")] = [],  # noqa: B006
+        not_helpful: Annotated[list[str], Field(max_length=MAX_MARKED_IDS,
+                                                description="ids of the documents that did not help")] = [],  # noqa: B006
+        answer: Annotated[str | None, Field(max_length=MAX_ANSWER_CHARS, description="the answer given")] = None,
+        comment: Annotated[str | None, Field(max_length=MAX_COMMENT_CHARS, description="a note")] = None,
+    ) -> FeedbackResponse:
+        try:
+            return await run_feedback_tool(client, search_id, helpful, not_helpful, answer, comment)
+        except ServiceError as exc:  # unknown id, another key's search, ids the search did not return ...
+            logger.warning("feedback tool failed: %s %s", exc.status, exc.message)
+            raise ToolError(f"feedback failed ({exc.status}): {exc.message}") from exc
 
     return server
 

@@ -38,6 +38,20 @@ def first_questions(data_dir: Path, sets: tuple[str, ...], n: int) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def feedback_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The searchers a test starts (in-process or as processes) keep their marks in a scratch file of this session
+    (`SEARCHER_FEEDBACK_DB`), never in the repository's var/; a test that checks marks sets its own."""
+    path = tmp_path_factory.mktemp("feedback") / "searcher.sqlite3"
+    previous = os.environ.get("SEARCHER_FEEDBACK_DB")
+    os.environ["SEARCHER_FEEDBACK_DB"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("SEARCHER_FEEDBACK_DB", None)
+    else:
+        os.environ["SEARCHER_FEEDBACK_DB"] = previous
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA.exists():

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar, cast
+from urllib.parse import urlencode
 
 from pydantic import BaseModel, ValidationError
 
 from plugsearch.common import sse
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.http import ServiceClient, UpstreamError, decode_error_event
+from plugsearch.common.schemas.feedback import FeedbackPage, FeedbackQuery, FeedbackRequest, FeedbackResponse
 from plugsearch.common.schemas.generator import MAX_BATCH as GENERATE_MAX_BATCH
 from plugsearch.common.schemas.generator import (
     GenerateBatchRequest,
@@ -116,6 +118,18 @@ class SearcherClient(ServiceClient):
     async def search_batch(self, items: Sequence[SearchRequest]) -> list[SearchResponse]:
         response = await self.post_model("/search/batch", SearchBatchRequest(items=list(items)), SearchBatchResponse)
         return response.results
+
+    async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
+        """`POST /feedback`: safe to retry (a mark on the same search replaces the last one)."""
+        return await self.post_model("/feedback", request, FeedbackResponse)
+
+    async def feedback_page(self, query: FeedbackQuery) -> FeedbackPage:
+        """`GET /feedback`: one page of marks."""
+        response = await self.request("GET", f"/feedback?{urlencode(query.model_dump(exclude_none=True))}")
+        try:
+            return FeedbackPage.model_validate_json(response.content)
+        except ValueError as exc:
+            raise UpstreamError(f"{self.name} returned an unexpected response shape") from exc
 
     async def search_stream(self, request: SearchRequest) -> AsyncIterator[SearchStreamEvent]:
         """`POST /search` with `stream: true`: each event as its model, the `SearchResponse` last; an

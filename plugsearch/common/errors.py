@@ -74,7 +74,7 @@ class UpstreamError(ServiceError, status=502, error_type="upstream_error"):
 
 
 ERROR_CLASSES: tuple[type[ServiceError], ...] = (
-    BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, ValidationFailed, Overloaded,
+    BadRequest, Unauthorized, Forbidden, NotFound, Conflict, PayloadTooLarge, UnsupportedMediaType, ValidationFailed, Overloaded,
     UpstreamError, NotReady, UpstreamTimeout)
 
 

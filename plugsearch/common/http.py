@@ -173,7 +173,7 @@ def _envelope(body: Any) -> tuple[str | None, str | None, str | None]:
 
 def error_class(status: int) -> type[ServiceError]:
     """The exception of an upstream's error answer: 503 unavailable, 504 timed out, any other 5xx failed,
-    a 4xx its own class (400, 401, 404, 413, 415, 422, 429; any other 4xx is a 400)."""
+    a 4xx its own class (400, 401, 403, 404, 409, 413, 415, 422, 429; any other 4xx is a 400)."""
     if status == 503:
         return UpstreamUnavailable
     if status >= 500:

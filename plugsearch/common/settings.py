@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def split_keys(value: Any) -> Any:
+    """Env vars carry lists of keys as comma-separated strings ("k1,k2"); JSON lists are accepted too."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
 
 
 class ServiceSettings(BaseSettings):
@@ -58,11 +67,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
-        """Env vars carry lists as comma-separated strings ("k1,k2"); JSON lists are accepted too."""
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+        return split_keys(value)
 
     @field_validator("internal_token", "redis_url", mode="before")
     @classmethod
@@ -78,3 +83,33 @@ class ServiceSettings(BaseSettings):
 
     def redis_dsn(self) -> str | None:
         return None if self.redis_url is None else self.redis_url.get_secret_value()
+
+
+class AdminKeySettings(ServiceSettings):
+    """A service with admin keys (`<PREFIX>_ADMIN_KEYS`): API keys that may also do what a plain key may not (the
+    retriever: change documents; the searcher: read and mark every key's feedback). They are accepted wherever an
+    API key is (merged into `api_keys`); `admin_ids` names them as the guard names its callers."""
+
+    admin_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list, description=(
+        "admin keys (comma-separated or a JSON list, as the API keys): accepted as API keys, and for the service's "
+        "admin operations (retriever: changing documents; searcher: every key's marks); a plain API key never may"))
+
+    @field_validator("admin_keys", mode="before")
+    @classmethod
+    def _split_admin_keys(cls, value: Any) -> Any:
+        return split_keys(value)
+
+    @model_validator(mode="after")
+    def _admins_are_keys(self) -> AdminKeySettings:
+        for key in self.admin_keys:
+            if len(key.get_secret_value()) < 8:
+                raise ValueError("every admin key must be at least 8 characters")
+        have = {k.get_secret_value() for k in self.api_keys}
+        self.api_keys = [*self.api_keys, *(k for k in self.admin_keys if k.get_secret_value() not in have)]
+        return self
+
+    def admin_ids(self) -> frozenset[str]:
+        """The admin keys as the guard identifies callers (`Caller.id` of a key: a digest prefix, never the key)."""
+        from plugsearch.common.admission import key_id
+
+        return frozenset(key_id(hashlib.sha256(k.get_secret_value().encode()).digest()) for k in self.admin_keys)

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from fastapi import FastAPI, Request, Response
 from pydantic import TypeAdapter, ValidationError
 
 from plugsearch.common import tracing
-from plugsearch.common.admission import CALLER_STATE, COST_STATE, Caller, key_id
+from plugsearch.common.admission import CALLER_STATE, COST_STATE, Caller
 from plugsearch.common.app import build_app, from_state, service_router
 from plugsearch.common.errors import (
     BadRequest,
@@ -138,8 +137,8 @@ def _changing(request: Request) -> LiveIndex:
     """The live index of a caller who may change documents: the internal token, or an admin key."""
     caller = getattr(request.state, CALLER_STATE, None)
     settings: RetrieverSettings = request.app.state.settings
-    admins = {key_id(hashlib.sha256(k.get_secret_value().encode()).digest()) for k in settings.admin_keys}
-    allowed = isinstance(caller, Caller) and (caller.kind == "internal" or (caller.kind == "key" and caller.id in admins))
+    allowed = isinstance(caller, Caller) and (caller.kind == "internal"
+                                              or (caller.kind == "key" and caller.id in settings.admin_ids()))
     if not allowed:
         raise Forbidden("changing documents needs the internal token or an admin key (RETRIEVER_ADMIN_KEYS); "
                         + ("a search key may only search" if isinstance(caller, Caller) and caller.kind == "key"

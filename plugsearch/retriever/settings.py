@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from plugsearch.common.paths import default_data_dir
-from plugsearch.common.settings import ServiceSettings
+from plugsearch.common.settings import AdminKeySettings
 
 Bm25Backend = Literal["bm25s", "pyserini"]
 DenseBackend = Literal["faiss", "milvus"]
@@ -149,7 +149,7 @@ class MilvusSettings(BaseModel):
         return self
 
 
-class RetrieverSettings(ServiceSettings):
+class RetrieverSettings(AdminKeySettings):
     model_config = SettingsConfigDict(env_prefix="RETRIEVER_", env_nested_delimiter="__", extra="ignore")
 
     port: int = Field(8001, ge=1, le=65535)
@@ -221,14 +221,6 @@ class RetrieverSettings(ServiceSettings):
         "rebuild from another corpus file starts a new one"))
     changes_poll_s: float = Field(0.5, gt=0, le=60, description=(
         "how often each worker reads the changes other workers acknowledged"))
-    admin_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list, description=(
-        "keys that may change the documents (comma-separated, as RETRIEVER_API_KEYS; also accepted for "
-        "searches); a search key never may"))
-
-    @field_validator("admin_keys", mode="before")
-    @classmethod
-    def _split_admin_keys(cls, value: object) -> object:
-        return [k.strip() for k in value.split(",") if k.strip()] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check_combination(self) -> RetrieverSettings:
@@ -256,8 +248,6 @@ class RetrieverSettings(ServiceSettings):
         if self.dense_missing != "refuse" and self.default_method != "bm25":
             raise ValueError(f"RETRIEVER_DEFAULT_METHOD={self.default_method} is not served until the dense index "
                              f"is loaded (RETRIEVER_DENSE_MISSING={self.dense_missing}): use bm25, or refuse")
-        have = {k.get_secret_value() for k in self.api_keys}
-        self.api_keys = [*self.api_keys, *(k for k in self.admin_keys if k.get_secret_value() not in have)]
         if self.redis_url is not None:
             raise ValueError("RETRIEVER_REDIS_URL is not used: the retriever keeps no result cache (the "
                              "searcher, generator and judge cache in Redis); unset it")

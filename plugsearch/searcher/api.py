@@ -1,8 +1,10 @@
 """The searcher's HTTP API: `POST /search` (JSON, or server-sent events with `"stream": true`),
-`POST /search/batch`, and the opt-in playground page at `/ui` (thin: parse, call serving, return)."""
+`POST /search/batch`, the marks on their answers (`POST` / `GET /feedback`: `plugsearch.searcher.feedback.api`),
+and the opt-in playground page at `/ui` (thin: parse, call serving, return)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -35,6 +37,8 @@ from plugsearch.searcher.chat_api import router as chat_router
 from plugsearch.searcher.compact import CompactPolicy
 from plugsearch.searcher.corpus_check import CorpusGate, Sampler
 from plugsearch.searcher.env import RetrieverBackend
+from plugsearch.searcher.feedback.api import router as feedback_router
+from plugsearch.searcher.feedback.service import open_store
 from plugsearch.searcher.index_identity import IndexIdentity
 from plugsearch.searcher.policy import ChatPolicy, SearcherPolicy
 from plugsearch.searcher.prompts import PromptSet
@@ -173,10 +177,12 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
                 gate = owned(CorpusGate(the_policy, the_retriever, sampler(client),
                                         questions=settings.corpus_check_questions,
                                         margin=settings.corpus_check_margin, manifest=the_policy.manifest))
+            store, unusable = await asyncio.to_thread(open_store, settings)
             app.state.service = SearchService(
                 settings, policy=the_policy, retriever=the_retriever, cache=the_cache,
                 metrics=SearcherMetrics(metrics.registry), index_identity=identity, rate_limiter=limiter,
-                corpus_gate=gate)
+                corpus_gate=gate, feedback_store=store, feedback_reason=unusable)
+            stack.push_async_callback(app.state.service.feedback.aclose)  # what is queued is written, then closed
             stack.push_async_callback(app.state.service.aclose)  # closed before the clients it uses
             app.state.service.start_corpus_check()
             app.state.door = app.state.service.admission.door  # a key that spent its budget: 429 before its body is read
@@ -210,6 +216,8 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
             info["corpus_drift"] = service.drift
         if service is not None and service.corpus_gate is not None:
             info["corpus_check"] = service.corpus_gate.describe()
+        if service is not None:
+            info["feedback"] = service.feedback.describe()
         elif served is not None and checkable(served):
             info["corpus_check"] = {"state": "off" if settings.corpus_check == "off" else "not run"}
         if service is not None:  # per mode: what a request that sets nothing gets (s3: the policy's setting)
@@ -226,6 +234,7 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
     if settings.ui:
         add_ui_routes(app)
     app.include_router(router)
+    app.include_router(feedback_router)
     document = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -207,7 +207,8 @@ class ChatProxy:
                         ) -> tuple[dict[str, Any], SearchSummary]:
         """Search (charging the caller for search and answer), and the request body for the answer LLM."""
         request, index, max_tokens = prepared.request, prepared.message, prepared.max_tokens
-        found = await self.search.search(prepared.search, caller, extra_cost=prepared.answer_cost, hold_llm=False)
+        found = await self.search.search(prepared.search, caller, extra_cost=prepared.answer_cost, hold_llm=False,
+                                         record=False)
         question = request.messages[index].text()
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         context, used = fit_context(found.documents, self.settings.max_context_chars)

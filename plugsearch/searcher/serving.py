@@ -1,6 +1,6 @@
 """The searcher's logic behind the API: request -> prepared search (checked, its parameters, its price, its cache
 key: `SearchService.prepare`, once) -> admission (`plugsearch.searcher.admission`) -> cached search -> response +
-metrics.
+metrics, and the response's `search_id` for marks (`plugsearch.searcher.feedback`).
 
 Knows nothing of FastAPI. The loop itself lives in `plugsearch.searcher.loop` (shared with the trainer).
 """
@@ -40,6 +40,8 @@ from plugsearch.searcher import parsing
 from plugsearch.searcher.admission import SearchAdmission
 from plugsearch.searcher.corpus_check import CorpusGate
 from plugsearch.searcher.env import EventSink, RetrieverBackend, SearchEvent, SearchOutcome
+from plugsearch.searcher.feedback.service import Feedback
+from plugsearch.searcher.feedback.store import FeedbackStore
 from plugsearch.searcher.index_identity import IndexIdentity
 from plugsearch.searcher.loop import run_search
 from plugsearch.searcher.policy import PolicyRefusal, SearcherPolicy
@@ -78,6 +80,11 @@ class SearcherMetrics:
                                registry=registry)
         self.stage_seconds = Histogram("searcher_stage_seconds", "time per stage of one search", ["stage"],
                                        buckets=LATENCY_BUCKETS, registry=registry)
+        self.feedback_searches = Counter("searcher_feedback_searches_total", "answers given a search_id and queued "
+                                         "for the feedback store (queued), or not (dropped: the writer is behind)",
+                                         ["outcome"], registry=registry)
+        self.feedback_marks = Counter("searcher_feedback_marks_total", "marks stored, replacing an earlier one, or "
+                                      "refused", ["outcome"], registry=registry)
 
     def observe(self, outcome: SearchOutcome) -> None:
         mode = outcome.mode
@@ -138,9 +145,15 @@ class SearchService:
     def __init__(self, settings: SearcherSettings, *, policy: SearcherPolicy,
                  retriever: RetrieverBackend, cache: ResultCache | None = None,
                  metrics: SearcherMetrics | None = None, index_identity: IndexIdentity | None = None,
-                 rate_limiter: RateLimiter | None = None, corpus_gate: CorpusGate | None = None) -> None:
+                 rate_limiter: RateLimiter | None = None, corpus_gate: CorpusGate | None = None,
+                 feedback_store: FeedbackStore | None = None, feedback_reason: str | None = None) -> None:
         self.settings = settings
         self.admission = SearchAdmission(settings, rate_limiter)
+        self.feedback = Feedback(feedback_store, admission=self.admission, admin_ids=settings.admin_ids(),
+                                 reason=feedback_reason or "this searcher keeps no marks",
+                                 off=feedback_store is None and settings.feedback == "off", counters=metrics,
+                                 workers=settings.workers)
+        """Marks from use: a `search_id` for every answer (`search`, `open_stream`, `search_batch`), and the marks."""
         self.index_identity = index_identity
         self.drift: dict[str, Any] | None = None
         """How far the served corpus has moved from the one a bound policy was trained on (`corpus_drift`)."""
@@ -375,8 +388,16 @@ class SearchService:
         return full if request.return_trace or full.trace is None else full.model_copy(update={"trace": None})
 
     async def search(self, prepared: PreparedSearch, caller: Caller | None = None, *, extra_cost: float = 0.0,
+                     hold_llm: bool = True, record: bool = True) -> SearchResponse:
+        """One search (`prepare`d), its answer with a fresh `search_id` (`record` False: none, nothing kept for
+        marks: the chat proxy, whose answer does not show it). See `answer`."""
+        response = await self.answer(prepared, caller, extra_cost=extra_cost, hold_llm=hold_llm)
+        return self.feedback.issue(response, caller) if record else response
+
+    async def answer(self, prepared: PreparedSearch, caller: Caller | None = None, *, extra_cost: float = 0.0,
                      hold_llm: bool = True) -> SearchResponse:
-        """One search (`prepare`d). Raises (-> 503) only when the retriever cannot give even the naive top-k.
+        """One search (`prepare`d), without a `search_id`. Raises (-> 503) only when the retriever cannot give
+        even the naive top-k.
         A cost over the bound is refused (422) before the cache is read; a cache hit is free; a miss spends the
         caller's budget first (`caller` None: no bound, no budget), and an LLM-bound one holds one of the LLM's
         slots while it runs. `extra_cost`: work the caller's request does besides (the chat proxy's answer),
@@ -405,11 +426,15 @@ class SearchService:
         hit = await self._cached(prepared)
         tracing.annotate({"plugsearch.cached": hit is not None})
         if hit is not None:
-            return _single(sse.encode(hit.model_dump_json().encode(), "result"))
+            return _single(sse.encode(self.feedback.issue(hit, caller).model_dump_json().encode(), "result"))
         release = await self.admission.admit(caller, prepared.cost, int(prepared.uses_llm))
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         events = _StreamEvents(queue)
-        task = asyncio.create_task(self._run(prepared, on_event=events.on_event))
+
+        async def run() -> SearchResponse:
+            return self.feedback.issue(await self._run(prepared, on_event=events.on_event), caller)
+
+        task = asyncio.create_task(run())
 
         def done(_: asyncio.Task[SearchResponse]) -> None:
             release()
@@ -430,8 +455,9 @@ class SearchService:
 
     async def search_batch(self, items: Sequence[PreparedSearch], caller: Caller | None = None
                            ) -> list[SearchResponse]:
-        """Many searches (each `prepare`d) at once (bounded concurrency); fails as a whole only if the
-        retriever is down. The bound and the budget apply to the batch's total cost, spent up front."""
+        """Many searches (each `prepare`d) at once (bounded concurrency), each answer with its own `search_id`;
+        fails as a whole only if the retriever is down. The bound and the budget apply to the batch's total cost,
+        spent up front."""
         cost = sum(item.cost for item in items)
         await self.admission.check_cost(caller, cost)
         await self.admission.charge(caller, cost)
@@ -440,7 +466,7 @@ class SearchService:
         async def one(i: int, item: PreparedSearch) -> SearchResponse:
             async with sem:
                 with tracing.span("searcher.batch_item", {"plugsearch.item": i}):  # (its own `cached`)
-                    return await self.search(item)  # bound and budget: the whole batch's, above
+                    return await self.answer(item)  # bound and budget: the whole batch's, above
 
         # LLM slots: as many as the batch runs LLM searches at once (at most all of them)
         llm_items = sum(item.uses_llm for item in items)
@@ -452,7 +478,7 @@ class SearchService:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        return [r for r in results if isinstance(r, SearchResponse)]
+        return [self.feedback.issue(r, caller) for r in results if isinstance(r, SearchResponse)]
 
 
 # ------------------------------------------------------------------------------------------ streaming

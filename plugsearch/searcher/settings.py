@@ -14,7 +14,7 @@ from plugsearch.common.http import ClientSettings
 from plugsearch.common.llm import LLMSettings
 from plugsearch.common.schemas.chat import Extension
 from plugsearch.common.schemas.searcher import ConstraintStyle, SearchMode, check_select_k
-from plugsearch.common.settings import ServiceSettings
+from plugsearch.common.settings import AdminKeySettings
 from plugsearch.searcher.prompts import PromptSet
 
 DEFAULT_CHAT_TEMPLATE = """Answer the question using the documents below where they are relevant.
@@ -68,7 +68,7 @@ class ChatProxySettings(BaseModel):
         return value
 
 
-class SearcherSettings(ServiceSettings):
+class SearcherSettings(AdminKeySettings):
     model_config = SettingsConfigDict(env_prefix="SEARCHER_", env_nested_delimiter="__", extra="ignore")
 
     retriever: ClientSettings = Field(default_factory=ClientSettings)  # the retriever's default port, 8001
@@ -155,6 +155,22 @@ class SearcherSettings(ServiceSettings):
         "plugsearch/searcher/trained/smollm2-s3/manifest.json): the setting it records (`search`: retrieve_k, "
         "select_k, max_turns) gives the defaults of its s3 searches, as a compact policy's manifest does; "
         "plugsearch-stack --policy trained sets it. Checked at start-up"))
+    feedback: Literal["on", "off"] = Field("on", description=(
+        "keep marks from use: every answer gets a `search_id`, and POST /feedback stores which of its documents "
+        "helped (plugsearch/searcher/feedback/, docs/training.md \"Marks from use\"); off: no ids, no file"))
+    feedback_db: Path = Field(Path("var/feedback/searcher.sqlite3"), description=(
+        "the SQLite file of searches and marks (relative: to the working directory; plugsearch-stack keeps it in "
+        "its --var-dir). Every worker of this searcher shares it; it belongs to one host (not a network file "
+        "system): replicas on several hosts each keep their own"))
+    feedback_max_searches: int = Field(100_000, ge=100, description=(
+        "searches nobody marked kept at most (oldest dropped first); a marked search is kept with its mark"))
+    feedback_search_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description=(
+        "how long a search can be marked; unmarked, it is dropped after it"))
+    feedback_max_marks: int = Field(100_000, ge=100, description="marks kept at most (oldest dropped first)")
+    feedback_mark_ttl_s: float = Field(365 * 24 * 3600.0, gt=0, description="how long a mark is kept")
+    feedback_text_chars: int = Field(0, ge=0, le=5000, description=(
+        "characters of each returned document's text kept with a search (0: ids and titles only; the corpus "
+        "holds the text)"))
     prompts_dir: Path | None = Field(None, description=(
         "folder of prompt templates replacing the packaged ones (`<mode>.<part>.txt`, see "
         "plugsearch/searcher/prompts); checked at start-up, part of the cache key"))

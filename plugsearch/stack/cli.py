@@ -220,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         llm_services = args.chat or args.with_llm or compact is None or args.llm_url is not None
         check_policy_corpus(compact, corpus, serve_dense(args.dense, compact))
         options = StackOptions(ports=ports, corpus=corpus, index_dir=index_dir_for(corpus, var_dir),
+                               feedback_db=var_dir / "feedback" / "searcher.sqlite3",
                                redis=redis_server is not None, llm_url=args.llm_url, llm_model=args.llm_model,
                                llm_threads=args.llm_threads, llm_prompt_cache_mb=args.llm_prompt_cache_mb,
                                compact=compact, trained=None if compact is not None else _trained_policy(args, say),

@@ -87,6 +87,9 @@ class StackOptions:
     dense_background: bool = True
     """With `dense`: the first index step builds BM25 only and the retriever builds its dense index in the
     background while BM25 serves (`RETRIEVER_DENSE_MISSING=build`); False: built before anything starts."""
+    feedback_db: Path | None = None
+    """The searcher's marks from use (`SEARCHER_FEEDBACK_DB`): the CLI keeps them in its --var-dir; None: the
+    searcher's default."""
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -175,6 +178,8 @@ def build_specs(options: StackOptions, *, redis_server: str | None = None,
     elif (own_llm_process and _same_url(environ.get(CHAT_URL_ENV, ""), own_llm)
           and not environ.get("SEARCHER_CHAT__ANSWER__API_KEY")):
         searcher["CHAT__ANSWER__API_KEY"] = options.llm_api_key  # the documented set-up, by hand
+    if options.feedback_db is not None:
+        searcher["FEEDBACK_DB"] = str(options.feedback_db)
     if options.api_keys:
         # Public auth on; the internal token is accepted too (the trainer calls the searcher with it). A JSON
         # list: `SEARCHER_API_KEYS` splits a plain value at commas, which would cut a key containing one.

@@ -4,8 +4,9 @@ searcher app (scripted fake policy LLM, fake retriever app: `tests.api.test_sear
 - `AsyncSearchClient` over ASGI: typed results, options, batch, API key, 4xx as exceptions, retries.
 - `SearchClient` (blocking) over a real localhost socket (uvicorn in a thread), also from inside a running
   event loop; a timeout raises `UpstreamTimeout`.
-- the MCP server, through the `mcp` SDK's own client (in-process): the tool is listed with its schema and
-  called (s3 with a document budget, naive), and a failing searcher gives an error result, not a crash.
+- the MCP server, through the `mcp` SDK's own client (in-process): the tools are listed with their schemas and
+  called (s3 with a document budget, naive; a mark on what helped), and a failing searcher gives an error result,
+  not a crash.
 """
 
 from __future__ import annotations
@@ -123,11 +124,14 @@ async def test_mcp_sdk_client_lists_and_calls_the_search_tool(stack: Stack) -> N
         try:
             async with Client(create_server(searcher)) as mcp_client:
                 tools = (await mcp_client.list_tools()).tools
-                assert [t.name for t in tools] == ["search"]
+                assert [t.name for t in tools] == ["search", "feedback"]
                 schema = tools[0].input_schema
                 assert set(schema["properties"]) == {"question", "mode", "budget"} and schema["required"] == [
                     "question"]
-                assert set(tools[0].output_schema["properties"]) >= {"context", "documents"}
+                assert set(tools[0].output_schema["properties"]) >= {"context", "documents", "search_id"}
+                marking = tools[1].input_schema
+                assert set(marking["properties"]) == {"search_id", "helpful", "not_helpful", "answer", "comment"}
+                assert marking["required"] == ["search_id"]
 
                 s3 = await mcp_client.call_tool("search", {"question": Q, "mode": "s3", "budget": 3})
                 assert not s3.is_error
@@ -142,6 +146,18 @@ async def test_mcp_sdk_client_lists_and_calls_the_search_tool(stack: Stack) -> N
 
                 blank = await mcp_client.call_tool("search", {"question": "   "})
                 assert blank.is_error and "blank" in blank.content[0].text  # type: ignore[union-attr]
+
+                # the agent marks what its answer used: stored as the key's mark on that search
+                used = found["documents"][1]["id"]
+                marked = await mcp_client.call_tool("feedback", {"search_id": found["search_id"], "helpful": [used],
+                                                                 "answer": "Big Stone Gap is in Virginia"})
+                assert not marked.is_error and marked.structured_content is not None
+                assert marked.structured_content["helpful"] == [used]
+                stored = [m async for m in searcher.marks() if m.search_id == found["search_id"]]
+                assert [(m.helpful, m.answer) for m in stored] == [([used], "Big Stone Gap is in Virginia")]
+                wrong = await mcp_client.call_tool("feedback", {"search_id": found["search_id"],
+                                                                "helpful": ["not-returned"]})
+                assert wrong.is_error and "feedback failed (422)" in wrong.content[0].text  # type: ignore[union-attr]
         finally:
             await searcher.aclose()
 

@@ -233,13 +233,15 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_openapi_contract() -> None:
     """The wire contract users, the trainer and the stack rely on; a change here must be deliberate."""
     doc = create_app(SearcherSettings()).openapi()
-    assert {p for p in doc["paths"] if not p.startswith(("/health", "/version"))} == {"/search", "/search/batch"}
+    assert {p for p in doc["paths"] if not p.startswith(("/health", "/version"))} == {
+        "/search", "/search/batch", "/feedback"}
+    assert set(doc["paths"]["/feedback"]) == {"get", "post"}
     schemas = doc["components"]["schemas"]
     assert set(schemas["SearchRequest"]["properties"]) == {
         "question", "mode", "max_turns", "retrieve_k", "select_k", "method", "constrained", "return_trace",
         "stream"}
     assert set(schemas["SearchResponse"]["properties"]) == {
-        "question", "mode", "documents", "context", "queries", "turns", "stop_reason", "degraded",
+        "search_id", "question", "mode", "documents", "context", "queries", "turns", "stop_reason", "degraded",
         "degraded_reason", "timings", "valid_actions", "invalid_actions", "cached", "policy_model",
         "prompt_version", "fallback", "trace"}
     assert set(schemas["SearchedDocument"]["properties"]) == {"id", "title", "text", "score", "turn", "query"}
@@ -256,6 +258,18 @@ def test_openapi_contract() -> None:
     assert set(schemas["ActionEvent"]["properties"]) == {"step", "kind", "queries", "block", "selected",
                                                         "selected_ids", "elapsed_ms"}
     assert set(schemas["EndEvent"]["properties"]) == {"step", "stop_reason", "degraded", "elapsed_ms"}
+    # marks from use (docs/training.md): what a mark says, what a page of marks holds
+    assert set(schemas["FeedbackRequest"]["properties"]) == {"search_id", "helpful", "not_helpful", "answer",
+                                                             "comment"}
+    assert schemas["FeedbackRequest"]["required"] == ["search_id"]
+    assert set(schemas["FeedbackResponse"]["properties"]) == {"search_id", "helpful", "not_helpful", "replaced",
+                                                              "marked_at"}
+    assert set(schemas["FeedbackPage"]["properties"]) == {"marks", "next_after"}
+    assert set(schemas["FeedbackRecord"]["properties"]) == {
+        "seq", "search_id", "owner", "question", "mode", "policy_model", "documents", "helpful", "not_helpful",
+        "answer", "comment", "searched_at", "marked_at"}
+    assert {"403", "404", "409", "422", "429", "503"} <= set(doc["paths"]["/feedback"]["post"]["responses"])
+    assert [p["name"] for p in doc["paths"]["/feedback"]["get"]["parameters"]] == ["after", "limit", "since"]
     # the playground page is not part of the API
     assert create_app(SearcherSettings(ui=True)).openapi()["paths"].keys() == doc["paths"].keys()
 

@@ -61,8 +61,9 @@ async def test_events_follow_the_search_and_end_with_the_same_body(stack: Stack)
     assert names == ["retrieval"] + ["action", "retrieval"] * 3 + ["action", "end", "result"]
     result = streamed[-1][1]
     assert not result["cached"] and plain["cached"]  # the streamed search filled the cache the plain one hit
-    assert {k: v for k, v in result.items() if k not in ("cached", "timings")} == \
-        {k: v for k, v in plain.items() if k not in ("cached", "timings")}
+    assert {k: v for k, v in result.items() if k not in ("cached", "timings", "search_id")} == \
+        {k: v for k, v in plain.items() if k not in ("cached", "timings", "search_id")}
+    assert result["search_id"] and plain["search_id"] and result["search_id"] != plain["search_id"]  # each its own
     SearchResponse.model_validate(result)
     blocks = result["trace"]["blocks"]
     retrievals = [RetrievalEvent.model_validate(data) for name, data in streamed if name == "retrieval"]
@@ -216,8 +217,10 @@ async def test_public_client_streams_typed_events(stack: Stack) -> None:
                                                  EndEvent, SearchResponse]
             final = events[-1]
             assert isinstance(final, SearchResponse) and final.trace is not None and len(final.queries) == 1
-            assert await client.search(Q, max_turns=1) == final.model_copy(update={
-                "cached": True, "trace": None, "timings": (await client.search(Q, max_turns=1)).timings})
+            again = await client.search(Q, max_turns=1)
+            assert again == final.model_copy(update={"cached": True, "trace": None, "timings": again.timings,
+                                                     "search_id": again.search_id})
+            assert final.search_id is not None and again.search_id != final.search_id
             with pytest.raises(plugsearch.BadRequest):  # refused by the server before the stream
                 [e async for e in client.search_stream(Q, select_k=9)]
     down = Stack(retriever_down=True)

@@ -4,7 +4,7 @@ searcher with an API key and the answering proxy on llama.cpp + SmolLM2 (the `ll
 
 - `plugsearch.SearchClient` searches the real searcher over HTTP with its key.
 - `plugsearch-mcp` over stdio and over streamable HTTP, each driven by the `mcp` SDK's own client: the
-  `search` tool is listed and called.
+  `search` and `feedback` tools are listed and called (a mark on what the search returned).
 - the `openai` client gets a search-augmented answer from SmolLM2 through `/v1/chat/completions`, streamed
   and not.
 """
@@ -63,11 +63,18 @@ def test_public_client_against_the_real_searcher(searcher_url: str) -> None:
         anonymous.search(QUESTION)
 
 
-def check_tool(result: Any, budget: int) -> None:
+def check_tool(result: Any, budget: int) -> dict[str, Any]:
     assert not result.is_error, result.content
-    found = result.structured_content
+    found: dict[str, Any] = result.structured_content
     assert found is not None and 1 <= len(found["documents"]) <= budget
     assert found["context"].startswith("Doc 1(Title: ") and found["question"] == QUESTION
+    return found
+
+
+def check_mark(result: Any, found: dict[str, Any]) -> None:
+    assert not result.is_error, result.content
+    assert result.structured_content["search_id"] == found["search_id"]
+    assert result.structured_content["helpful"] == [found["documents"][0]["id"]]
 
 
 async def test_mcp_over_stdio(searcher_url: str) -> None:
@@ -77,8 +84,10 @@ async def test_mcp_over_stdio(searcher_url: str) -> None:
                                    env={**os.environ, "PLUGSEARCH_MCP_SEARCHER_URL": searcher_url,
                                         "PLUGSEARCH_MCP_API_KEY": KEY, "PLUGSEARCH_MCP_LOG_LEVEL": "warning"})
     async with Client(server, read_timeout_seconds=120) as client:
-        assert [t.name for t in (await client.list_tools()).tools] == ["search"]
-        check_tool(await client.call_tool("search", {"question": QUESTION, "mode": "s3", "budget": 2}), 2)
+        assert [t.name for t in (await client.list_tools()).tools] == ["search", "feedback"]
+        found = check_tool(await client.call_tool("search", {"question": QUESTION, "mode": "s3", "budget": 2}), 2)
+        check_mark(await client.call_tool("feedback", {"search_id": found["search_id"],
+                                                       "helpful": [found["documents"][0]["id"]]}), found)
 
 
 async def test_mcp_over_streamable_http(searcher_url: str, var_dir: Path) -> None:
@@ -89,8 +98,11 @@ async def test_mcp_over_streamable_http(searcher_url: str, var_dir: Path) -> Non
     with python_process(args, f"http://127.0.0.1:{port}/health", var_dir / "logs" / "integrations_mcp_http.log",
                         env={"PLUGSEARCH_MCP_API_KEY": KEY}):
         async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=120) as client:
-            assert [t.name for t in (await client.list_tools()).tools] == ["search"]
-            check_tool(await client.call_tool("search", {"question": QUESTION, "mode": "naive", "budget": 4}), 4)
+            assert [t.name for t in (await client.list_tools()).tools] == ["search", "feedback"]
+            found = check_tool(await client.call_tool("search", {"question": QUESTION, "mode": "naive", "budget": 4}),
+                               4)
+            check_mark(await client.call_tool("feedback", {"search_id": found["search_id"],
+                                                           "helpful": [found["documents"][0]["id"]]}), found)
 
 
 def test_openai_client_gets_a_search_augmented_answer_from_the_real_llm(searcher_url: str) -> None:

@@ -12,6 +12,10 @@ searcher's origin. A screenshot goes to var/test-output/playground.png.
 
 The other failures a person may meet (429 with Retry-After, 503, a failure after the stream began, a
 degraded result) are answered in the browser exactly as the searcher sends them, and must be said in words.
+
+Marks from use: each returned document has two toggle buttons (Helped / Did not help, `aria-pressed`), reached and
+pressed with the keyboard, their focus visible; each press saves the search's whole mark (`POST /feedback`), which
+the API then reads back as the page said it.
 """
 
 from __future__ import annotations
@@ -105,6 +109,15 @@ def tab_to(page: Any, element_id: str, presses: int = 150) -> None:
             return
         page.keyboard.press("Tab")
     raise AssertionError(f"#{element_id} cannot be reached with the Tab key")
+
+
+def tab_to_selector(page: Any, selector: str, presses: int = 150) -> None:
+    """Press Tab until the focused element matches `selector`."""
+    for _ in range(presses):
+        if page.evaluate("(s) => document.activeElement !== null && document.activeElement.matches(s)", selector):
+            return
+        page.keyboard.press("Tab")
+    raise AssertionError(f"{selector} cannot be reached with the Tab key")
 
 
 def test_playground_shows_the_search_as_the_api_traces_it(searcher_url: str, chromium: str,
@@ -324,3 +337,68 @@ def test_the_compact_policys_search_fits_the_first_screen(compact_url: str, chro
         assert card["rest_label"] == f"{card['rest']} more documents retrieved, not selected (show)"
     assert opened == cards[0]["rest"]
     assert height < 3 * viewport, height  # a few lines per turn, not every pool document (was ~8,000 px)
+
+
+FOCUS_RING = """() => { const s = getComputedStyle(document.activeElement);
+  return {style: s.outlineStyle, width: s.outlineWidth, visible: document.activeElement.matches(':focus-visible')}; }"""
+
+
+def test_playground_marks_what_helped_with_the_keyboard(searcher_url: str, chromium: str, var_dir: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    question = "what is the call of the wild about"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{searcher_url}/ui")
+            expect(page.locator("#question")).to_be_focused()
+            page.keyboard.type(question)
+            tab_to(page, "api-key")
+            page.keyboard.type(KEY)
+            page.keyboard.press("Enter")
+            expect(page.locator("#results")).to_have_attribute("data-state", "done", timeout=30_000)
+            expect(page.locator("#mark-help")).to_be_visible()
+            shown = page.evaluate("() => [...document.querySelectorAll('#final-docs li.doc')].map(d => d.dataset.docId)")
+            assert len(shown) >= 2
+            helped = page.locator("#final-docs button.mark.helped")
+            not_helped = page.locator("#final-docs button.mark.not-helped")
+            expect(helped).to_have_count(len(shown))
+            expect(not_helped).to_have_count(len(shown))
+
+            # the first document helped: Tab to its button, Space presses it
+            tab_to_selector(page, "#final-docs button.mark.helped")
+            ring = page.evaluate(FOCUS_RING)
+            assert ring["visible"] and ring["style"] != "none" and ring["width"] != "0px", ring
+            page.keyboard.press("Space")
+            expect(helped.nth(0)).to_have_attribute("aria-pressed", "true")
+            expect(page.locator("#mark-status")).to_have_text("Mark saved: 1 document helped, 0 documents did not.")
+            # the second did not: Tab on to its "Did not help", Enter presses it
+            tab_to_selector(page, f"#final-docs button.mark.not-helped[data-doc-id='{shown[1]}']")
+            page.keyboard.press("Enter")
+            expect(not_helped.nth(1)).to_have_attribute("aria-pressed", "true")
+            expect(page.locator("#mark-status")).to_have_text(
+                "Mark saved (it replaces your earlier one): 1 document helped, 1 document did not.")
+            # the first after all did not: pressing its other button moves the mark, one state per document
+            page.get_by_role("button", name="Did not help").first.focus()
+            page.keyboard.press("Enter")
+            expect(helped.nth(0)).to_have_attribute("aria-pressed", "false")
+            expect(not_helped.nth(0)).to_have_attribute("aria-pressed", "true")
+            expect(page.locator("#mark-status")).to_have_text(
+                "Mark saved (it replaces your earlier one): 0 documents helped, 2 documents did not.")
+            # and the second helped after all
+            helped.nth(1).focus()
+            page.keyboard.press("Space")
+            expect(page.locator("#mark-status")).to_have_text(
+                "Mark saved (it replaces your earlier one): 1 document helped, 1 document did not.")
+            assert page.get_by_role("button", name="Helped", pressed=True).count() == 1
+            page.screenshot(path=str(var_dir / "test-output" / "playground-marks.png"), full_page=True)
+        finally:
+            browser.close()
+
+    page_of_marks = httpx.get(f"{searcher_url}/feedback", headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+                              params={"limit": 500}).json()
+    mine = [m for m in page_of_marks["marks"] if m["question"] == question]
+    assert len(mine) == 1, mine
+    assert mine[0]["helpful"] == [shown[1]] and mine[0]["not_helpful"] == [shown[0]]
+    assert [d["id"] for d in mine[0]["documents"]][:len(shown)] == shown

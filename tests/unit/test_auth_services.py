@@ -31,7 +31,7 @@ WRONG = "public-key-aaaaaaaa-0123456780"  # one character off
 SECRETS = (KEY_A, KEY_B, INTERNAL, WRONG)
 
 GUARDED: dict[str, list[str]] = {
-    "searcher": ["/search", "/search/batch"],
+    "searcher": ["/search", "/search/batch", "/feedback"],
     "retriever": ["/retrieve", "/searchr1/retrieve"],
     "generator": ["/generate", "/generate/batch"],
     "judge": ["/judge", "/judge/batch"],

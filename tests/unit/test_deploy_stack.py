@@ -506,7 +506,8 @@ def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_pat
     from plugsearch.searcher.trained import COMPACT_DIR
 
     shipped = CompactPolicy.load(COMPACT_DIR)
-    options = make_options(tmp_path, compact=shipped, dense=True, llm_services=False)
+    marks = tmp_path / "var" / "feedback" / "searcher.sqlite3"
+    options = make_options(tmp_path, compact=shipped, dense=True, llm_services=False, feedback_db=marks)
     specs = {s.name: s for s in build_specs(options, redis_server="/usr/bin/redis-server")}
     assert list(specs) == ["redis", "retriever", "searcher"]
     env = specs["searcher"].env
@@ -515,6 +516,7 @@ def test_the_default_stack_starts_what_a_compact_search_needs_and_no_llm(tmp_pat
                                                 "SEARCHER_SELECT_K", "SEARCHER_LLM_SLOTS"))]
     searcher = load_settings("searcher", env, monkeypatch)
     assert searcher.policy_kind == "compact" and searcher.retrieve_k == 8  # the manifest's 30 applies to s3 only
+    assert searcher.feedback == "on" and searcher.feedback_db == marks  # marks from use: in the stack's var dir
     assert missing_llm_packages(options) is None  # nothing LLM-backed to start
     # asked for: the three LLM-backed services, and a clear message where their packages are missing
     with_llm = make_options(tmp_path, compact=shipped, llm_services=True)

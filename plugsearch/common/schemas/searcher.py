@@ -183,6 +183,9 @@ class SearchTrace(BaseModel):
 
 
 class SearchResponse(BaseModel):
+    search_id: str | None = Field(None, description=(
+        "this answer's id (fresh for every answer, a cached one too): mark which documents helped with "
+        "`POST /feedback`; null when the searcher keeps no marks (SEARCHER_FEEDBACK=off)"))
     question: str
     mode: SearchMode
     documents: list[SearchedDocument]

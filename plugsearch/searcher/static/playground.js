@@ -1,11 +1,13 @@
 // plugsearch playground: runs one search over the server-sent events of POST /search (stream: true) and
-// naive top-k for the same question and budget, and shows both. Plain browser JavaScript, no dependencies;
-// it talks only to the searcher that served it. The API key lives in the form field, nowhere else.
+// naive top-k for the same question and budget, and shows both; each returned document can be marked "Helped" /
+// "Did not help" (POST /feedback, the answer's search_id). Plain browser JavaScript, no dependencies; it talks
+// only to the searcher that served it. The API key lives in the form field, nowhere else.
 "use strict";
 
 (() => {
   const $ = (id) => document.getElementById(id);
   const API = "search"; // relative: the searcher that served this page (also behind a path prefix)
+  const FEEDBACK = "feedback";
   const SNIPPET_CHARS = 140;
 
   const STOP_REASONS = {
@@ -87,6 +89,9 @@
     const words = {
       400: `The searcher refused the request: ${detail}`,
       401: "This searcher requires an API key. Enter it in the API key field and search again.",
+      403: `This key may not do that: ${detail}`,
+      404: `The searcher does not know this search any more: ${detail}`,
+      409: `The searcher keeps no marks: ${detail}`,
       413: "The question is too long.",
       422: `The request is not valid: ${detail}`,
       429: `The searcher is busy (too many requests at once).${later}`,
@@ -256,6 +261,65 @@
     });
   }
 
+  // ------------------------------------------------------------------------------------------- marks
+  // Two toggle buttons per returned document (aria-pressed): Helped / Did not help. Each change sends the whole
+  // mark of the search (every document's state) to POST /feedback, one request after another, so the searcher keeps
+  // the last one (a mark replaces the earlier one).
+  const MARK_LABELS = { helpful: "Helped", not_helpful: "Did not help" };
+
+  function markControls(doc) {
+    const group = el("div", { class: "marks", role: "group", "aria-label": `Did “${doc.title || doc.id}” help?` });
+    for (const [kind, label] of Object.entries(MARK_LABELS)) {
+      const button = el("button", { type: "button", class: `mark ${kind === "helpful" ? "helped" : "not-helped"}`,
+        "aria-pressed": "false", dataset: { mark: kind, docId: doc.id } }, label);
+      button.addEventListener("click", () => toggleMark(doc.id, kind));
+      group.append(button);
+    }
+    return group;
+  }
+
+  function toggleMark(id, kind) {
+    if (!view || !view.result || !view.result.search_id) return;
+    view.marks.set(id, view.marks.get(id) === kind ? null : kind);
+    document.querySelectorAll(`#final-docs button.mark`).forEach((button) => {
+      if (button.dataset.docId === id) button.setAttribute("aria-pressed", String(view.marks.get(id) === button.dataset.mark));
+    });
+    const mark = { search_id: view.result.search_id, helpful: [], not_helpful: [] };
+    for (const [doc, state] of view.marks) if (state) mark[state].push(doc);
+    const searchView = view;
+    view.sending = view.sending.then(() => sendMark(mark, searchView));
+  }
+
+  function markStatus(text, state) {
+    const status = $("mark-status");
+    status.textContent = text;
+    status.dataset.state = state;
+  }
+
+  async function sendMark(mark, searchView) {
+    if (searchView !== view) return; // a new search started: its marks are its own
+    if (!mark.helpful.length && !mark.not_helpful.length) {
+      markStatus("Nothing marked now (the mark saved last stays until you mark again).", "idle");
+      return;
+    }
+    markStatus("Saving your mark…", "saving");
+    let response;
+    try {
+      response = await fetch(FEEDBACK, { method: "POST", headers: headers(false), body: JSON.stringify(mark) });
+    } catch (error) {
+      markStatus(`The mark was not saved: could not reach the searcher (${error.message}).`, "error");
+      return;
+    }
+    if (searchView !== view) return;
+    if (!response.ok) {
+      markStatus(`The mark was not saved. ${(await failure(response)).message}`, "error");
+      return;
+    }
+    const saved = await response.json();
+    const n = (list) => `${list.length} document${list.length === 1 ? "" : "s"}`;
+    markStatus(`Mark saved${saved.replaced ? " (it replaces your earlier one)" : ""}: ${n(saved.helpful)} helped, ${n(saved.not_helpful)} did not.`, "saved");
+  }
+
   // ----------------------------------------------------------------------------------------- the result
   // The ready-to-paste context, as the searcher formats it (plugsearch/searcher/parsing.format_documents).
   function formatContext(docs) {
@@ -269,7 +333,12 @@
     view.context = docs.length === result.documents.length ? result.context : formatContext(docs);
     if (result.trace) applyTrace(result.trace, result.documents);
     const list = $("final-docs");
-    list.replaceChildren(...docs.map((doc, i) => docItem(doc, i + 1)));
+    list.replaceChildren(...docs.map((doc, i) => {
+      const item = docItem(doc, i + 1);
+      if (result.search_id) item.append(markControls(doc));
+      return item;
+    }));
+    $("mark-help").hidden = !result.search_id;
     const over = result.documents.length - docs.length;
     if (over > 0) list.append(el("li", { class: "note" }, `${over} more returned beyond the budget (not in the context).`));
     $("context").textContent = view.context;
@@ -325,8 +394,9 @@
   }
 
   function reset(form) {
-    view = { cards: [], known: new Map(), result: null, naive: null, context: "", budget: form.budget };
-    for (const id of ["turns", "final-docs", "naive-docs", "summary", "naive-summary", "context", "copy-status"]) $(id).replaceChildren();
+    view = { cards: [], known: new Map(), result: null, naive: null, context: "", budget: form.budget, marks: new Map(),
+             sending: Promise.resolve() };
+    for (const id of ["turns", "final-docs", "naive-docs", "summary", "naive-summary", "context", "copy-status", "mark-status"]) $(id).replaceChildren();
     $("final").hidden = true;
     $("how").hidden = true;
     $("degraded").hidden = true;
