@@ -155,6 +155,8 @@ class Written:
     reason: str | None = None
     """Why it was refused (one of `REASONS`), None: kept."""
     cached: bool = False
+    reply: str = ""
+    """The reply as given, where it did not parse (`bad_json`)."""
 
 
 @dataclass
@@ -337,7 +339,7 @@ async def write(llm: LLMBackend, config: LLMQuestions, passages: Sequence[tuple[
                 return Written(pid, reason="failed")
             parsed = parse_reply(reply)
             if parsed is None:
-                return Written(pid, reason="bad_json", cached=cached)
+                return Written(pid, reason="bad_json", cached=cached, reply=reply[:300])
             question, answer = parsed
             return Written(pid, question, answer, judge(question, answer, text), cached)
 
@@ -423,8 +425,9 @@ async def _run(out: Path, retriever: IndexRetriever, config: LLMQuestions, label
                       "roundtrip_k": config.roundtrip_k},
             "examples": [{"question": w.question, "answer": w.answer, "passage_id": w.passage_id}
                          for w in kept[:EXAMPLES_SHOWN]],
-            "refused_examples": {reason: next(({"question": w.question, "answer": w.answer,
-                                                "passage_id": w.passage_id} for w in written if w.reason == reason),
-                                              None) for reason in REASONS if tally.refused[reason]}}
+            "refused_examples": {reason: next(({"question": w.question, "answer": w.answer, "passage_id": w.passage_id,
+                                                **({"reply": w.reply} if w.reply else {})}
+                                               for w in written if w.reason == reason), None)
+                                 for reason in REASONS if tally.refused[reason]}}
     return info, rows
 
