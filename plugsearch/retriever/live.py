@@ -110,8 +110,10 @@ class LiveState:
     """Per passage put: its length in tokens."""
     postings: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = field(default_factory=dict)
     """term -> (the passages put that hold it, its frequency in each)"""
-    changed: dict[str, int] = field(default_factory=lambda: {"added": 0, "replaced": 0, "deleted": 0})
-    """Documents added, replaced and deleted since the base."""
+    changed: dict[str, int] = field(default_factory=lambda: {"added": 0, "replaced": 0, "deleted": 0,
+                                                             "passages": 0})
+    """Documents added, replaced and deleted since the base, and `passages`: the passages put plus the passages
+    deleted (a document put again counts its new passages), what the searcher's corpus check measures drift by."""
 
     @property
     def served(self) -> int:
@@ -270,8 +272,8 @@ class LiveIndex:
         documents = dict(state.documents)
         changed = dict(state.changed)
 
-        def drop(doc_id: str) -> bool:
-            """Remove the document's served passages; whether it had any."""
+        def drop(doc_id: str) -> int:
+            """Remove the document's served passages; how many it had."""
             had = documents.get(doc_id)
             if had is None:
                 had = self._base(doc_id)
@@ -281,16 +283,19 @@ class LiveIndex:
                 else:
                     alive[position - state.base_n] = False
                 gone.append(position)
-            return bool(had)
+            return len(had)
 
         for doc_id in change.delete:
-            if drop(doc_id):
+            dropped = drop(doc_id)
+            if dropped:
                 changed["deleted"] += 1
+                changed["passages"] = changed.get("passages", 0) + dropped
             documents[doc_id] = ()
         put_docs: dict[str, list[int]] = {}
         for doc_id in change.documents_put:
             changed["replaced" if drop(doc_id) else "added"] += 1
             put_docs[doc_id] = []
+        changed["passages"] = changed.get("passages", 0) + len(change.put)
         first = len(state.added)
         texts = [p.indexed for p in change.put]
         words = self.tokenize(texts) if self.tokenize is not None and texts else [[] for _ in texts]

@@ -35,7 +35,7 @@ from plugsearch.common.schemas.searcher import (
 from plugsearch.searcher.chat import AnswerBackend, ChatProxy
 from plugsearch.searcher.chat_api import router as chat_router
 from plugsearch.searcher.compact import CompactPolicy
-from plugsearch.searcher.corpus_check import CorpusGate, Sampler
+from plugsearch.searcher.corpus_check import CorpusGate, Sampler, read_labelled
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.feedback.api import router as feedback_router
 from plugsearch.searcher.feedback.service import open_store
@@ -174,9 +174,13 @@ def create_app(settings: SearcherSettings | None = None, *, policy: SearcherPoli
             identity = None if client is None else IndexIdentity(client, ttl_s=settings.index_id_ttl_s)
             gate = None
             if client is not None and settings.corpus_check == "auto" and checkable(the_policy):
+                labelled = None if settings.corpus_check_qa is None else \
+                    read_labelled(settings.corpus_check_qa, settings.corpus_check_questions)
                 gate = owned(CorpusGate(the_policy, the_retriever, sampler(client),
                                         questions=settings.corpus_check_questions,
-                                        margin=settings.corpus_check_margin, manifest=the_policy.manifest))
+                                        margin=settings.corpus_check_margin, manifest=the_policy.manifest,
+                                        recheck_share=settings.corpus_check_recheck_share,
+                                        min_interval_s=settings.corpus_check_min_interval_s, labelled=labelled))
             store, unusable = await asyncio.to_thread(open_store, settings)
             app.state.service = SearchService(
                 settings, policy=the_policy, retriever=the_retriever, cache=the_cache,

@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from plugsearch.common.answers import span_match
+from plugsearch.common.schemas.base import Document
 from plugsearch.searcher.compact.candidates import _QUERY_WORD as _TOKEN
 from plugsearch.searcher.compact.candidates import _names, _sentences
 from plugsearch.searcher.compact.text import _STOP, title_core
@@ -47,6 +49,10 @@ class PseudoQuestion:
     passage_id: str
     kind: str
     """`name`, `year` or `number`: what the answer is."""
+
+    def found(self, documents: Sequence[Document]) -> bool:
+        """Whether one of `documents` holds the answer (GenAcc's span check): what the corpus check counts."""
+        return any(span_match(d.text, [self.answer]) for d in documents)
 
 
 def _answers(sentence: str, title: str) -> list[tuple[str, str]]:

@@ -318,9 +318,8 @@ class SearchService:
             pending = "the retriever has not said which index it serves yet; naive BM25 top-k serves meanwhile"
         else:
             details = await self.index_identity.details() if self.index_identity is not None else {}
-            checksum = details.get("corpus_checksum")
-            result = gate.verdict(index_id, params, checksum if isinstance(checksum, str) else None)
-            pending = gate.pending_reason(index_id, params)
+            result = gate.verdict(index_id, params, details)
+            pending = gate.pending_reason(index_id, params, details)
         if result is not None and result.decision == "policy":
             return params, None
         reason = result.reason if result is not None else pending

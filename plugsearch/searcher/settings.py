@@ -150,6 +150,19 @@ class SearcherSettings(AdminKeySettings):
         "still serves"))
     corpus_check_questions: int = Field(300, ge=30, le=2000, description=(
         "pseudo-questions the corpus check makes (from twice as many sampled passages)"))
+    corpus_check_qa: Path | None = Field(None, description=(
+        "your labelled questions of the served corpus (JSONL rows as plugsearch-train compact --qa reads them: "
+        "`question` with `golden_answers` and / or `passage_ids`; questions the policy was not trained on): the "
+        "corpus check searches them instead of pseudo-questions, and they take precedence over the policy's own "
+        "evaluation. Read and checked at start-up (a bad row refuses to start, with its line); yes/no questions "
+        "are left out, the first corpus_check_questions used"))
+    corpus_check_recheck_share: float = Field(0.05, gt=0.0, le=1.0, description=(
+        "the share of the served passages that must have been put or deleted (the retriever's /version "
+        "`changes.passages`) since the verdict before the corpus check runs again; smaller changes keep the "
+        "verdict"))
+    corpus_check_min_interval_s: float = Field(600.0, ge=0.0, description=(
+        "at least this long between two checks of the same index as documents change (the first check of an "
+        "index, e.g. when the dense index arrives, is not held back)"))
     policy_manifest: Path | None = Field(None, description=(
         "with policy_kind llm: the manifest of the trained LLM searcher it serves (its `manifest.json`, e.g. "
         "plugsearch/searcher/trained/smollm2-s3/manifest.json): the setting it records (`search`: retrieve_k, "
@@ -207,6 +220,13 @@ class SearcherSettings(AdminKeySettings):
             CompactPolicy.load(self.compact_policy)  # refuse a bad folder or manifest at start-up, with the reason
         if self.policy_manifest is not None:
             self.chat_manifest()  # refuse a bad manifest at start-up, with the reason
+        if self.corpus_check_qa is not None:
+            from plugsearch.searcher.corpus_check import read_labelled
+
+            try:  # refuse a missing file or a bad row at start-up, with its line
+                read_labelled(self.corpus_check_qa)
+            except ValueError as exc:
+                raise ValueError(f"corpus_check_qa: {exc}") from exc
         if self.prompts_dir is not None:
             PromptSet.load(self.prompts_dir)  # refuse a bad folder at start-up, with the file and variable
         if self.rate_limit_per_s and self.rate_limit_burst < self.max_request_cost:

@@ -7,7 +7,9 @@ evaluation on its own corpus."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -15,10 +17,13 @@ from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.corpus_check import (
     MIN_QUESTIONS,
+    CheckResult,
     CorpusGate,
     check_policy,
     evaluated_here,
     paired_interval,
+    read_labelled,
+    settle,
 )
 from plugsearch.searcher.env import Action, SearchEnv
 from plugsearch.searcher.pseudo_questions import (
@@ -218,7 +223,195 @@ def test_a_policy_evaluated_on_the_served_corpus_keeps_its_own_verdict(beats: bo
 
     async def scenario() -> object:
         gate = CorpusGate(FirstPolicy(), Lookup([]), never, manifest=manifest)
-        return gate.verdict("idx", PARAMS, "abc")
+        return gate.verdict("idx", PARAMS, {"corpus_checksum": "abc"})
 
     result = asyncio.run(scenario())
     assert result is not None and result.decision == decision  # type: ignore[attr-defined]
+
+
+def measured(decision: str, interval: tuple[float, float], *, done: bool = True) -> CheckResult:
+    mean = (interval[0] + interval[1]) / 2
+    return CheckResult(decision, "", questions=300 if done else 3, difference=mean,  # type: ignore[arg-type]
+                       interval=list(interval), measured=done)
+
+
+@pytest.mark.parametrize(("old", "new", "margin", "expected"), [
+    # a "policy" verdict turns "naive" only when the new interval lies wholly below -margin
+    ("policy", ("naive", (-0.030, -0.001)), 0.0, ("naive", "changed")),
+    ("policy", ("naive", (-0.043, +0.017)), 0.0, ("policy", "kept")),  # -0.013 after 15 writes: it stands
+    ("policy", ("naive", (-0.040, -0.010)), 0.02, ("policy", "kept")),  # below 0 but not below -margin
+    ("policy", ("policy", (+0.002, +0.060)), 0.0, ("policy", "confirmed")),
+    # a "naive" verdict turns "policy" only when the new interval lies wholly at or above -margin
+    ("naive", ("policy", (-0.010, +0.040)), 0.0, ("naive", "kept")),
+    ("naive", ("policy", (0.0, +0.040)), 0.0, ("policy", "changed")),
+    ("naive", ("policy", (-0.015, +0.040)), 0.02, ("policy", "changed")),
+    ("naive", ("naive", (-0.060, -0.020)), 0.0, ("naive", "confirmed")),
+])
+def test_a_standing_verdict_changes_only_when_the_new_interval_excludes_its_side(
+        old: str, new: tuple[str, tuple[float, float]], margin: float, expected: tuple[str, str]) -> None:
+    assert settle(measured(old, (-0.1, 0.1)), measured(*new), margin) == expected
+
+
+def test_without_a_measured_verdict_the_new_measurement_decides_and_one_that_measured_nothing_changes_nothing() -> None:
+    assert settle(None, measured("naive", (-0.043, +0.017)), 0.0) == ("naive", "first")
+    too_few = measured("naive", (0.0, 0.0), done=False)
+    assert settle(too_few, measured("policy", (-0.02, 0.03)), 0.0) == ("policy", "first")
+    assert settle(measured("policy", (0.01, 0.05)), too_few, 0.0) == ("policy", "kept")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Flipping(LastPolicy):
+    """Loses to naive on every question (the pool's last documents): a new measurement clearly below naive."""
+
+
+def test_the_gate_checks_again_only_after_a_material_share_changed_and_never_more_often_than_its_interval() -> None:
+    docs, questions = corpus(80)
+
+    def details(seq: int, passages: int) -> dict[str, object]:
+        return {"documents": 1000, "changes": {"seq": seq, "added": seq, "replaced": 0, "deleted": 0,
+                                               "passages": passages}}
+
+    async def scenario() -> CorpusGate:
+        clock = Clock()
+        gate = CorpusGate(FirstPolicy(), Lookup(docs), never_sampled, labelled=questions, recheck_share=0.05,
+                          min_interval_s=600, clock=clock)
+        gate.verdict("base", PARAMS, details(0, 0))
+        await gate.settled()
+        first = gate.last
+        assert first is not None and first.decision == "policy" and first.rule == "first" and gate.checks == 1
+        assert first.passages == 1000 and first.changed_passages == 0
+        for seq in range(1, 50):  # 49 one-passage writes: 4.9% of the corpus, and the identity moves each time
+            assert gate.verdict(f"base-c{seq}", PARAMS, details(seq, seq)) is first
+        assert not gate._running and gate.checks == 1
+        drift = gate.describe()["since_verdict"]
+        assert drift["passages_changed"] == 49 and drift["share"] == 0.049
+        clock.now += 10
+        gate.verdict("base-c50", PARAMS, details(50, 50))  # 5%, but 10 s after the first check: not yet
+        assert not gate._running
+        clock.now += 600
+        gate.policy = Flipping()  # the corpus turned against the policy: the re-check finds it clearly below naive
+        assert gate.verdict("base-c51", PARAMS, details(51, 51)) is first  # the re-check starts; the verdict stands
+        await gate.settled()
+        second = gate.last
+        assert second is not None and second is not first and gate.checks == 2 and gate.rechecks == 1
+        assert second.decision == "naive" and second.rule == "changed" and second.changed_passages == 51
+        assert "the verdict changes" in second.reason
+        assert gate.verdict("base-c52", PARAMS, details(52, 52)) is second  # measured again from 51 passages
+        clock.now += 1000
+        for seq in range(53, 100):  # 47 more: under 5% since the re-check
+            gate.verdict(f"base-c{seq}", PARAMS, details(seq, seq))
+        assert not gate._running and gate.checks == 2
+        gate.verdict("other", PARAMS, details(0, 0))  # another base index (a rebuilt corpus): checked at once
+        assert gate._running
+        await gate.aclose()
+        return gate
+
+    gate = asyncio.run(scenario())
+    assert gate.checks == 2 and gate.rechecks == 1
+
+
+def test_a_recheck_that_does_not_clearly_differ_keeps_the_verdict_and_says_so() -> None:
+    docs, questions = corpus(MIN_QUESTIONS + 30)
+
+    class HalfWorse(FirstPolicy):
+        """Naive's documents, except on every 25th question: the last of the pool (a small loss, not clear)."""
+
+        async def act(self, env: SearchEnv) -> Action:
+            if int(env.question.split()[1].removeprefix("alpha")) % 25 == 0:
+                return await LastPolicy.act(self, env)  # type: ignore[arg-type]
+            return await super().act(env)
+
+    async def scenario() -> CheckResult:
+        clock = Clock()
+        gate = CorpusGate(FirstPolicy(), Lookup(docs), never_sampled, labelled=questions, min_interval_s=0,
+                          clock=clock)
+        details = {"documents": 100, "changes": {"seq": 0, "passages": 0}}
+        gate.verdict("base", PARAMS, details)
+        await gate.settled()
+        assert gate.last is not None and gate.last.decision == "policy" and gate.last.kind == "labelled"
+        gate.policy = HalfWorse()
+        gate.verdict("base-c9", PARAMS, {"documents": 100, "changes": {"seq": 9, "passages": 9}})
+        await gate.settled()
+        assert gate.last is not None
+        return gate.last
+
+    result = asyncio.run(scenario())
+    assert result.decision == "policy" and result.rule == "kept" and result.difference < 0
+    assert result.interval[0] < 0 <= result.interval[1] and "the verdict stands" in result.reason
+
+
+async def never_sampled(n: int, seed: int) -> list[tuple[str, str, str]]:
+    raise AssertionError("labelled questions are given: nothing is sampled")
+
+
+def test_labelled_questions_judge_the_policy_instead_of_pseudo_questions(tmp_path: Path) -> None:
+    rows = [{"question": f"what alpha{i} beta{i} gamma{i}?", "golden_answers": [f"Answer{i}"]} for i in range(40)]
+    rows += [{"question": f"what delta{i} gamma{i}?", "passage_ids": [f"d{i}"]} for i in range(40, 50)]
+    rows += [{"question": "is it true?", "golden_answers": ["yes"]}]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labelled = read_labelled(path)
+    assert len(labelled) == 50 and labelled[45].passage_ids == ("d45",)  # the yes/no question left out
+    assert len(read_labelled(path, 10)) == 10
+    docs, _ = corpus(60)
+    manifest = {"corpus": {"bound": True, "sha256": "abc"}, "evaluation": {"beats_naive": True}}
+
+    async def scenario(policy: object) -> CheckResult:
+        gate = CorpusGate(policy, Lookup(docs), never_sampled, labelled=labelled, manifest=manifest)  # type: ignore[arg-type]
+        gate.verdict("idx", PARAMS, {"corpus_checksum": "abc", "documents": 60})
+        await gate.settled()
+        assert gate.describe()["questions"] == "labelled"
+        assert gate.last is not None
+        return gate.last
+
+    worse = asyncio.run(scenario(LastPolicy()))  # the labels take precedence over the policy's own evaluation
+    assert worse.kind == "labelled" and worse.decision == "naive" and worse.questions == 50
+    assert worse.naive_recall == 1.0 and worse.interval[1] < 0 and "labelled questions" in worse.reason
+    same = asyncio.run(scenario(FirstPolicy()))
+    assert same.decision == "policy" and same.kinds == {"labelled": 50}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no answer"}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        read_labelled(bad)
+
+
+def test_the_policys_own_evaluation_is_shown_with_its_figures() -> None:
+    manifest = {"corpus": {"bound": True, "sha256": "abc"}, "evaluation": {"beats_naive": True, "bench": {
+        "all": {"budget3": {"answer_recall": {"compact_rl": 0.85, "naive_bm25": 0.69, "compact_rl_minus_naive": 0.155,
+                                              "compact_rl_minus_naive_ci95": [0.122, 0.19]}}},
+        "datasets": {"a": {"n": 200}, "b": {"n": 258}}}}}
+
+    async def scenario() -> CheckResult | None:
+        gate = CorpusGate(FirstPolicy(), Lookup([]), never_sampled, manifest=manifest)
+        result = gate.verdict("idx", PARAMS, {"corpus_checksum": "sha256:abc"})
+        assert gate.verdict("idx-c400", PARAMS, {"corpus_checksum": "sha256:abc", "documents": 10,
+                                                 "changes": {"seq": 400, "passages": 400}}) is result
+        assert not gate._running  # its own verdict is not re-checked on drift (corpus_drift advises retraining)
+        return result
+
+    result = asyncio.run(scenario())
+    assert result is not None and result.kind == "policy evaluation" and result.decision == "policy"
+    assert result.questions == 458 and result.interval == [0.122, 0.19] and result.difference == 0.155
+
+
+def test_a_bad_labelled_question_file_refuses_to_start_the_searcher(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from plugsearch.searcher.settings import SearcherSettings
+
+    bad = tmp_path / "qa.jsonl"
+    bad.write_text('{"question": "what?", "golden_answers": ["x"]}\nnot json\n')
+    with pytest.raises(ValidationError, match="corpus_check_qa: .*line 2: not valid JSON"):
+        SearcherSettings(corpus_check_qa=bad)
+    with pytest.raises(ValidationError, match="does not exist"):
+        SearcherSettings(corpus_check_qa=tmp_path / "missing.jsonl")
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"question": "what?", "golden_answers": ["x"]}\n')
+    assert SearcherSettings(corpus_check_qa=good).corpus_check_qa == good

@@ -75,7 +75,7 @@ def test_put_replace_and_delete_are_searched_by_every_worker_whole(tiny: tuple[P
     one.live.write([], ["zx-doc"])  # type: ignore[union-attr]
     assert first_ids(one, "velzarine", 5) == []
     described = one.describe()
-    assert described["changes"] == {"seq": 3, "added": 1, "replaced": 1, "deleted": 2}
+    assert described["changes"] == {"seq": 3, "added": 1, "replaced": 1, "deleted": 2, "passages": 5}
     assert described["documents"] == len(corpus_ids) - 1
     # a restart replays the log: the same state
     again = service(tiny, tmp_path)

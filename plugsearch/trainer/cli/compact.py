@@ -18,7 +18,9 @@ from plugsearch.trainer.compact.config import CompactConfig, default
 SHIPPED_ONLY = ("datasets", "per_dataset", "dev_per_dataset")
 """Flags that choose rows of the shipped sets: not with a user's `--qa` files."""
 PSEUDO_DEFAULT = 2000
-"""Questions made from the corpus when `--corpus` comes without `--qa`."""
+"""Questions made from the corpus when `--corpus` comes without `--qa` (and no LLM writes them)."""
+LLM_QUESTIONS_DEFAULT = 1000
+"""Passages the user's LLM is asked about (`--llm-url` with the recall reward)."""
 
 
 def config_from(args: argparse.Namespace) -> CompactConfig:
@@ -32,6 +34,27 @@ def config_from(args: argparse.Namespace) -> CompactConfig:
     return CompactConfig(**{k: v for k, v in given.items() if v is not None})
 
 
+def llm_questions_from(args: argparse.Namespace) -> Any:
+    """The question writer's setting (`plugsearch.trainer.compact.llm_questions.LLMQuestions`), None when the run
+    asks no LLM for questions: `--llm-url` with the recall reward (the default) asks it, for `--llm-questions`
+    passages (default `LLM_QUESTIONS_DEFAULT`); with `--reward gbr` the endpoint serves the generator and judge,
+    and writes questions only when `--llm-questions N` is given."""
+    from plugsearch.trainer.compact.llm_questions import LLMQuestions
+
+    wanted = args.llm_questions
+    if wanted is None:
+        wanted = LLM_QUESTIONS_DEFAULT if args.llm_url and args.reward in (None, "recall") else 0
+    if not wanted:
+        return None
+    if not args.llm_url:
+        raise SystemExit("error: --llm-questions asks your LLM: give its endpoint with --llm-url (and --llm-model)")
+    if not args.corpus:
+        raise SystemExit("error: your LLM writes questions about the passages of --corpus: give the corpus file")
+    return LLMQuestions(url=args.llm_url, model=args.llm_model, passages=wanted, api_key_env=args.llm_key_env,
+                        concurrency=args.llm_concurrency, timeout_s=args.llm_timeout, seed=args.split_seed,
+                        json_mode=args.llm_json)
+
+
 def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
     """The compact policy: warm start, RL, the final policy folder (resumable: a finished stage is reused);
     with `--qa`, a user's questions over their `--corpus`, evaluated and exported with a verdict."""
@@ -42,18 +65,20 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
         if given:
             raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --qa your files are "
                              "split into training, RL-dev and evaluation questions (--split-seed)")
-    if args.reward == "recall" and (args.local or args.llm_url):
-        raise SystemExit("error: --local and --llm-url start the generator and judge for --reward gbr; the recall "
-                         "reward needs no LLM")
-    pseudo = args.pseudo if args.pseudo is not None else (PSEUDO_DEFAULT if args.corpus and not args.qa else 0)
+    if args.reward == "recall" and args.local:
+        raise SystemExit("error: --local starts the generator and judge for --reward gbr; the recall reward needs no "
+                         "LLM")
+    llm = llm_questions_from(args)
+    pseudo = args.pseudo if args.pseudo is not None else \
+        (PSEUDO_DEFAULT if args.corpus and not args.qa and llm is None else 0)
     if pseudo and not args.corpus:
         raise SystemExit("error: --pseudo makes questions from --corpus: give the corpus file")
-    if pseudo:
+    if pseudo or llm is not None:
         given = [f"--{name.replace('_', '-')}" for name in SHIPPED_ONLY if getattr(args, name) is not None]
         if given:
             raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --corpus alone the "
                              "questions are made from your passages")
-    if args.shipped and not (args.qa or pseudo):
+    if args.shipped and not (args.qa or pseudo or llm):
         raise SystemExit("error: --shipped adds the shipped Wikipedia questions to your own (--qa, or --corpus "
                          "alone); without them the run trains on the shipped sets already")
     if args.shipped and args.reward not in (None, "recall"):
@@ -65,7 +90,7 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
                      index_dir=Path(args.index_dir) if args.index_dir else None, var_dir=Path(args.var_dir),
                      resume=not args.no_resume, progress=not args.quiet, split_seed=args.split_seed,
                      local=args.local or bool(args.llm_url), llm_url=args.llm_url, llm_threads=args.llm_threads,
-                     pseudo=pseudo, shipped=args.shipped, settings=settings_from(args))
+                     pseudo=pseudo, shipped=args.shipped, llm_questions=llm, settings=settings_from(args))
     try:
         return run(job)
     except QAFileError as exc:
@@ -145,8 +170,25 @@ def add_parsers(sub: Any) -> None:
                    "top-n at the n documents returned) or top_k (naive top-3, s3's)")
     c.add_argument("--local", action="store_true", help="with --reward gbr: start llama.cpp (SmolLM2), generator "
                    "and judge here")
-    c.add_argument("--llm-url", help="with --reward gbr: start generator and judge here on this OpenAI-compatible "
-                   "endpoint instead of llama.cpp (e.g. vLLM's .../v1)")
+    c.add_argument("--llm-url", help="your OpenAI-compatible endpoint (e.g. vLLM's or a hosted API's .../v1). With "
+                   "the recall reward (default) it writes training questions about sampled passages of --corpus "
+                   "(--llm-questions; kept only if naive BM25 finds the passage again for them); with --reward gbr it "
+                   "serves the generator and judge instead of llama.cpp")
+    c.add_argument("--llm-model", default="smollm2-135m-instruct", help="the model name the endpoint serves "
+                   "(default %(default)s, the local llama.cpp server's)")
+    c.add_argument("--llm-key-env", default="OPENAI_API_KEY", metavar="VAR", help="the environment variable that "
+                   "holds the endpoint's API key (default %(default)s; unset: no key). Never give a key on the "
+                   "command line")
+    c.add_argument("--llm-questions", type=count, default=None, metavar="N", help="passages your LLM is asked "
+                   f"about, one question each (default {LLM_QUESTIONS_DEFAULT} with --llm-url and the recall reward, "
+                   "else 0); with --qa they join the training split only, without it they are the run's questions "
+                   "(no real evaluation); written to <out>/llm_questions.jsonl, replies cached for a rerun")
+    c.add_argument("--llm-concurrency", type=positive, default=4, help="questions asked of your LLM at once "
+                   "(default %(default)s)")
+    c.add_argument("--llm-timeout", type=float, default=120.0, metavar="S", help="seconds per question asked; a "
+                   "timed-out one is asked twice more (default %(default)s)")
+    c.add_argument("--llm-json", choices=["object", "off"], default="object", help="object (default): ask for "
+                   "response_format json_object (OpenAI, vLLM, llama.cpp); off: for an endpoint that refuses it")
     c.add_argument("--llm-threads", type=positive, default=LLM_THREADS_DEFAULT,
                    help="with --local and no --llm-url: llama.cpp threads (default %(default)s, as plugsearch-stack)")
     c.add_argument("--out", default="var/runs/compact")

@@ -41,6 +41,7 @@ from plugsearch.trainer.common.rewards import RewardComputer
 from plugsearch.trainer.common.settings import TrainerSettings
 from plugsearch.trainer.compact.config import NEVER_TRAIN, TRAIN_SETS, CompactConfig, config_dict
 from plugsearch.trainer.compact.data import LabeledItem, UserData, labeled, load_items, user_split
+from plugsearch.trainer.compact.llm_questions import LLMQuestions
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class CompactRun:
     shipped: int = 0
     """With a user's corpus: this many of the shipped Wikipedia training questions (rows 200+ of the shipped
     sets, over the shared corpus) added to the training split (`shipped_items`), 0: none."""
+    llm_questions: LLMQuestions | None = None
+    """Questions written by the user's own LLM (`plugsearch.trainer.compact.llm_questions`): training questions
+    beside labelled ones (never evaluated on), or, without any, the run's questions (no real evaluation)."""
     settings: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
@@ -142,6 +146,9 @@ def run(job: CompactRun) -> dict[str, Any]:
         logger.warning("%s", plotting.MISSING)
     retriever: IndexRetriever | None = None
     pseudo_info: dict[str, Any] | None = None
+    llm_info: dict[str, Any] | None = None
+    real_qa = bool(job.qa)
+    """Whether the user gave labelled questions (the LLM's then train only, and evaluation stays on them)."""
     if job.pseudo:  # questions made from the corpus's own passages: a question file, then the labelled flow
         from plugsearch.stack.corpus import index_dir_for
         from plugsearch.trainer.compact.pseudo import pseudo_question_file
@@ -155,6 +162,9 @@ def run(job: CompactRun) -> dict[str, Any]:
                                    dense=job.config.dense, progress=job.progress)
         path, pseudo_info = pseudo_question_file(out, retriever, job.pseudo, seed=job.split_seed,
                                                  resume=job.resume)
+        job = replace(job, qa=[*job.qa, path])
+    if job.llm_questions is not None and not real_qa:  # no labelled questions: the LLM's are the run's (made up)
+        retriever, llm_info, path = _llm_question_file(job, retriever, ())
         job = replace(job, qa=[*job.qa, path])
     config = job.config
     shipped: list[LabeledItem] = []
@@ -176,6 +186,13 @@ def run(job: CompactRun) -> dict[str, Any]:
                               "the generator and judge of --reward gbr need gold answers; use the recall reward")
         train, dev = labeled(user.split.train), labeled(user.split.dev)
         rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
+        if job.llm_questions is not None and real_qa:  # the LLM's questions join the training split only
+            from plugsearch.trainer.common.data import read_qa_file
+
+            retriever, llm_info, path = _llm_question_file(job, retriever, user.split.train)
+            written = labeled(read_qa_file(path))
+            train = train + written
+            rows += f" and {len(written)} questions written by your LLM ({job.llm_questions.model}; training only)"
         if job.shipped:
             shipped = shipped_items(data_dir, job)
             rows += (f" and {len(shipped)} shipped Wikipedia training questions (rows {job.config.offset}+ of "
@@ -207,6 +224,13 @@ def run(job: CompactRun) -> dict[str, Any]:
     if job.shipped:
         record["trained_on"] = (record.get("trained_on", "labelled questions") +
                                 f" and {len(shipped)} shipped Wikipedia training questions")
+    if llm_info is not None:  # a source of its own: how many, from which model, kept of how many passages
+        record["llm_questions"] = {k: v for k, v in llm_info.items() if k != "few_shot_examples"}
+        record["trained_on"] = {"description": record.get("trained_on", "labelled questions" if real_qa else ""),
+                                "llm": {"questions": llm_info["kept"], "model": llm_info["model"],
+                                        "passages_asked": llm_info["passages"], "few_shot": llm_info["few_shot"],
+                                        "evaluated_on": "never" if real_qa else "held-out questions it wrote "
+                                        "(no real evaluation)"}}
     if user is not None:
         record["questions"] = {"files": user.files, "split_seed": job.split_seed,
                                "sizes": {k: len(v) for k, v in user.split.ids().items()},
@@ -239,6 +263,26 @@ def run(job: CompactRun) -> dict[str, Any]:
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["stage_seconds"] = stages
     return result
+
+
+def _llm_question_file(job: CompactRun, retriever: IndexRetriever | None, labelled: Sequence[QAItem]
+                       ) -> tuple[IndexRetriever, dict[str, Any], Path]:
+    """The questions the user's LLM writes for sampled passages of the corpus (`llm_questions.question_file`;
+    `labelled`: the few-shot source), with the corpus's retriever (built here when the run has none yet)."""
+    from plugsearch.stack.corpus import index_dir_for
+    from plugsearch.trainer.compact.llm_questions import question_file
+
+    assert job.llm_questions is not None
+    if retriever is None:
+        if job.corpus is None or not job.corpus.is_file():
+            raise QAFileError(f"--corpus {job.corpus} is not a file: your LLM writes questions about its passages")
+        corpus = job.corpus.resolve()
+        check_corpus_file(corpus, progress=job.progress)
+        retriever = IndexRetriever(corpus, job.index_dir or index_dir_for(corpus, job.var_dir),
+                                   dense=job.config.dense, progress=job.progress)
+    path, info = question_file(job.out, retriever, job.llm_questions, labelled=labelled, resume=job.resume,
+                               progress=job.progress)
+    return retriever, info, path
 
 
 def _warm_start(job: CompactRun, train: list[LabeledItem], dev: list[LabeledItem], retriever: IndexRetriever,
@@ -360,9 +404,19 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     serve_trained = f"plugsearch-stack --corpus {corpus_arg} --policy {job.out / 'policy'}"
     serve_shipped = f"plugsearch-stack --corpus {corpus_arg}"
     advice = recommendation(verdict, versus, serve_trained, serve_shipped)
-    pseudo_only = all(item.dataset == "pseudo" for item in user.split.eval)
-    if pseudo_only:  # no real question was evaluated: no verdict on real questions to stand on
-        advice = (f"not known: evaluated on questions made from the corpus only (trained {versus['trained']:.3f}, "
+    real_sets = {item.dataset for item in user.split.eval} - {"pseudo", "llm"}
+    pseudo_only = not real_sets  # every evaluation question made from the corpus or written by the user's LLM
+    by_llm = any(item.dataset == "llm" for item in user.split.eval)
+    if pseudo_only and by_llm:  # no real question was evaluated: no verdict on real questions to stand on
+        advice = (f"not known: no real evaluation: the figures are on held-out questions your LLM wrote (trained "
+                  f"{versus['trained']:.3f}, shipped {versus['shipped']:.3f}), not on questions people asked, so the "
+                  "searcher serves naive BM25 with it unless labelled questions of yours show it "
+                  "(SEARCHER_CORPUS_CHECK_QA=FILE) or SEARCHER_CORPUS_CHECK=off; label some questions (--qa, 50 or "
+                  "more) and train again (your LLM's questions then join the training), or serve the shipped policy, "
+                  f"which measures itself on your corpus: {serve_shipped}")
+    elif pseudo_only:
+        advice = (f"not known: no real evaluation: evaluated on questions made from the corpus only (trained "
+                  f"{versus['trained']:.3f}, "
                   f"shipped {versus['shipped']:.3f}, naive BM25 lower by the table above), which did not carry "
                   "over to real questions on the development sets we measured, so the searcher serves naive BM25 "
                   "with it unless SEARCHER_CORPUS_CHECK=off; label some questions of yours (--qa, 50 or more) and "
@@ -381,7 +435,7 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     manifest = {**final.manifest, "evaluation": {
         "summary": f"answer recall at 3 documents minus naive BM25 top-3 on the evaluation split: {summary}",
         "beats_naive": verdict, "gains_at_3": gains, "versus_shipped": versus, "recommendation": advice,
-        "questions": "pseudo" if pseudo_only else "labelled", "bench": result}}
+        "questions": ("llm" if by_llm else "pseudo") if pseudo_only else "labelled", "bench": result}}
     final.save(folder, manifest)
     for name in ("report.md", "report.png"):
         if (job.out / "report" / name).is_file():
