@@ -27,7 +27,7 @@ def ensure_indexes(*, bm25: list[str], dense: bool) -> None:
 
 
 def dense_available() -> bool:
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     try:
         Manifest.read(INDEX_DIR / "dense-flat")

@@ -102,7 +102,7 @@ def corpus_model(source: Path = CORPUS, lengths_from: Path = WIKI_SAMPLE
             counts.update(words)
     lengths = own
     if lengths_from.is_file():
-        from plugsearch.retriever.corpus import iter_corpus
+        from plugsearch.retriever.store.corpus import iter_corpus
 
         lengths = [max(1, len(text.split())) for _, _, text in iter_corpus(lengths_from)]
     vocab = [w for w, _ in counts.most_common()]
@@ -140,7 +140,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
     """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks by `processes` processes; cached by size
     and seed. Resumable: each chunk is synced and recorded as it is written (`.<name>.partial.json`), and a run
     stopped part-way goes on from the last chunk recorded (chunks are drawn from their own seeds)."""
-    from plugsearch.retriever.manifest import write_json_atomically
+    from plugsearch.retriever.store.manifest import write_json_atomically
 
     meta = out.with_suffix(".json")
     want = {"n": n, "seed": seed, "source": CORPUS.name, "source_bytes": CORPUS.stat().st_size,
@@ -206,9 +206,9 @@ def _embeddings_folders() -> list[Path]:
 def real_vectors() -> np.ndarray:
     """The real corpus's MiniLM passage vectors (its embeddings under var/indexes when built, else 1,000
     passages encoded here), normalised: the centres of the synthetic vectors."""
-    from plugsearch.retriever.corpus import Corpus, file_checksum
-    from plugsearch.retriever.dense_build import iter_chunks
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.indexing.dense_build import iter_chunks
+    from plugsearch.retriever.store.corpus import Corpus, file_checksum
+    from plugsearch.retriever.store.manifest import Manifest
 
     checksum = file_checksum(CORPUS)
     for folder in _embeddings_folders():
@@ -217,7 +217,7 @@ def real_vectors() -> np.ndarray:
                 "passage_prefix") == "":
             x = np.concatenate([np.asarray(c, dtype=np.float32) for c in iter_chunks(folder)])
             return x / np.linalg.norm(x, axis=1, keepdims=True)
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings
 
     log("no full-corpus embeddings under var/indexes: encoding 1,000 real passages as centres")
@@ -270,11 +270,11 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
     """The manifest of `corpus`'s synthetic embeddings, as `embed_corpus` leaves it (for the corpus's checksum
     and `encoder`'s settings, default MiniLM's, so the builders and the service take them as that corpus's),
     without chunk files: the vectors come from `vector_chunks` (`synthetic_chunks` reads the recipe back)."""
-    from plugsearch.retriever.dense_build import embeddings_key
-    from plugsearch.retriever.docstore import corpus_checksum
-    from plugsearch.retriever.encoder import encoder_identity
-    from plugsearch.retriever.manifest import Manifest, atomic_folder
+    from plugsearch.retriever.encoders.encoder import encoder_identity
+    from plugsearch.retriever.indexing.dense_build import embeddings_key
     from plugsearch.retriever.settings import EncoderSettings
+    from plugsearch.retriever.store.docstore import corpus_checksum
+    from plugsearch.retriever.store.manifest import Manifest, atomic_folder
 
     enc = encoder or EncoderSettings()
     checksum = corpus_checksum(corpus, index_dir)
@@ -302,7 +302,7 @@ def base_shaped_encoder(work: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from plugsearch.retriever.encoder import resolve_encoder_path
+    from plugsearch.retriever.encoders.encoder import resolve_encoder_path
     from plugsearch.retriever.settings import DEFAULT_ENCODER
 
     torch.manual_seed(0)
@@ -317,7 +317,7 @@ def base_shaped_encoder(work: Path) -> Path:
 
 def synthetic_chunks(embeddings: Path) -> Any:
     """A `chunks` function for `build_faiss` / `build_milvus` from a synthetic embeddings manifest."""
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     manifest = Manifest.read(embeddings)
     p = manifest.params
@@ -334,7 +334,7 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
     (`chunks(start)` regenerates the chunks from chunk `start`)."""
     import faiss
 
-    from plugsearch.retriever.dense import blas_threshold_for
+    from plugsearch.retriever.backends.dense import blas_threshold_for
     from plugsearch.retriever.settings import FaissSettings
 
     # as the service sets it
@@ -452,7 +452,7 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
     """Runs in the child: build `backend`'s indexes (and the document store) for the corpus in size_dir.
     `resume`: a part whose index is complete (built by a run that stopped later) is kept, its seconds counted."""
     from plugsearch.retriever.cli import build
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     settings = _settings(backend, size_dir, env)
     t0 = time.perf_counter()
@@ -480,7 +480,7 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
 
 def _build_part(part: str, settings: Any) -> None:
     from plugsearch.retriever.cli import build
-    from plugsearch.retriever.dense_build import build_faiss, dense_folder
+    from plugsearch.retriever.indexing.dense_build import build_faiss, dense_folder
 
     if part in ("bm25s", "pyserini"):
         build(settings, bm25=[part], dense=False, force=True, show_progress=False)
@@ -491,7 +491,7 @@ def _build_part(part: str, settings: Any) -> None:
         build_faiss(embeddings, dense_folder(settings.index_dir, part.split("-")[1]), settings.faiss,
                     chunks=synthetic_chunks(embeddings), show_progress=False)
     else:
-        from plugsearch.retriever.milvus import build_milvus
+        from plugsearch.retriever.backends.milvus import build_milvus
 
         settings.milvus.index_type = part.split("-")[1]
         build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False,
@@ -500,7 +500,7 @@ def _build_part(part: str, settings: Any) -> None:
 
 def built_already(backend: str, size_dir: Path) -> dict[str, Any] | None:
     """The recorded build of `backend` when every index it needs is complete on disk (`--resume`)."""
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     record = size_dir / f"build-{backend}.json"
     try:
@@ -669,7 +669,7 @@ def nprobe_sweep(folder: Path, queries: np.ndarray, truth: np.ndarray, values: t
     """In-process recall@10 and search-only queries/s (batch 32, one thread) of an IVF index per nprobe."""
     import faiss
 
-    from plugsearch.retriever.dense import FaissIndex
+    from plugsearch.retriever.backends.dense import FaissIndex
     from plugsearch.retriever.settings import FaissSettings
 
     out: dict[str, Any] = {}
@@ -761,7 +761,7 @@ def measure(backend: str, size_dir: Path, args: argparse.Namespace, *, pool: lis
     env = {**backend_env(backend, size_dir, nprobe=args.nprobe, nlist=args.nlist), **args.encoder_env}
     built = run_build(backend, size_dir, env, resume=args.resume)
     log(f"  {backend}: built in {built['build_s']} s (child peak RSS {built['build_rss_mb']} MB)")
-    from plugsearch.retriever.docstore import store_folder
+    from plugsearch.retriever.store.docstore import store_folder
 
     point: dict[str, Any] = {**built, "disk_mb": disk_mb(index_paths(backend, size_dir)),
                              "store_mb": disk_mb([store_folder(size_dir / "index")]),
@@ -949,7 +949,7 @@ def main() -> None:
     args.batches = (1, 32)
     args.sweep = tuple(int(v) for v in args.sweep.split(",") if v)
 
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings
 
     args.encoder_backend = args.encoder_backend or EncoderSettings().backend

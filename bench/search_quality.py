@@ -213,7 +213,7 @@ def compact_main(args: argparse.Namespace) -> None:
     if not args.no_minilm:
         from sentence_transformers import SentenceTransformer
 
-        from plugsearch.retriever.encoder import resolve_encoder_path
+        from plugsearch.retriever.encoders.encoder import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
 

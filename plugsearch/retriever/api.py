@@ -53,9 +53,8 @@ from plugsearch.common.schemas.retriever import (
     SearchR1Request,
     SearchR1Response,
 )
-from plugsearch.retriever.changelog import Change, Passage
-from plugsearch.retriever.live import LiveIndex, doc_id_of
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing
+from plugsearch.retriever.live.changelog import Change, Passage
+from plugsearch.retriever.live.overlay import LiveIndex, doc_id_of
 from plugsearch.retriever.serving import (
     IndexCheck,
     RetrieverService,
@@ -65,6 +64,7 @@ from plugsearch.retriever.serving import (
     load_dense,
 )
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def passages_of(documents: list[DocumentIn]) -> list[Passage]:
 
 async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Change:
     """One change logged and applied; a log that cannot be written (a full or read-only disk) is a 503 with the
-    reason, the change not acknowledged (and never half there: `plugsearch.retriever.changelog`)."""
+    reason, the change not acknowledged (and never half there: `plugsearch.retriever.live.changelog`)."""
     try:
         return await asyncio.to_thread(live.write, put, delete)
     except OSError as exc:

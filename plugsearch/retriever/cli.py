@@ -4,14 +4,14 @@ It reads the RETRIEVER_* env vars the service reads, so both agree on paths and 
 `build` (the document store, then what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`,
 `--index-type`; no-op when every index matches the corpus, `--force` rebuilds; the corpus is streamed, never
 held; an interrupted dense build resumes from its last embedding chunk or Milvus batch), `import lucene|faiss` (adopt an index built elsewhere without
-re-encoding, see `plugsearch.retriever.importer`; prints the RETRIEVER_* settings that serve it), `check`
+re-encoding, see `plugsearch.retriever.indexing.importer`; prints the RETRIEVER_* settings that serve it), `check`
 (exit 0 when the service would start, 2 otherwise), `info` (print the manifests), `encoder` (load the dense
 encoder as the service would: the default backend exports it to ONNX once into RETRIEVER_ENCODER__ONNX_DIR;
 prints which backend serves and why; `--require-onnx` exits 1 where it would fall back to torch: the image
 build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
 `plugsearch.retriever.ingest`), `put` / `upload` / `delete` (a running retriever's documents changed through its
-API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.changes_cli`).
+API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.live.changes_cli`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from pydantic import ValidationError
 
 from plugsearch.common.errors import NotReady
 from plugsearch.common.logging import configure_logging
-from plugsearch.retriever.corpus import CorpusError
-from plugsearch.retriever.docstore import DiskStore, corpus_checksum, ensure_docstore, store_folder
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest
 from plugsearch.retriever.settings import EncoderSettings, RetrieverSettings
+from plugsearch.retriever.store.corpus import CorpusError
+from plugsearch.retriever.store.docstore import DiskStore, corpus_checksum, ensure_docstore, store_folder
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 
 logger = logging.getLogger("plugsearch.retriever.cli")
 
@@ -72,9 +72,9 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
           chunk_size: int = 2048, show_progress: bool = True) -> list[str]:
     """Build the document store and the requested indexes that are missing or stale; return the folders
     (re)built."""
-    from plugsearch.retriever.bm25 import build_bm25s, build_pyserini
-    from plugsearch.retriever.dense_build import build_faiss, embed_corpus
-    from plugsearch.retriever.encoder import encoder_identity
+    from plugsearch.retriever.backends.bm25 import build_bm25s, build_pyserini
+    from plugsearch.retriever.encoders.encoder import encoder_identity
+    from plugsearch.retriever.indexing.dense_build import build_faiss, embed_corpus
     from plugsearch.retriever.serving import dense_index_folder
 
     checksum = corpus_checksum(settings.corpus, settings.index_dir)
@@ -112,7 +112,7 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
                     embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder,
                                               chunk_size=chunk_size, show_progress=show_progress)
                     if settings.dense_backend == "milvus":
-                        from plugsearch.retriever.milvus import build_milvus
+                        from plugsearch.retriever.backends.milvus import build_milvus
 
                         build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
                                      show_progress=show_progress)
@@ -131,7 +131,7 @@ def _collection_matches(settings: RetrieverSettings, folder: Path) -> bool:
     """Milvus only: the collection holds what the manifest recorded (FAISS: its files are the index)."""
     if settings.dense_backend != "milvus":
         return True
-    from plugsearch.retriever.milvus import MilvusUnavailable, open_checked, release_local
+    from plugsearch.retriever.backends.milvus import MilvusUnavailable, open_checked, release_local
 
     try:
         client, _ = open_checked(settings.milvus, Manifest.read(folder))
@@ -178,7 +178,7 @@ def _import_parser(sub: Any) -> None:
 
 def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
     """`plugsearch-index import lucene|faiss`: check, write the index folder, print how to serve it."""
-    from plugsearch.retriever import importer
+    from plugsearch.retriever.indexing import importer
 
     link: importer.LinkMode = "copy" if args.copy else "symlink"
     encoder = None
@@ -253,7 +253,7 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 def prepare_encoder(settings: EncoderSettings, *, require_onnx: bool) -> None:
     """Load the encoder once (the export, when missing, happens here) and print what serves it."""
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
 
     t0 = time.perf_counter()
     encoder = Encoder(settings)
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
     _ingest_parser(sub)
-    from plugsearch.retriever import changes_cli
+    from plugsearch.retriever.live import changes_cli
 
     changes_cli.add_parsers(sub)
     args = parser.parse_args(argv)

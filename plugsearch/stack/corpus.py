@@ -74,7 +74,7 @@ def resolve_corpus(corpus: Path | None, *, data_dir: Path, var_dir: Path, downlo
 
 def index_dir_for(corpus: Path, var_dir: Path) -> Path:
     """Indexes are keyed by the corpus's content: `var/indexes/<stem>-<sha256 prefix>`."""
-    from plugsearch.retriever.corpus import file_checksum
+    from plugsearch.retriever.store.corpus import file_checksum
 
     digest = file_checksum(corpus).split(":", 1)[-1]
     return (var_dir / "indexes" / f"{corpus.stem}-{digest[:12]}").resolve()

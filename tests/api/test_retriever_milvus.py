@@ -24,15 +24,15 @@ import pytest
 from pydantic import SecretStr
 
 from plugsearch.common.errors import NotReady
-from plugsearch.retriever import milvus
 from plugsearch.retriever.api import create_app
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.dense import FaissIndex
-from plugsearch.retriever.dense_build import dense_folder, embed_corpus, iter_chunks
-from plugsearch.retriever.encoder import Encoder
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest
+from plugsearch.retriever.backends import milvus
+from plugsearch.retriever.backends.dense import FaissIndex
+from plugsearch.retriever.encoders.encoder import Encoder
+from plugsearch.retriever.indexing.dense_build import dense_folder, embed_corpus, iter_chunks
 from plugsearch.retriever.serving import check_indexes
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import Corpus
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 from tests.api.test_retriever_api import (  # noqa: F401 - collected here again, against this module's fixtures
     assert_envelope,
     test_concurrent_requests_all_answered_correctly,
@@ -314,7 +314,7 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
     """A writer killed between its log line and Milvus (or a Milvus that did not answer) leaves the change in the log
     only: the next start-up carries it into the collection before serving; a collection carrying changes its log
     does not hold is refused."""
-    from plugsearch.retriever.changelog import ChangeLog, Passage
+    from plugsearch.retriever.live.changelog import ChangeLog, Passage
     from plugsearch.retriever.serving import CHANGES_DIR
 
     encoder = Encoder(scratch.encoder)

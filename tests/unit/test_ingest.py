@@ -12,10 +12,9 @@ import orjson
 import pytest
 from fpdf import FPDF
 
-from plugsearch.retriever.bm25 import Bm25sRetriever
+from plugsearch.retriever.backends.bm25 import Bm25sRetriever
 from plugsearch.retriever.cli import build
 from plugsearch.retriever.cli import main as cli_main
-from plugsearch.retriever.corpus import Corpus
 from plugsearch.retriever.ingest import IngestOptions, ingest
 from plugsearch.retriever.ingest.formats import (
     NO_TEXT_LAYER,
@@ -29,6 +28,7 @@ from plugsearch.retriever.ingest.formats import (
 from plugsearch.retriever.ingest.passages import Piece, cut, pack
 from plugsearch.retriever.ingest.run import IngestError
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import Corpus
 
 NOTES = ("Solar panels turn light into electricity. Their output falls when the panels are hot.\n\n"
          "Clean panels every spring! Dust can cost a tenth of the yield.\n")

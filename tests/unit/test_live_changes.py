@@ -1,4 +1,4 @@
-"""Documents put and deleted while serving (`plugsearch.retriever.changelog`, `plugsearch.retriever.live`): the durable
+"""Documents put and deleted while serving (`plugsearch.retriever.live.changelog`, `plugsearch.retriever.live.overlay`): the durable
 log and its torn tail, the overlay over a real bm25s index and document store (a put passage found, a replaced
 document's old passages and a deleted one's never), every worker's view through the log, and the API's rules
 (who may change, what a search key gets)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plugsearch.retriever.changelog import LOG_FILE, ChangeLog, Passage
+from plugsearch.retriever.live.changelog import LOG_FILE, ChangeLog, Passage
 from plugsearch.retriever.serving import RetrieverService, check_indexes
 from tests.asgi import app_client
 from tests.support.retriever import ensure_tiny_indexes, tiny_bm25s, tiny_settings

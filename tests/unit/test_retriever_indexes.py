@@ -10,12 +10,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from plugsearch.retriever.bm25 import Bm25sRetriever, build_bm25s
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.dense import FaissIndex, device_groups
-from plugsearch.retriever.dense_build import build_faiss, embed_corpus, embeddings_key
-from plugsearch.retriever.manifest import IndexMissing, Manifest
+from plugsearch.retriever.backends.bm25 import Bm25sRetriever, build_bm25s
+from plugsearch.retriever.backends.dense import FaissIndex, device_groups
+from plugsearch.retriever.indexing.dense_build import build_faiss, embed_corpus, embeddings_key
 from plugsearch.retriever.settings import EncoderSettings, FaissSettings
+from plugsearch.retriever.store.corpus import Corpus
+from plugsearch.retriever.store.manifest import IndexMissing, Manifest
 from tests.support.retriever import write_tiny_corpus
 
 
@@ -261,7 +261,7 @@ def test_an_ivf_build_stopped_part_way_goes_on_from_its_last_part(embeddings: Pa
     part trains nothing again, fills only the parts after it, and answers as an uninterrupted build does."""
     import faiss
 
-    from plugsearch.retriever import dense_build
+    from plugsearch.retriever.indexing import dense_build
 
     queries = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])[:40]
     settings = FaissSettings(index_type="ivfsq8", train_size=1000, ivf_nlist=4, nprobe=4  # type: ignore[arg-type]
@@ -305,7 +305,7 @@ def test_an_ivf_build_may_assign_its_vectors_through_a_graph_over_the_centroids(
     exactly assigned one does."""
     import faiss
 
-    from plugsearch.retriever import dense_build
+    from plugsearch.retriever.indexing import dense_build
 
     vectors = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])
     exact = FaissSettings(index_type="ivfsq8", train_size=1000, ivf_nlist=16, nprobe=16, ivf_assign="exact")  # type: ignore[arg-type]
@@ -327,7 +327,7 @@ def test_an_ivf_build_may_assign_its_vectors_through_a_graph_over_the_centroids(
 _MAPPED_VS_HELD = """
 import sys
 import numpy as np
-from plugsearch.retriever.dense import read_index
+from plugsearch.retriever.backends.dense import read_index
 
 def rss_anon_kb():
     with open("/proc/self/status") as fh:
@@ -371,7 +371,7 @@ def test_an_ivf_index_of_the_former_layout_still_loads(embeddings: Path, tmp_pat
     """IVF-PQ was stored as one shard file with its lists inside: served as it is (its lists mapped)."""
     import faiss
 
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     settings = FaissSettings(index_type="ivfpq", train_size=1000, ivf_nlist=4, pq_m=8, nprobe=4)
     vectors = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])

@@ -13,12 +13,18 @@ import pytest
 from pydantic import ValidationError
 
 from plugsearch.common.errors import Overloaded
-from plugsearch.retriever.base import Hits
+from plugsearch.retriever.backends.base import Hits
+from plugsearch.retriever.backends.fusion import HybridRetriever, rrf_fuse
 from plugsearch.retriever.batching import MicroBatcher
-from plugsearch.retriever.corpus import Corpus, CorpusError, file_checksum, join_contents, split_contents
-from plugsearch.retriever.fusion import HybridRetriever, rrf_fuse
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import (
+    Corpus,
+    CorpusError,
+    file_checksum,
+    join_contents,
+    split_contents,
+)
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
 
 
 def hits(rows: list[list[int]], scores: list[list[float]] | None = None) -> Hits:
@@ -426,7 +432,7 @@ def test_hits_helpers() -> None:
 
 # --------------------------------------------------------------------------- query vectors
 def test_query_vector_cache_is_a_bounded_lru_keyed_by_encoder_and_text() -> None:
-    from plugsearch.retriever.encoder import QueryVectorCache
+    from plugsearch.retriever.encoders.encoder import QueryVectorCache
 
     cache = QueryVectorCache(2)
     vec = np.eye(3, dtype=np.float32)

@@ -40,8 +40,8 @@ from markdown_it.token import Token
 from pypdf import PdfReader
 from pypdf.errors import PyPdfError
 
-from plugsearch.retriever.corpus import CorpusError, parse_line
 from plugsearch.retriever.ingest.passages import Passage, ws
+from plugsearch.retriever.store.corpus import CorpusError, parse_line
 
 EXTENSIONS: dict[str, str] = {
     ".txt": "text", ".text": "text",

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.manifest import atomic_file
 from plugsearch.retriever.settings import EncoderSettings
+from plugsearch.retriever.store.manifest import atomic_file
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ are kept in the manifest (`<index_dir>/milvus-<collection>/`) and in the collect
 refuses a collection that differs. Every call has a deadline (`timeout_s`) and retries (`retries`, doubling
 backoff); a Milvus that does not answer is a `NotReady` (503 + Retry-After), never a 500.
 
-Documents changed while serving (`plugsearch.retriever.live`) change the collection through Milvus's own upserts and
+Documents changed while serving (`plugsearch.retriever.live.overlay`) change the collection through Milvus's own upserts and
 deletes (`MilvusChanges`): a passage put is upserted at its position (past the built ones) before its change is
 logged, the positions a change removes are deleted after, and the last change carried into the collection is
 kept in its properties (`plugsearch.changes_seq`). Searches ask only for the positions their state knows (`id <
@@ -33,16 +33,16 @@ import numpy as np
 import numpy.typing as npt
 
 from plugsearch.common.errors import NotReady
-from plugsearch.retriever.base import Hits
-from plugsearch.retriever.dense_build import iter_chunks
-from plugsearch.retriever.manifest import (
+from plugsearch.retriever.backends.base import Hits
+from plugsearch.retriever.indexing.dense_build import iter_chunks
+from plugsearch.retriever.settings import MilvusSettings
+from plugsearch.retriever.store.manifest import (
     IndexMismatch,
     IndexMissing,
     Manifest,
     atomic_folder,
     write_json_atomically,
 )
-from plugsearch.retriever.settings import MilvusSettings
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +373,7 @@ class MilvusIndex:
 
 class MilvusChanges:
     """A changing corpus's passages in the collection itself, through Milvus's upserts and deletes (called under the
-    change log's lock, so one writer at a time, in the log's order; see `plugsearch.retriever.live.LiveIndex`)."""
+    change log's lock, so one writer at a time, in the log's order; see `plugsearch.retriever.live.overlay.LiveIndex`)."""
 
     def __init__(self, index: MilvusIndex) -> None:
         self.index = index

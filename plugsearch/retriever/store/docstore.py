@@ -32,8 +32,14 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.corpus import Corpus, CorpusError, file_checksum, indexed_text, parse_line
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
+from plugsearch.retriever.store.corpus import Corpus, CorpusError, file_checksum, indexed_text, parse_line
+from plugsearch.retriever.store.manifest import (
+    IndexMismatch,
+    IndexMissing,
+    Manifest,
+    atomic_file,
+    atomic_folder,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,23 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from plugsearch.retriever.corpus import CorpusError, corpus_lines, file_checksum, indexed_text, parse_line
-from plugsearch.retriever.dense_build import dense_folder
-from plugsearch.retriever.encoder import Encoder, encoder_identity
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
+from plugsearch.retriever.encoders.encoder import Encoder, encoder_identity
+from plugsearch.retriever.indexing.dense_build import dense_folder
 from plugsearch.retriever.settings import EncoderSettings, IndexType
+from plugsearch.retriever.store.corpus import (
+    CorpusError,
+    corpus_lines,
+    file_checksum,
+    indexed_text,
+    parse_line,
+)
+from plugsearch.retriever.store.manifest import (
+    IndexMismatch,
+    IndexMissing,
+    Manifest,
+    atomic_file,
+    atomic_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +233,7 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
 
 
 def _open_lucene(folder: Path) -> Any:
-    from plugsearch.retriever.bm25 import setup_java
+    from plugsearch.retriever.backends.bm25 import setup_java
 
     if not folder.is_dir():
         raise IndexMissing(f"no Lucene index folder at {folder}")

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from plugsearch.retriever.base import Hits, Retriever
-from plugsearch.retriever.corpus import indexed_text
-from plugsearch.retriever.docstore import DocumentStore
-from plugsearch.retriever.manifest import Manifest, atomic_folder
+from plugsearch.retriever.backends.base import Hits, Retriever
+from plugsearch.retriever.store.corpus import indexed_text
+from plugsearch.retriever.store.docstore import DocumentStore
+from plugsearch.retriever.store.manifest import Manifest, atomic_folder
 
 logger = logging.getLogger(__name__)
 
@@ -141,12 +141,12 @@ class Bm25sRetriever(Retriever):
         return tokens
 
     def lexical_stats(self, store: DocumentStore, *, sample: int = 2000, seed: int = 0) -> Any:
-        """The index's BM25 statistics for the live overlay (`plugsearch.retriever.live.LexicalStats`): k1, b,
+        """The index's BM25 statistics for the live overlay (`plugsearch.retriever.live.overlay.LexicalStats`): k1, b,
         the passage count, each term's document frequency (read off the score matrix: a term's column holds one
         entry per passage that has it) and the average passage length, estimated on a seeded sample."""
         import random
 
-        from plugsearch.retriever.live import LexicalStats
+        from plugsearch.retriever.live.overlay import LexicalStats
 
         vocab, indptr = self._model.vocab_dict, np.asarray(self._model.scores["indptr"])
         n_terms = len(indptr) - 1
@@ -222,7 +222,7 @@ def build_pyserini(corpus: DocumentStore, out: Path, *, threads: int = 2, show_p
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix=".lucene-input-", dir=out.parent) as src:
         parts = write_lucene_input(corpus, Path(src))
         lucene_dir = tmp / "lucene"
-        cmd = [sys.executable, "-m", "plugsearch.retriever.bm25", "-collection", "JsonCollection",
+        cmd = [sys.executable, "-m", "plugsearch.retriever.backends.bm25", "-collection", "JsonCollection",
                "-input", src, "-index", str(lucene_dir), "-generator", "DefaultLuceneDocumentGenerator",
                "-threads", str(min(threads, parts))]
         logger.info("building Lucene index: %s", " ".join(cmd))

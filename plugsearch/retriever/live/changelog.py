@@ -8,7 +8,7 @@ process, append one at a time), writes the line and syncs it (`os.fsync`) before
 change survives a crash of the process or of the machine. A line cut by a crash has no valid CRC: readers stop
 before it (it was never acknowledged) and the next `append` cuts it off; so a change is in the log whole or not
 at all. Readers (`read_from`) take the complete, valid lines after an offset: each worker follows the log from
-where it last read (`plugsearch.retriever.live`).
+where it last read (`plugsearch.retriever.live.overlay`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from plugsearch.retriever.corpus import indexed_text
+from plugsearch.retriever.store.corpus import indexed_text
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Passage:
 
     @property
     def indexed(self) -> str:
-        """The passage as the indexes read it (`plugsearch.retriever.corpus.indexed_text`)."""
+        """The passage as the indexes read it (`plugsearch.retriever.store.corpus.indexed_text`)."""
         return indexed_text(self.title, self.text)
 
 
