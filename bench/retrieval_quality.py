@@ -38,8 +38,8 @@ def main() -> None:
     limit = args.limit or (150 if args.quick else None)
 
     from plugsearch.common.answers import is_yes_no, normalize_answer, span_match
-    from plugsearch.retriever.backends.bm25 import Bm25sRetriever, PyseriniRetriever
-    from plugsearch.retriever.backends.dense import DenseRetriever, FaissIndex
+    from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever, PyseriniRetriever
+    from plugsearch.retriever.backends.faiss_index import DenseRetriever, FaissIndex
     from plugsearch.retriever.backends.fusion import HybridRetriever
     from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings

@@ -206,7 +206,7 @@ def _embeddings_folders() -> list[Path]:
 def real_vectors() -> np.ndarray:
     """The real corpus's MiniLM passage vectors (its embeddings under var/indexes when built, else 1,000
     passages encoded here), normalised: the centres of the synthetic vectors."""
-    from plugsearch.retriever.indexing.dense_build import iter_chunks
+    from plugsearch.retriever.indexing.embeddings import iter_chunks
     from plugsearch.retriever.store.corpus import Corpus, file_checksum
     from plugsearch.retriever.store.manifest import Manifest
 
@@ -271,7 +271,7 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
     and `encoder`'s settings, default MiniLM's, so the builders and the service take them as that corpus's),
     without chunk files: the vectors come from `vector_chunks` (`synthetic_chunks` reads the recipe back)."""
     from plugsearch.retriever.encoders.encoder import encoder_identity
-    from plugsearch.retriever.indexing.dense_build import embeddings_key
+    from plugsearch.retriever.indexing.embeddings import embeddings_key
     from plugsearch.retriever.settings import EncoderSettings
     from plugsearch.retriever.store.docstore import corpus_checksum
     from plugsearch.retriever.store.manifest import Manifest, atomic_folder
@@ -334,7 +334,7 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
     (`chunks(start)` regenerates the chunks from chunk `start`)."""
     import faiss
 
-    from plugsearch.retriever.backends.dense import blas_threshold_for
+    from plugsearch.retriever.backends.faiss_index import blas_threshold_for
     from plugsearch.retriever.settings import FaissSettings
 
     # as the service sets it
@@ -480,7 +480,7 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
 
 def _build_part(part: str, settings: Any) -> None:
     from plugsearch.retriever.cli import build
-    from plugsearch.retriever.indexing.dense_build import build_faiss, dense_folder
+    from plugsearch.retriever.indexing.embeddings import build_faiss, dense_folder
 
     if part in ("bm25s", "pyserini"):
         build(settings, bm25=[part], dense=False, force=True, show_progress=False)
@@ -491,7 +491,7 @@ def _build_part(part: str, settings: Any) -> None:
         build_faiss(embeddings, dense_folder(settings.index_dir, part.split("-")[1]), settings.faiss,
                     chunks=synthetic_chunks(embeddings), show_progress=False)
     else:
-        from plugsearch.retriever.backends.milvus import build_milvus
+        from plugsearch.retriever.backends.milvus_index import build_milvus
 
         settings.milvus.index_type = part.split("-")[1]
         build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False,
@@ -669,7 +669,7 @@ def nprobe_sweep(folder: Path, queries: np.ndarray, truth: np.ndarray, values: t
     """In-process recall@10 and search-only queries/s (batch 32, one thread) of an IVF index per nprobe."""
     import faiss
 
-    from plugsearch.retriever.backends.dense import FaissIndex
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
     from plugsearch.retriever.settings import FaissSettings
 
     out: dict[str, Any] = {}

@@ -72,9 +72,9 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
           chunk_size: int = 2048, show_progress: bool = True) -> list[str]:
     """Build the document store and the requested indexes that are missing or stale; return the folders
     (re)built."""
-    from plugsearch.retriever.backends.bm25 import build_bm25s, build_pyserini
+    from plugsearch.retriever.backends.bm25s_index import build_bm25s, build_pyserini
     from plugsearch.retriever.encoders.encoder import encoder_identity
-    from plugsearch.retriever.indexing.dense_build import build_faiss, embed_corpus
+    from plugsearch.retriever.indexing.embeddings import build_faiss, embed_corpus
     from plugsearch.retriever.serving import dense_index_folder
 
     checksum = corpus_checksum(settings.corpus, settings.index_dir)
@@ -112,7 +112,7 @@ def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: b
                     embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder,
                                               chunk_size=chunk_size, show_progress=show_progress)
                     if settings.dense_backend == "milvus":
-                        from plugsearch.retriever.backends.milvus import build_milvus
+                        from plugsearch.retriever.backends.milvus_index import build_milvus
 
                         build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
                                      show_progress=show_progress)
@@ -131,7 +131,7 @@ def _collection_matches(settings: RetrieverSettings, folder: Path) -> bool:
     """Milvus only: the collection holds what the manifest recorded (FAISS: its files are the index)."""
     if settings.dense_backend != "milvus":
         return True
-    from plugsearch.retriever.backends.milvus import MilvusUnavailable, open_checked, release_local
+    from plugsearch.retriever.backends.milvus_index import MilvusUnavailable, open_checked, release_local
 
     try:
         client, _ = open_checked(settings.milvus, Manifest.read(folder))

@@ -22,12 +22,12 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.schemas.retriever import check_results
 from plugsearch.retriever.backends.base import Hits, Retriever
-from plugsearch.retriever.backends.bm25 import Bm25sRetriever, PyseriniRetriever
-from plugsearch.retriever.backends.dense import DenseRetriever, FaissIndex, VectorIndex
+from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever, PyseriniRetriever
+from plugsearch.retriever.backends.faiss_index import DenseRetriever, FaissIndex, VectorIndex
 from plugsearch.retriever.backends.fusion import rrf_fuse
 from plugsearch.retriever.batching import MicroBatcher
 from plugsearch.retriever.encoders.encoder import Encoder, encoder_identity
-from plugsearch.retriever.indexing.dense_build import dense_folder
+from plugsearch.retriever.indexing.embeddings import dense_folder
 from plugsearch.retriever.live.overlay import DenseMirror, LiveCorpus, LiveIndex, LiveRetriever
 from plugsearch.retriever.settings import IVF_TYPES, RetrieverSettings
 from plugsearch.retriever.store.docstore import DocumentStore, corpus_checksum, open_store
@@ -96,7 +96,7 @@ def check_dense(settings: RetrieverSettings, checksum: str) -> Manifest:
                         checksum, encoder=settings.encoder.name, index_type=settings.dense_index_type(),
                         encoder_config=encoder_identity(settings.encoder))
     if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
-        from plugsearch.retriever.backends.milvus import open_checked
+        from plugsearch.retriever.backends.milvus_index import open_checked
 
         client, _ = open_checked(settings.milvus, manifest)
         client.close()
@@ -107,7 +107,7 @@ def load_dense(settings: RetrieverSettings) -> DenseRetriever:
     """The dense retriever of the configured index, its encoder loaded and warmed up (blocking)."""
     index: VectorIndex
     if settings.dense_backend == "milvus":
-        from plugsearch.retriever.backends.milvus import MilvusIndex
+        from plugsearch.retriever.backends.milvus_index import MilvusIndex
 
         index = MilvusIndex(dense_index_folder(settings), settings.milvus)
     else:
@@ -120,7 +120,7 @@ def load_dense(settings: RetrieverSettings) -> DenseRetriever:
 def dense_index_folder(settings: RetrieverSettings) -> Path:
     """The folder of the configured dense index (FAISS files, or the manifest of a Milvus collection)."""
     if settings.dense_backend == "milvus":
-        from plugsearch.retriever.backends.milvus import milvus_folder
+        from plugsearch.retriever.backends.milvus_index import milvus_folder
 
         return milvus_folder(settings.index_dir, settings.milvus.collection)
     return dense_folder(settings.index_dir, settings.faiss.index_type)
@@ -416,7 +416,7 @@ CHANGES_DIR = "changes"
 
 def dense_mirror(dense: Retriever | None) -> DenseMirror | None:
     """Where a dense index takes the changes itself (Milvus), else None (they are searched beside it)."""
-    from plugsearch.retriever.backends.milvus import MilvusChanges, MilvusIndex
+    from plugsearch.retriever.backends.milvus_index import MilvusChanges, MilvusIndex
 
     if isinstance(dense, DenseRetriever) and isinstance(dense.index, MilvusIndex):
         return MilvusChanges(dense.index)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from fpdf import FPDF
 
-from plugsearch.retriever.backends.bm25 import Bm25sRetriever
+from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
 from plugsearch.retriever.cli import build
 from plugsearch.retriever.cli import main as cli_main
 from plugsearch.retriever.ingest import IngestOptions, ingest

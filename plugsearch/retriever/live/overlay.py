@@ -10,7 +10,7 @@ reference assignment), so a search sees a change entirely or not at all.
 
 `LiveIndex.poll` reads the changes other workers acknowledged (each worker follows the log); the state's
 `seq` is part of the index identity, so a cache keyed on it never serves a result from before a change.
-On Milvus (`mirror`: `plugsearch.retriever.backends.milvus.MilvusChanges`) the passages put go into the collection itself: under
+On Milvus (`mirror`: `plugsearch.retriever.backends.milvus_index.MilvusChanges`) the passages put go into the collection itself: under
 the log's lock a writer upserts their vectors at their positions, logs the change, then deletes the positions it
 removed, and records the change as carried; a change logged but not carried (its writer died, or Milvus did not
 answer) is carried by the next writer or at the next start-up. Dense searches then ask Milvus alone, for the
@@ -69,7 +69,7 @@ def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
 
 
 class DenseMirror(Protocol):
-    """A vector store that takes the changes itself (Milvus: `plugsearch.retriever.backends.milvus.MilvusChanges`)."""
+    """A vector store that takes the changes itself (Milvus: `plugsearch.retriever.backends.milvus_index.MilvusChanges`)."""
 
     def seq(self) -> int: ...
 

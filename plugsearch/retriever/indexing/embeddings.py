@@ -3,11 +3,11 @@ IVF-SQ8) built from them.
 
 Builds stream: each chunk of passage vectors goes to disk once encoded (`embeddings-<key>.partial/`), so
 the full matrix is never in RAM and an interrupted build resumes from the last chunk; the FAISS index is
-built from the chunks read back one at a time. Flat indexes are stored in shards (plugsearch.retriever.backends.dense
+built from the chunks read back one at a time. Flat indexes are stored in shards (plugsearch.retriever.backends.faiss_index
 loads them, onto the GPUs as fp16 with faiss-gpu). IVF indexes are trained on a sample, filled part by part
 (one part's codes in memory at a time) and merged into one on-disk file of inverted lists (`lists.ivfdata`);
 the trained index and the filled parts are kept (`.<index>.build/`) until then, so a stopped IVF build goes on
-from its last part. The chunks also feed the Milvus build (plugsearch.retriever.backends.milvus).
+from its last part. The chunks also feed the Milvus build (plugsearch.retriever.backends.milvus_index).
 """
 
 from __future__ import annotations

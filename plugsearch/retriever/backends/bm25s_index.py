@@ -222,7 +222,7 @@ def build_pyserini(corpus: DocumentStore, out: Path, *, threads: int = 2, show_p
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix=".lucene-input-", dir=out.parent) as src:
         parts = write_lucene_input(corpus, Path(src))
         lucene_dir = tmp / "lucene"
-        cmd = [sys.executable, "-m", "plugsearch.retriever.backends.bm25", "-collection", "JsonCollection",
+        cmd = [sys.executable, "-m", "plugsearch.retriever.backends.bm25s_index", "-collection", "JsonCollection",
                "-input", src, "-index", str(lucene_dir), "-generator", "DefaultLuceneDocumentGenerator",
                "-threads", str(min(threads, parts))]
         logger.info("building Lucene index: %s", " ".join(cmd))

@@ -1,7 +1,7 @@
 """Dense retrieval, searching: a built FAISS index loaded and searched, and the retriever that encodes
-queries and searches a vector index (FAISS here, Milvus in plugsearch.retriever.backends.milvus).
+queries and searches a vector index (FAISS here, Milvus in plugsearch.retriever.backends.milvus_index).
 
-Indexes are built by plugsearch.retriever.indexing.dense_build and queries encoded by plugsearch.retriever.encoders.encoder. Flat
+Indexes are built by plugsearch.retriever.indexing.embeddings and queries encoded by plugsearch.retriever.encoders.encoder. Flat
 indexes stored in shards are combined into one; with faiss-gpu they load shard by shard onto the GPUs as
 fp16 (the fp32 index is never staged in host RAM). Served on CPUs, index files are memory-mapped
 (`RETRIEVER_FAISS__MMAP`): the workers of a retriever share the codes and lists through the page cache.
@@ -194,7 +194,7 @@ class FaissIndex:
 
 
 class VectorIndex(Protocol):
-    """What DenseRetriever needs of an index: FaissIndex here, MilvusIndex in plugsearch.retriever.backends.milvus."""
+    """What DenseRetriever needs of an index: FaissIndex here, MilvusIndex in plugsearch.retriever.backends.milvus_index."""
 
     dims: int
 

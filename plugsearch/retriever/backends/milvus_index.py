@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from plugsearch.common.errors import NotReady
 from plugsearch.retriever.backends.base import Hits
-from plugsearch.retriever.indexing.dense_build import iter_chunks
+from plugsearch.retriever.indexing.embeddings import iter_chunks
 from plugsearch.retriever.settings import MilvusSettings
 from plugsearch.retriever.store.manifest import (
     IndexMismatch,
