@@ -38,9 +38,11 @@ def main() -> None:
     limit = args.limit or (150 if args.quick else None)
 
     from plugsearch.common.answers import is_yes_no, normalize_answer, span_match
-    from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever, PyseriniRetriever
-    from plugsearch.retriever.backends.faiss_index import DenseRetriever, FaissIndex
+    from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
+    from plugsearch.retriever.backends.dense import DenseRetriever
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
     from plugsearch.retriever.backends.fusion import HybridRetriever
+    from plugsearch.retriever.backends.pyserini_index import PyseriniRetriever
     from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings
     from plugsearch.retriever.store.corpus import Corpus

@@ -177,9 +177,9 @@ def _inprocess_rate(retriever: Any, batch: int, pool: list[str], seconds: float)
 def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, Any]:
     import faiss
 
-    from plugsearch.retriever.backends.faiss_index import configure_search
-    from plugsearch.retriever.indexing.embeddings import iter_chunks, new_faiss_index
+    from plugsearch.retriever.backends.faiss_index import configure_search, new_faiss_index
     from plugsearch.retriever.settings import FaissSettings
+    from plugsearch.retriever.store.chunks import iter_chunks
 
     rng = np.random.default_rng(0)
     emb = sorted(INDEX_DIR.glob("embeddings-*/manifest.json"))
@@ -382,7 +382,8 @@ def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: fl
                      served: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     """Dense queries/s per encoder backend (in-process and served, batch 1 and 32) and recall@10 vs torch.
     `served`: the backends also measured behind a service (one process each, started together)."""
-    from plugsearch.retriever.backends.faiss_index import DenseRetriever, FaissIndex
+    from plugsearch.retriever.backends.dense import DenseRetriever
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
     from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings
 
@@ -457,7 +458,8 @@ def main() -> None:
     n_vectors = args.vectors or (20_000 if args.quick else 1_000_000)
 
     from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
-    from plugsearch.retriever.backends.faiss_index import DenseRetriever, FaissIndex
+    from plugsearch.retriever.backends.dense import DenseRetriever
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
     from plugsearch.retriever.backends.fusion import HybridRetriever
     from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings, RetrieverSettings

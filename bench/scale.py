@@ -206,7 +206,7 @@ def _embeddings_folders() -> list[Path]:
 def real_vectors() -> np.ndarray:
     """The real corpus's MiniLM passage vectors (its embeddings under var/indexes when built, else 1,000
     passages encoded here), normalised: the centres of the synthetic vectors."""
-    from plugsearch.retriever.indexing.embeddings import iter_chunks
+    from plugsearch.retriever.store.chunks import iter_chunks
     from plugsearch.retriever.store.corpus import Corpus, file_checksum
     from plugsearch.retriever.store.manifest import Manifest
 
@@ -451,7 +451,7 @@ def _part_record(size_dir: Path, part: str) -> Path:
 def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool = False) -> None:
     """Runs in the child: build `backend`'s indexes (and the document store) for the corpus in size_dir.
     `resume`: a part whose index is complete (built by a run that stopped later) is kept, its seconds counted."""
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
     from plugsearch.retriever.store.manifest import Manifest
 
     settings = _settings(backend, size_dir, env)
@@ -479,8 +479,8 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
 
 
 def _build_part(part: str, settings: Any) -> None:
-    from plugsearch.retriever.cli import build
-    from plugsearch.retriever.indexing.embeddings import build_faiss, dense_folder
+    from plugsearch.retriever.backends.faiss_index import build_faiss, dense_folder
+    from plugsearch.retriever.indexing.build import build
 
     if part in ("bm25s", "pyserini"):
         build(settings, bm25=[part], dense=False, force=True, show_progress=False)

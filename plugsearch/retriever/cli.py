@@ -17,16 +17,12 @@ API: a corpus file, files read and cut by the retriever, ids to delete: `plugsea
 from __future__ import annotations
 
 import argparse
-import fcntl
-import functools
 import json
 import logging
 import re
 import shlex
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,116 +30,13 @@ from pydantic import ValidationError
 
 from plugsearch.common.errors import NotReady
 from plugsearch.common.logging import configure_logging
+from plugsearch.retriever.backends import registry
+from plugsearch.retriever.indexing.build import build
 from plugsearch.retriever.settings import EncoderSettings, RetrieverSettings
 from plugsearch.retriever.store.corpus import CorpusError
-from plugsearch.retriever.store.docstore import DiskStore, corpus_checksum, ensure_docstore, store_folder
 from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 
 logger = logging.getLogger("plugsearch.retriever.cli")
-
-
-@contextmanager
-def build_lock(index_dir: Path, what: str) -> Iterator[None]:
-    """One build of `what` per index folder at a time (a second one waits, then finds it up to date)."""
-    index_dir.mkdir(parents=True, exist_ok=True)
-    with open(index_dir / f".{what}-build.lock", "a+b") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("another process is building the %s index in %s: waiting for it", what, index_dir)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _up_to_date(folder: Path, checksum: str, **expect: object) -> bool:
-    try:
-        manifest = Manifest.read(folder)
-        manifest.check(corpus_checksum=checksum, **expect)  # type: ignore[arg-type]
-    except (IndexMissing, IndexMismatch) as exc:
-        logger.info("%s needs a build: %s", folder, exc)
-        return False
-    return True
-
-
-def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: bool,
-          chunk_size: int = 2048, show_progress: bool = True) -> list[str]:
-    """Build the document store and the requested indexes that are missing or stale; return the folders
-    (re)built."""
-    from plugsearch.retriever.backends.bm25s_index import build_bm25s, build_pyserini
-    from plugsearch.retriever.encoders.encoder import encoder_identity
-    from plugsearch.retriever.indexing.embeddings import build_faiss, embed_corpus
-    from plugsearch.retriever.serving import dense_index_folder
-
-    checksum = corpus_checksum(settings.corpus, settings.index_dir)
-    built: list[str] = []
-    if ensure_docstore(settings.corpus, settings.index_dir, checksum, show_progress=show_progress):
-        built.append(str(store_folder(settings.index_dir)))
-
-    @functools.cache
-    def load_corpus() -> DiskStore:  # documents read from the store: the corpus is never held
-        return DiskStore(store_folder(settings.index_dir), settings.corpus, checksum)
-
-    try:
-        for backend in bm25:
-            folder = settings.index_dir / backend
-            params_ok = True
-            if backend == "bm25s" and not force and (folder / "manifest.json").is_file():
-                params = Manifest.read(folder).params
-                params_ok = all(getattr(settings, f"bm25_{n}") in (None, params.get(n)) for n in ("k1", "b"))
-            if force or not params_ok or not _up_to_date(folder, checksum):
-                if backend == "bm25s":
-                    build_bm25s(load_corpus(), folder, k1=settings.bm25_k1, b=settings.bm25_b,
-                                show_progress=show_progress)
-                else:
-                    build_pyserini(load_corpus(), folder, threads=settings.bm25_threads, show_progress=show_progress)
-                built.append(str(folder))
-            else:
-                logger.info("%s is up to date", folder)
-        if dense:
-            folder = dense_index_folder(settings)
-            with build_lock(settings.index_dir, "dense"):  # a retriever building it in the background, and this
-                if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
-                                            encoder_config=encoder_identity(settings.encoder),
-                                            index_type=settings.dense_index_type()) \
-                        or not _collection_matches(settings, folder):
-                    embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder,
-                                              chunk_size=chunk_size, show_progress=show_progress)
-                    if settings.dense_backend == "milvus":
-                        from plugsearch.retriever.backends.milvus_index import build_milvus
-
-                        build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
-                                     show_progress=show_progress)
-                    else:
-                        build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
-                    built.append(str(folder))
-                else:
-                    logger.info("%s is up to date", folder)
-    finally:
-        if load_corpus.cache_info().currsize:
-            load_corpus().close()
-    return built
-
-
-def _collection_matches(settings: RetrieverSettings, folder: Path) -> bool:
-    """Milvus only: the collection holds what the manifest recorded (FAISS: its files are the index)."""
-    if settings.dense_backend != "milvus":
-        return True
-    from plugsearch.retriever.backends.milvus_index import MilvusUnavailable, open_checked, release_local
-
-    try:
-        client, _ = open_checked(settings.milvus, Manifest.read(folder))
-        client.close()
-    except MilvusUnavailable:
-        raise
-    except (IndexMissing, IndexMismatch) as exc:
-        logger.info("%s needs a build: %s", folder, exc)
-        return False
-    finally:
-        release_local(settings.milvus)
-    return True
 
 
 def _import_parser(sub: Any) -> None:
@@ -302,12 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name, None))}
     try:
         settings = RetrieverSettings(**overrides)  # type: ignore[arg-type]
-        if args.command == "build" and args.index_type and settings.dense_backend == "milvus":
-            if args.index_type not in ("flat", "hnsw"):
-                raise ValueError(f"--index-type {args.index_type}: Milvus indexes here are flat or hnsw")
-            settings.milvus.index_type = args.index_type
-        elif args.command == "build" and args.index_type:
-            settings.faiss.index_type = args.index_type
+        if args.command == "build" and args.index_type:
+            registry.dense(settings.dense_backend).set_index_type(settings, args.index_type)
     except (ValidationError, ValueError) as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -317,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "import":
             run_import(args, settings)
         elif args.command == "build":
-            backends = {"both": ["bm25s", "pyserini"], "none": []}.get(
+            backends = {"both": list(registry.LEXICAL), "none": []}.get(
                 args.bm25 or "", [args.bm25] if args.bm25 else ([settings.bm25_backend] if settings.bm25 else []))
             dense = settings.dense if args.dense is None else args.dense
             built = build(settings, bm25=backends, dense=dense, force=args.force, chunk_size=args.chunk_size,

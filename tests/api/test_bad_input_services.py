@@ -37,7 +37,7 @@ SERVICES = ("searcher", "retriever", "generator", "judge")
 # ---------------------------------------------------------------------------------------- builders
 def build_tiny_index(data_dir: Path, folder: Path) -> tuple[Path, Path]:
     """The first passages of the shared corpus (a temporary copy, never in the repo) + their bm25s index."""
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
     from plugsearch.retriever.settings import RetrieverSettings
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import pytest
 
 from plugsearch.retriever import cli
 from plugsearch.retriever.api import create_app
-from plugsearch.retriever.backends.bm25s_index import setup_java
+from plugsearch.retriever.backends.pyserini_index import setup_java
 from plugsearch.retriever.encoders.encoder import resolve_encoder_path
 from plugsearch.retriever.indexing.importer import ImportRefused, import_faiss, import_lucene
 from plugsearch.retriever.serving import check_indexes
@@ -122,7 +122,7 @@ def lucene_index(corpus: Path, out: Path, *, raw: bool) -> Path:
     (docs / "docs.jsonl").write_text(corpus.read_text())
     args = ["-collection", "JsonCollection", "-input", str(docs), "-index", str(out), "-generator",
             "DefaultLuceneDocumentGenerator", "-threads", "1", "-storePositions", "-storeDocvectors"]
-    subprocess.run([sys.executable, "-m", "plugsearch.retriever.backends.bm25s_index", *args, *(["-storeRaw"] if raw else [])],
+    subprocess.run([sys.executable, "-m", "plugsearch.retriever.backends.pyserini_index", *args, *(["-storeRaw"] if raw else [])],
                    cwd=REPO, check=True, capture_output=True)
     return out
 

@@ -26,11 +26,12 @@ from pydantic import SecretStr
 from plugsearch.common.errors import NotReady
 from plugsearch.retriever.api import create_app
 from plugsearch.retriever.backends import milvus_index
-from plugsearch.retriever.backends.faiss_index import FaissIndex
+from plugsearch.retriever.backends.faiss_index import FaissIndex, dense_folder
 from plugsearch.retriever.encoders.encoder import Encoder
-from plugsearch.retriever.indexing.embeddings import dense_folder, embed_corpus, iter_chunks
+from plugsearch.retriever.indexing.embeddings import embed_corpus
 from plugsearch.retriever.serving import check_indexes
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.chunks import iter_chunks
 from plugsearch.retriever.store.corpus import Corpus
 from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 from tests.api.test_retriever_api import (  # noqa: F401 - collected here again, against this module's fixtures

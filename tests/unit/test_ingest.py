@@ -13,8 +13,8 @@ import pytest
 from fpdf import FPDF
 
 from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
-from plugsearch.retriever.cli import build
 from plugsearch.retriever.cli import main as cli_main
+from plugsearch.retriever.indexing.build import build
 from plugsearch.retriever.ingest import IngestOptions, ingest
 from plugsearch.retriever.ingest.formats import (
     NO_TEXT_LAYER,

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from plugsearch.retriever.backends.faiss_index import DenseRetriever, FaissIndex
+from plugsearch.retriever.backends.dense import DenseRetriever
+from plugsearch.retriever.backends.faiss_index import FaissIndex, dense_folder
 from plugsearch.retriever.encoders import onnx_encoder
 from plugsearch.retriever.encoders.encoder import Encoder, resolve_encoder_path
 from plugsearch.retriever.encoders.onnx_encoder import OnnxUnavailable, ensure_export, export_folder
-from plugsearch.retriever.indexing.embeddings import dense_folder
 from plugsearch.retriever.serving import check_indexes
 from plugsearch.retriever.settings import DEFAULT_ENCODER, EncoderSettings, RetrieverSettings
 from tests.conftest import first_questions

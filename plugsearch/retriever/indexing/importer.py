@@ -21,8 +21,8 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from plugsearch.retriever.backends.faiss_index import dense_folder
 from plugsearch.retriever.encoders.encoder import Encoder, encoder_identity
-from plugsearch.retriever.indexing.embeddings import dense_folder
 from plugsearch.retriever.settings import EncoderSettings, IndexType
 from plugsearch.retriever.store.corpus import (
     CorpusError,
@@ -233,7 +233,7 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
 
 
 def _open_lucene(folder: Path) -> Any:
-    from plugsearch.retriever.backends.bm25s_index import setup_java
+    from plugsearch.retriever.backends.pyserini_index import setup_java
 
     if not folder.is_dir():
         raise IndexMissing(f"no Lucene index folder at {folder}")

@@ -29,12 +29,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.backends.base import Hits, Retriever
+from plugsearch.retriever.backends.base import DenseMirror, Hits, LexicalStats, Retriever
 from plugsearch.retriever.live.changelog import Change, ChangeLog, Passage
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore
@@ -66,30 +66,6 @@ def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
             break
         n, step = n + step, min(step * 4, 4096)
     return found
-
-
-class DenseMirror(Protocol):
-    """A vector store that takes the changes itself (Milvus: `plugsearch.retriever.backends.milvus_index.MilvusChanges`)."""
-
-    def seq(self) -> int: ...
-
-    def upsert(self, start: int, vectors: npt.NDArray[np.float32]) -> None: ...
-
-    def delete(self, positions: list[int]) -> None: ...
-
-    def mark(self, seq: int) -> None: ...
-
-
-@dataclass
-class LexicalStats:
-    """What BM25 needs of the base to score the passages put alike: its parameters, passage count, average
-    passage length (tokens) and each term's document frequency (`df`)."""
-
-    k1: float
-    b: float
-    n: int
-    avgdl: float
-    df: Callable[[str], int]
 
 
 @dataclass(frozen=True)

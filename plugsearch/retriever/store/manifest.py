@@ -92,6 +92,17 @@ class Manifest(BaseModel):
                 "at matching files).")
 
 
+def checked_manifest(folder: Path, setting: str, backend: str, checksum: str, **expect: Any) -> Manifest:
+    """The manifest in `folder`, checked against the corpus, its files and the configured backend (`setting`, the
+    variable that configures it, named in the error)."""
+    manifest = Manifest.read(folder)
+    manifest.check(corpus_checksum=checksum, where=folder, **expect)
+    if manifest.backend != backend:
+        raise IndexMismatch(f"{folder} holds a {manifest.backend} index, {setting} is {backend}")
+    manifest.check_files(folder)
+    return manifest
+
+
 @contextmanager
 def atomic_file(final: Path) -> Iterator[Path]:
     """A temporary path next to `final`, renamed onto it when the block succeeds, removed when it fails."""

@@ -20,7 +20,7 @@ class IndexRetriever:
 
     def __init__(self, corpus_path: Path, index_dir: Path, *, dense: bool = False, progress: bool = True) -> None:
         from plugsearch.retriever.backends.fusion import HybridRetriever
-        from plugsearch.retriever.cli import build
+        from plugsearch.retriever.indexing.build import build
         from plugsearch.retriever.serving import RetrieverService, check_indexes
         from plugsearch.retriever.settings import RetrieverSettings
 
