@@ -140,7 +140,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
     """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks by `processes` processes; cached by size
     and seed. Resumable: each chunk is synced and recorded as it is written (`.<name>.partial.json`), and a run
     stopped part-way goes on from the last chunk recorded (chunks are drawn from their own seeds)."""
-    from plugsearch.retriever.store.manifest import write_json_atomically
+    from plugsearch.common.files import atomic_write_json, fsync_folder
 
     meta = out.with_suffix(".json")
     want = {"n": n, "seed": seed, "source": CORPUS.name, "source_bytes": CORPUS.stat().st_size,
@@ -180,7 +180,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
                 fh.flush()
                 os.fsync(fh.fileno())
                 size += len(data)
-                write_json_atomically(record, {"want": want, "next": lo + m, "bytes": size})
+                atomic_write_json(record, {"want": want, "next": lo + m, "bytes": size})
                 if (lo // CHUNK) % 20 == 19:
                     rate = (lo + m - start) / max(time.perf_counter() - t0, 1e-9)
                     log(f"corpus: {lo + m:,} of {n:,} passages, {rate:,.0f}/s, about "
@@ -188,8 +188,9 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
         finally:
             if pool is not None:
                 pool.terminate()
-    os.replace(partial, out)
-    meta.write_text(json.dumps(want))
+    os.replace(partial, out)  # synced chunk by chunk as it was written
+    fsync_folder(out.parent)
+    atomic_write_json(meta, want)
     record.unlink(missing_ok=True)
     log(f"corpus: {n} synthetic passages in {time.perf_counter() - t0:.0f} s -> {out}")
     return out
@@ -245,9 +246,10 @@ def centres_file(work: Path, dims: int = DIMS) -> Path:
     path = work / ("centres.npy" if dims == DIMS else f"centres-{dims}.npy")
     if not path.is_file():
         work.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
-        np.save(tmp, (real_vectors() @ projection(dims).T).astype(np.float32))
-        os.replace(tmp, path)
+        from plugsearch.common.files import atomic_writer
+
+        with atomic_writer(path) as fh:
+            np.save(fh, (real_vectors() @ projection(dims).T).astype(np.float32))
     return path
 
 
@@ -274,7 +276,7 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
     from plugsearch.retriever.indexing.embeddings import embeddings_key
     from plugsearch.retriever.settings import EncoderSettings
     from plugsearch.retriever.store.docstore import corpus_checksum
-    from plugsearch.retriever.store.manifest import Manifest, atomic_folder
+    from plugsearch.retriever.store.manifest import Manifest, index_folder
 
     enc = encoder or EncoderSettings()
     checksum = corpus_checksum(corpus, index_dir)
@@ -285,7 +287,7 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
               "centres": str(centres), "centres_sha256": digest}
     if (done / "manifest.json").is_file() and Manifest.read(done).params == recipe:
         return done
-    with atomic_folder(done) as tmp:
+    with index_folder(done) as tmp:
         Manifest(kind="embeddings", backend="synthetic", corpus_path=str(corpus), corpus_checksum=checksum,
                  doc_count=n, encoder=enc.name, encoder_config=encoder_identity(enc), dims=dims,
                  params=recipe).write(tmp)
@@ -302,16 +304,16 @@ def base_shaped_encoder(work: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
+    from plugsearch.common.files import atomic_folder
     from plugsearch.retriever.encoders.encoder import resolve_encoder_path
     from plugsearch.retriever.settings import DEFAULT_ENCODER
 
     torch.manual_seed(0)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    BertModel(BertConfig()).save_pretrained(tmp)
-    minilm = Path(resolve_encoder_path(DEFAULT_ENCODER))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy2(minilm / name, tmp / name)
-    os.replace(tmp, out)
+    with atomic_folder(out) as tmp:
+        BertModel(BertConfig()).save_pretrained(tmp)
+        minilm = Path(resolve_encoder_path(DEFAULT_ENCODER))
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+            shutil.copy2(minilm / name, tmp / name)
     return out
 
 
@@ -334,6 +336,7 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
     (`chunks(start)` regenerates the chunks from chunk `start`)."""
     import faiss
 
+    from plugsearch.common.files import atomic_writer
     from plugsearch.retriever.backends.faiss_index import blas_threshold_for
     from plugsearch.retriever.settings import FaissSettings
 
@@ -360,9 +363,8 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
         best_i = np.take_along_axis(merged_i, order, axis=1)
         offset += len(chunk)
         if checkpoint is not None and (j + 1) % every == 0:
-            tmp = checkpoint.with_name(checkpoint.name + ".tmp.npz")
-            np.savez(tmp, best_s=best_s, best_i=best_i, offset=offset, done=j + 1, key=key)
-            os.replace(tmp, checkpoint)
+            with atomic_writer(checkpoint) as fh:
+                np.savez(fh, best_s=best_s, best_i=best_i, offset=offset, done=j + 1, key=key)
             rate = (offset - resumed_at) / max(time.perf_counter() - t0, 1e-9)
             log(f"exact top-10: {offset:,} vectors searched, {rate:,.0f}/s")
     if checkpoint is not None:

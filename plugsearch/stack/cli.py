@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.files import atomic_write_json
 from plugsearch.common.llama_server import DEFAULT_PROMPT_CACHE_MB
 from plugsearch.common.paths import default_data_dir
 from plugsearch.common.procgroup import (
@@ -184,10 +185,7 @@ def _announce(options: StackOptions, specs: Sequence[ProcessSpec], ready_file: P
                             "internal_token": options.internal_token}
     if ready_file is not None:
         ready_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, ready_file)
+        atomic_write_json(ready_file, info, indent=2, mode=0o600)  # it holds the internal token
     say("")
     say(f"plugsearch is ready: POST {options.url('searcher')}/search   (Ctrl-C stops everything)")
     say(f"  {curl_example(options)}")

@@ -16,7 +16,7 @@ import numpy as np
 from plugsearch.retriever.backends.base import Hits, LexicalBackend, LexicalOverlay, LexicalStats, Retriever
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore
-from plugsearch.retriever.store.manifest import Manifest, atomic_folder
+from plugsearch.retriever.store.manifest import Manifest, index_folder
 
 if TYPE_CHECKING:
     from plugsearch.retriever.settings import RetrieverSettings
@@ -43,7 +43,7 @@ def build_bm25s(corpus: DocumentStore, out: Path, *, k1: float | None = None, b:
     params = {"k1": k1 if k1 is not None else BM25S_DEFAULTS["k1"],
               "b": b if b is not None else BM25S_DEFAULTS["b"]}
     t0 = time.perf_counter()
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         texts = [indexed_text(title, text) for _, title, text in corpus.iter_documents()]
         tokens = bm25s.tokenize(texts, stopwords=_STOPWORDS, stemmer=_stemmer(), show_progress=show_progress)
         model = bm25s.BM25(k1=params["k1"], b=params["b"], backend="numba")

@@ -27,15 +27,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from plugsearch.common.files import atomic_path, atomic_write_json
 from plugsearch.retriever.backends.base import Chunks, DenseStore, Hits, VectorIndex
 from plugsearch.retriever.settings import IVF_TYPES, FaissSettings
 from plugsearch.retriever.store.chunks import iter_chunks
 from plugsearch.retriever.store.manifest import (
     IndexMissing,
     Manifest,
-    atomic_file,
-    atomic_folder,
-    write_json_atomically,
+    index_folder,
 )
 
 if TYPE_CHECKING:
@@ -270,7 +269,7 @@ def build_faiss(embeddings: Path, out: Path, settings: FaissSettings, *, chunks:
     params: dict[str, Any] = settings.model_dump(exclude={"gpu", "threads", "one_thread_below", "nprobe",
                                                           "hnsw_ef_search", "blas_threshold",
                                                           "mmap"})
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         bar = tqdm(total=n, unit="vector", desc=f"faiss {settings.index_type}", disable=not show_progress)
         if settings.index_type in IVF_TYPES:
             work = out.parent / f".{out.name}.build"
@@ -350,10 +349,10 @@ def _build_ivf(read: Chunks, tmp: Path, dims: int, n: int, settings: FaissSettin
         logger.info("training %s lists on %s vectors", faiss.extract_index_ivf(trained).nlist, len(sample))
         trained.train(sample)
         del sample
-        with atomic_file(work / "trained.faiss") as written:
+        with atomic_path(work / "trained.faiss") as written:
             faiss.write_index(trained, str(written))
         state = {"key": key, "parts": [], "added": 0}
-        write_json_atomically(state_path, state)
+        atomic_write_json(state_path, state)
     assigner = _assigner(trained, settings)
     parts = [work / name for name in state["parts"]]
     done = int(state["added"])
@@ -364,12 +363,12 @@ def _build_ivf(read: Chunks, tmp: Path, dims: int, n: int, settings: FaissSettin
     def flush() -> None:
         nonlocal part
         name = f"part-{len(parts):05d}.faiss"
-        with atomic_file(work / name) as written:
+        with atomic_path(work / name) as written:
             faiss.write_index(part, str(written))
         parts.append(work / name)
         state["parts"].append(name)
         state["added"] = added
-        write_json_atomically(state_path, state)  # the part is there before the state names it
+        atomic_write_json(state_path, state)  # the part is there before the state names it
         part = faiss.clone_index(trained)
 
     seen = 0

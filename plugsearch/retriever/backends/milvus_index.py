@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from plugsearch.common.errors import NotReady
+from plugsearch.common.files import atomic_write_json
 from plugsearch.retriever.backends.base import Chunks, DenseMirror, DenseStore, Hits, VectorIndex
 from plugsearch.retriever.settings import MilvusSettings
 from plugsearch.retriever.store.chunks import iter_chunks
@@ -43,8 +44,7 @@ from plugsearch.retriever.store.manifest import (
     IndexMismatch,
     IndexMissing,
     Manifest,
-    atomic_folder,
-    write_json_atomically,
+    index_folder,
 )
 
 logger = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                 call(settings, "drop_collection", client.drop_collection, settings.collection)
             _create_collection(client, settings, dims)
             index_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomically(state_path, {**want, "loaded": 0})
+            atomic_write_json(state_path, {**want, "loaded": 0})
         id_digest, vector_digest = hashlib.sha256(), hashlib.sha256()  # streamed: batch sizes do not matter
         bar = tqdm(total=n, unit="vector", desc=f"milvus {settings.collection}", disable=not show_progress,
                    initial=loaded)
@@ -238,7 +238,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                 call(settings, "insert", op, settings.collection, entities)
                 first_after_resume = False
                 loaded = position
-                write_json_atomically(state_path, {**want, "loaded": loaded})
+                atomic_write_json(state_path, {**want, "loaded": loaded})
                 bar.update(len(vectors))
         bar.close()
         if position != n:
@@ -265,7 +265,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                             corpus_checksum=source.corpus_checksum, doc_count=n, encoder=source.encoder,
                             encoder_config=source.encoder_config, dims=dims, index_type=settings.index_type,
                             params=params, build_seconds=round(time.perf_counter() - t0, 3))
-        with atomic_folder(milvus_folder(index_dir, settings.collection)) as tmp:
+        with index_folder(milvus_folder(index_dir, settings.collection)) as tmp:
             manifest.write(tmp)
         state_path.unlink(missing_ok=True)
     finally:

@@ -24,7 +24,7 @@ import orjson
 from plugsearch.retriever.backends.base import Hits, LexicalBackend, Retriever
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore
-from plugsearch.retriever.store.manifest import Manifest, atomic_folder
+from plugsearch.retriever.store.manifest import Manifest, index_folder
 
 if TYPE_CHECKING:
     from plugsearch.retriever.settings import RetrieverSettings
@@ -90,7 +90,7 @@ def build_pyserini(corpus: DocumentStore, out: Path, *, threads: int = 2, show_p
     streamed to its input files (compressed, next to `out`, removed after), never held in memory."""
     t0 = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory(prefix=".lucene-input-", dir=out.parent) as src:
+    with index_folder(out) as tmp, tempfile.TemporaryDirectory(prefix=".lucene-input-", dir=out.parent) as src:
         parts = write_lucene_input(corpus, Path(src))
         lucene_dir = tmp / "lucene"
         cmd = [sys.executable, "-m", "plugsearch.retriever.backends.pyserini_index", "-collection", "JsonCollection",

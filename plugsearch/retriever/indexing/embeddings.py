@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from plugsearch.common.files import atomic_write_json, atomic_writer, fsync_folder
 from plugsearch.common.progress import ProgressLog
 from plugsearch.retriever.encoders.encoder import Encoder, encoder_identity
 from plugsearch.retriever.settings import EncoderSettings
 from plugsearch.retriever.store.chunks import chunk_path
 from plugsearch.retriever.store.docstore import DocumentStore
-from plugsearch.retriever.store.manifest import Manifest, atomic_file
+from plugsearch.retriever.store.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def embed_corpus(corpus: DocumentStore, index_dir: Path, settings: EncoderSettin
             logger.warning("partial embeddings in %s used another chunking; starting over", work)
             shutil.rmtree(work)
             work.mkdir(parents=True)
-    meta_path.write_text(json.dumps({"chunk_size": chunk_size, "doc_count": len(corpus)}))
+    atomic_write_json(meta_path, {"chunk_size": chunk_size, "doc_count": len(corpus)})
     n_chunks = math.ceil(len(corpus) / chunk_size)
     finished = {i for i in range(n_chunks) if chunk_path(work, i).is_file()}
     t0 = time.perf_counter()
@@ -92,7 +93,7 @@ def embed_corpus(corpus: DocumentStore, index_dir: Path, settings: EncoderSettin
             if progress is not None:
                 progress.update(len(part))
         assert vectors is not None  # a chunk holds at least one passage
-        with atomic_file(chunk_path(work, i)) as tmp, tmp.open("wb") as fh:
+        with atomic_writer(chunk_path(work, i)) as fh:
             np.save(fh, vectors)
     bar.close()
     if progress is not None:
@@ -106,4 +107,5 @@ def embed_corpus(corpus: DocumentStore, index_dir: Path, settings: EncoderSettin
     if done.exists():
         shutil.rmtree(done)
     os.replace(work, done)
+    fsync_folder(index_dir)
     return done

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from plugsearch.common.files import atomic_writer
 from plugsearch.retriever.backends.faiss_index import dense_folder
 from plugsearch.retriever.encoders.encoder import Encoder, encoder_identity
 from plugsearch.retriever.settings import EncoderSettings, IndexType
@@ -35,8 +36,7 @@ from plugsearch.retriever.store.manifest import (
     IndexMismatch,
     IndexMissing,
     Manifest,
-    atomic_file,
-    atomic_folder,
+    index_folder,
 )
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
                             f"{index_file}: cosine down to {worst:.4f} (passage {p_worst}; at least {min_cosine} "
                             f"expected). {hint}")
     out = dense_folder(index_dir, index_type)
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         name = index_file.name
         _place(index_file, tmp / name, link)
         manifest = Manifest(
@@ -250,7 +250,7 @@ def export_lucene_corpus(searcher: Any, out: Path) -> int:
     """Write the index's stored raw documents as a JSONL corpus (index order); returns the count."""
     n = int(searcher.num_docs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out) as tmp, tmp.open("wb") as fh:
+    with atomic_writer(out) as fh:
         for i in range(n):
             doc = searcher.doc(i)
             raw = doc.raw() if doc is not None else None
@@ -316,7 +316,7 @@ def import_lucene(source: Path, corpus: Path, index_dir: Path, *, sample: int = 
     finally:
         searcher.close()
     out = index_dir / "pyserini"
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         _place(source, tmp / "lucene", link)
         manifest = Manifest(
             kind="bm25", backend="pyserini", corpus_path=str(corpus), corpus_checksum=found.checksum,

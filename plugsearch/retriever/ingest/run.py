@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import orjson
 
+from plugsearch.common.files import atomic_write_bytes, atomic_writer
 from plugsearch.retriever.ingest.formats import (
     EXTENSIONS,
     SkipFile,
@@ -245,16 +246,8 @@ class _Ids:
         return len(doc_ids)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+class _NothingToWrite(Exception):
+    """No passage came out: the corpus file is not replaced."""
 
 
 def ingest(options: IngestOptions) -> IngestReport:
@@ -272,11 +265,10 @@ def ingest(options: IngestOptions) -> IngestReport:
     report.skipped += [s for s in found if isinstance(s, Skipped)]
     ids = _Ids()
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = options.out.with_name(f".{options.out.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     bar = tqdm(total=len(files), unit="doc", desc="ingest", disable=not options.show_progress, dynamic_ncols=True)
     try:
-        with tmp.open("wb") as fh:
+        with atomic_writer(options.out) as fh:
             for file in files:
                 try:
                     if file.rel in ids.documents:  # before reading it
@@ -299,16 +291,15 @@ def ingest(options: IngestOptions) -> IngestReport:
                     report.formats[kind] += 1
                 bar.update(1)
                 bar.set_postfix(passages=report.passages, skipped=len(report.skipped), refresh=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        bar.close()
-        if report.passages:
-            os.replace(tmp, options.out)
-            report.written, report.sha256 = True, digest.hexdigest()
+            bar.close()
+            if not report.passages:
+                raise _NothingToWrite
+        report.written, report.sha256 = True, digest.hexdigest()
+    except _NothingToWrite:
+        pass
     finally:
         bar.close()
-        tmp.unlink(missing_ok=True)
-    _write_atomically(options.report_path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+    atomic_write_bytes(options.report_path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
     if not report.written:
         raise IngestError(f"no passage to write: {len(files):,} files found, {len(report.skipped):,} skipped; "
                           f"{options.out} left as it was (see {options.report_path})", report)

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from plugsearch.common.files import atomic_writer
 from plugsearch.retriever.store.corpus import indexed_text
 
 logger = logging.getLogger(__name__)
@@ -186,14 +187,5 @@ class ChangeLog:
 
 
 def _write_synced(path: Path, vectors: npt.NDArray[np.float32]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as fh:
+    with atomic_writer(path) as fh:  # synced, with its folder, before the line that names it is written
         np.save(fh, np.ascontiguousarray(vectors, dtype=np.float32))
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
