@@ -40,7 +40,8 @@ from markdown_it.token import Token
 from pypdf import PdfReader
 from pypdf.errors import PyPdfError
 
-from plugsearch.retriever.ingest.passages import Passage, ws
+from plugsearch.common.text import ws
+from plugsearch.retriever.ingest.passages import Passage
 from plugsearch.retriever.store.corpus import CorpusError, parse_line
 
 EXTENSIONS: dict[str, str] = {

@@ -1,11 +1,11 @@
 """Cutting a document into passages, as the shared domain corpora were cut (../shared/data/domain/README.md,
 "Chunking"; its build_domain_sets.py):
 
-Each block is split into sentences (after `.`, `!` or `?` and any closing quotes or brackets, before a capital
-letter or a digit); a section's sentences are packed greedily, in order, into passages of at most about `words`
-words (default 100), no overlap, never across sections. A sentence longer than 1.5 x `words` is cut into
-`words`-word pieces; a section's last passage under `words` / 5 words is merged into the one before when the two
-stay within 1.5 x `words`. Text is whitespace-normalised (non-breaking and zero-width spaces too).
+Each block is split into sentences (`plugsearch.common.text.sentences`: after `.`, `!` or `?` and any closing
+quotes or brackets, before a capital letter or a digit); a section's sentences are packed greedily, in order,
+into passages of at most about `words` words (default 100), no overlap, never across sections. A sentence
+longer than 1.5 x `words` is cut into `words`-word pieces; a section's last passage under `words` / 5 words is
+merged into the one before when the two stay within 1.5 x `words`. Text is whitespace-normalised (non-breaking and zero-width spaces too).
 
 A passage's id is `<doc_id>#<position>`, its position the passage's index within its document (0, 1, ...), so the
 same document cut with the same `words` gives the same ids on every run.
@@ -17,27 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import regex
+from plugsearch.common.text import sentences
 
 if TYPE_CHECKING:
     from plugsearch.retriever.ingest.formats import Document
 
 DEFAULT_WORDS = 100
-
-_SENTENCE_END = regex.compile(r"(?<=[.!?][\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[\p{Lu}\p{N}])")
-_INVISIBLE = str.maketrans({"\u00a0": " ", "\u200b": None, "\ufeff": None, "\u00ad": None})
-
-
-def ws(text: str) -> str:
-    """Whitespace-normalised: one space between words, none at the ends."""
-    return " ".join(text.translate(_INVISIBLE).split())
-
-
-def sentences(block: str) -> list[str]:
-    """A block's sentences, whitespace-normalised."""
-    block = ws(block)
-    return [s for s in _SENTENCE_END.split(block) if s.strip()] if block else []
-
 
 @dataclass(frozen=True)
 class Piece:
