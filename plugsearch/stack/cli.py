@@ -42,10 +42,10 @@ from plugsearch.common.files import atomic_write_json
 from plugsearch.common.llama_server import DEFAULT_PROMPT_CACHE_MB
 from plugsearch.common.paths import default_data_dir
 from plugsearch.common.procgroup import (
-    NotReady,
     Output,
     ProcessExited,
     ProcessGroup,
+    ProcessNotReady,
     ProcessSpec,
     RestartPolicy,
 )
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             group.wait_ready(timeout_s=args.ready_timeout, stop=stop, interval_s=0.25,
                              on_ready=lambda name, seconds: say(f"{name} ready ({seconds:.1f} s)"))
-        except NotReady as exc:
+        except ProcessNotReady as exc:
             say(f"error: not ready within {args.ready_timeout:g} s: {', '.join(exc.names)} "
                 "(see their log lines above); stopping everything")
             return 1
