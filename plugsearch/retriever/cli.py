@@ -122,8 +122,7 @@ def _ingest_parser(sub: Any) -> None:
 def run_ingest(args: argparse.Namespace) -> int:
     """`plugsearch-index ingest`: 0 = every file ingested (or only ignored ones skipped), 1 = the corpus was
     written but some files were refused (errors in the report), 2 = nothing written."""
-    from plugsearch.retriever.ingest import IngestOptions, ingest
-    from plugsearch.retriever.ingest.run import IngestError
+    from plugsearch.retriever.ingest.run import IngestError, IngestOptions, ingest
 
     if args.corpus_name is not None and not CORPUS_NAME.fullmatch(args.corpus_name):
         print(f"error: --corpus {args.corpus_name!r}: a name (letters, digits, '.', '_', '-'), not a path; "

@@ -315,17 +315,18 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
     """A writer killed between its log line and Milvus (or a Milvus that did not answer) leaves the change in the log
     only: the next start-up carries it into the collection before serving; a collection carrying changes its log
     does not hold is refused."""
-    from plugsearch.retriever.live.changelog import ChangeLog, Passage
+    from plugsearch.retriever.ingest.passages import Passage
+    from plugsearch.retriever.live.changelog import ChangeLog
     from plugsearch.retriever.serving import CHANGES_DIR
 
     encoder = Encoder(scratch.encoder)
     text = "Lighthouse keepers trimmed the lamp wicks every night on the rocky coast."
     folder = scratch.index_dir / CHANGES_DIR / Corpus.load(scratch.corpus).checksum.split(":")[-1][:16]
     log = ChangeLog(folder)
-    log.append([Passage("keeper#0", "keeper", "Lighthouse keepers", text)], [],
+    log.append([Passage(id="keeper#0", doc_id="keeper", title="Lighthouse keepers", text=text)], [],
                encoder.encode_passages(["Lighthouse keepers\n" + text]))
     log.append([], ["keeper"])
-    log.append([Passage("keeper#0", "keeper", "Lighthouse keepers", text)], [])  # logged without vectors
+    log.append([Passage(id="keeper#0", doc_id="keeper", title="Lighthouse keepers", text=text)], [])  # logged without vectors
     assert _rows(scratch)[1] == "0"
     async with app_client(create_app(scratch)) as client:
         await wait_ready(client)

@@ -29,11 +29,11 @@ import orjson
 
 from plugsearch.common.files import atomic_write_bytes, atomic_writer
 from plugsearch.retriever.ingest.formats import (
-    EXTENSIONS,
+    FORMATS,
     SkipFile,
+    extensions,
     format_of,
     read_document,
-    read_jsonl,
     sniff,
 )
 from plugsearch.retriever.ingest.passages import DEFAULT_WORDS, Passage, cut
@@ -178,7 +178,7 @@ def kind_of(name: str) -> str:
     """The reader `name`'s extension asks for; SkipFile (ignored) for an extension no reader takes."""
     kind = format_of(PurePosixPath(name))
     if kind is None:
-        known = ", ".join(sorted(EXTENSIONS))
+        known = ", ".join(extensions())
         raise SkipFile(f"unknown extension {PurePosixPath(name).suffix or '(none)'!r} (ingested: {known})",
                        ignored=True)
     return kind
@@ -196,15 +196,25 @@ def read_data(name: str, data: bytes, *, doc_id: str, words: int, max_bytes: int
     if not data:
         raise SkipFile("empty file")
     sniff(kind, data[:8192])
-    if kind == "jsonl":
-        return kind, read_jsonl(data, name)
-    document = read_document(kind, data, PurePosixPath(name).stem)
-    if title:
-        document.title = title
-    passages = cut(document, doc_id=doc_id, source=name, words=words)
+    rows = FORMATS[kind].read_passages
+    if rows is not None:  # a corpus: its rows are the passages
+        return kind, rows(data, name)
+    passages = cut_file(kind, data, name=PurePosixPath(name).stem, doc_id=doc_id, source=name, words=words,
+                        title=title)
     if not passages:
         raise SkipFile("empty document: no text")
     return kind, passages
+
+
+def cut_file(kind: str, data: bytes, *, name: str, doc_id: str, source: str, words: int = DEFAULT_WORDS,
+             title: str | None = None) -> list[Passage]:
+    """A document's bytes read by its format's reader and cut into passages (`<doc_id>#0`, ...): the one read-and-cut
+    path of ingest, a file put through the API and a document's text put through the API. `name`: the title when
+    the document has none; `title`: the title whatever the document says."""
+    document = read_document(kind, data, name)
+    if title:
+        document.title = title
+    return cut(document, doc_id=doc_id, source=source, words=words)
 
 
 def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Passage]]:

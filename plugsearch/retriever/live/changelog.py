@@ -30,28 +30,13 @@ import numpy.typing as npt
 import orjson
 
 from plugsearch.common.files import atomic_writer
-from plugsearch.retriever.store.corpus import indexed_text
+from plugsearch.retriever.ingest.passages import Passage
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "changes.jsonl"
 LOCK_FILE = "changes.lock"
 VECTORS_DIR = "vectors"
-
-
-@dataclass(frozen=True)
-class Passage:
-    """A passage of a document put: its id (`<doc_id>#<n>`), title and text."""
-
-    id: str
-    doc_id: str
-    title: str
-    text: str
-
-    @property
-    def indexed(self) -> str:
-        """The passage as the indexes read it (`plugsearch.retriever.store.corpus.indexed_text`)."""
-        return indexed_text(self.title, self.text)
 
 
 @dataclass(frozen=True)
@@ -82,7 +67,8 @@ def _decode(line: bytes) -> Change | None:
     if not sep or crc != f"{zlib.crc32(body):08x}".encode():
         return None
     data = orjson.loads(body)
-    put = tuple(Passage(p["id"], p["doc_id"], p.get("title", ""), p["text"]) for p in data.get("put", ()))
+    put = tuple(Passage(id=p["id"], doc_id=p["doc_id"], title=p.get("title", ""), text=p["text"])
+                for p in data.get("put", ()))
     return Change(int(data["seq"]), put, tuple(data.get("delete", ())), data.get("vectors"), float(data["at"]))
 
 

@@ -35,7 +35,8 @@ import numpy as np
 import numpy.typing as npt
 
 from plugsearch.retriever.backends.base import DenseMirror, Hits, LexicalStats, Retriever
-from plugsearch.retriever.live.changelog import Change, ChangeLog, Passage
+from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.live.changelog import Change, ChangeLog
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore
 from plugsearch.retriever.store.manifest import IndexMismatch
