@@ -7,8 +7,9 @@ A package is a module's dotted name cut to `--depth` parts (`plugsearch.retrieve
 directly under the cut, `plugsearch.retriever.api`, is its own package). An arrow A -> B means some module of A
 imports some module of B, at the top of the file or inside a function (`lazy`: only inside functions, which
 defers the import's cost but not the dependency). Cycles are the strongly connected components of the package
-graph with more than one package, counted twice: over every import, and over top-level imports alone (a
-top-level cycle between modules is what can fail at import time). Reads the source with `ast`; imports nothing.
+graph with more than one package, counted twice: over every import, and over top-level imports alone; and the same
+between modules (a top-level cycle between modules is what can fail at import time). Reads the source with `ast`;
+imports nothing.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def main() -> None:
     lines: dict[str, int] = defaultdict(int)
     modules: dict[str, int] = defaultdict(int)
     edges: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])  # (top-level imports, lazy ones)
-    module_edges: dict[str, set[str]] = defaultdict(set)
+    module_edges: dict[str, set[str]] = defaultdict(set)  # top-level imports between modules
+    module_all: dict[str, set[str]] = defaultdict(set)  # every import between modules
     for name, path in inside.items():
         pkg = package_of(name, args.depth)
         lines[pkg] += len(path.read_text().splitlines())
@@ -121,8 +123,10 @@ def main() -> None:
             if not (target == args.under or target.startswith(args.under + ".")):
                 continue
             other = package_of(target, args.depth)
-            if at_top and target != name:
-                module_edges[name].add(target)
+            if target != name and target in inside:
+                module_all[name].add(target)
+                if at_top:
+                    module_edges[name].add(target)
             if other != pkg:
                 edges[(pkg, other)][0 if at_top else 1] += 1
     all_edges: dict[str, set[str]] = defaultdict(set)
@@ -134,10 +138,13 @@ def main() -> None:
     packages = set(lines)
     largest = max(packages, key=lambda p: lines[p])
     module_cycles = components(set(module_edges), module_edges)
+    module_cycles_all = components(set(module_all), module_all)
     out = [{"packages": {p: {"modules": modules[p], "lines": lines[p]} for p in sorted(packages)}},
            {"arrows": [f"{a} -> {b}" + ("" if top else " (lazy)") for (a, b), (top, _) in sorted(edges.items())]},
            {"packages_n": len(packages), "arrows_n": len(edges), "package_cycles": components(packages, all_edges),
-            "package_cycles_top_level": components(packages, top_edges), "module_cycles_top_level": module_cycles,
+            "package_cycles_top_level": components(packages, top_edges), "modules_n": len(inside),
+            "module_arrows_n": sum(len(v) for v in module_all.values()), "module_cycles": module_cycles_all,
+            "module_cycles_top_level": module_cycles,
             "largest": {"package": largest, "lines": lines[largest], "modules": modules[largest]}}]
     sys.stdout.write("".join(json.dumps(part) + "\n" for part in out))
 
