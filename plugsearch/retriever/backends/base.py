@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from plugsearch.retriever.encoders.encoder import encoder_identity
+from plugsearch.retriever.store.manifest import IndexMismatch, Manifest, checked_manifest
+
 if TYPE_CHECKING:
     from plugsearch.retriever.settings import RetrieverSettings
     from plugsearch.retriever.store.docstore import DocumentStore
-    from plugsearch.retriever.store.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,6 @@ class LexicalBackend(ABC):
     def check(self, settings: RetrieverSettings, checksum: str) -> Manifest:
         """The index's manifest, checked against the corpus, its files and the settings (IndexMissing /
         IndexMismatch)."""
-        from plugsearch.retriever.store.manifest import IndexMismatch, checked_manifest
-
         folder = self.folder(settings)
         manifest = checked_manifest(folder, "RETRIEVER_BM25_BACKEND", self.name, checksum)
         why = self.stale(settings, manifest)
@@ -220,9 +220,6 @@ class DenseStore(ABC):
     def check(self, settings: RetrieverSettings, checksum: str) -> Manifest:
         """The index's manifest, checked against the corpus, the encoder, its files (IndexMissing /
         IndexMismatch)."""
-        from plugsearch.retriever.encoders.encoder import encoder_identity
-        from plugsearch.retriever.store.manifest import checked_manifest
-
         return checked_manifest(self.folder(settings), "RETRIEVER_DENSE_BACKEND", self.name, checksum,
                                 encoder=settings.encoder.name, index_type=self.index_type(settings),
                                 encoder_config=encoder_identity(settings.encoder))
