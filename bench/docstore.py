@@ -1,6 +1,6 @@
 """Document stores compared: how the retriever reads the documents it returns, at one corpus size.
 
-- `offsets` (what the service uses, `plugsearch.retriever.docstore.DiskStore`): the corpus file memory-mapped,
+- `offsets` (what the service uses, `plugsearch.retriever.store.docstore.DiskStore`): the corpus file memory-mapped,
   a table of line offsets and lengths, each document parsed from its JSON line when returned;
 - `binary`: a compact copy of the documents (UTF-8 id, title and text back to back) and an offsets table, both
   memory-mapped: no JSON to parse, but a second copy of the text on disk;
@@ -49,7 +49,7 @@ class Binary:
 
     @staticmethod
     def build(corpus: Path, folder: Path) -> None:
-        from plugsearch.retriever.corpus import iter_corpus
+        from plugsearch.retriever.store.corpus import iter_corpus
 
         offsets = [0]
         with (folder / "docs.bin").open("wb") as fh:
@@ -76,7 +76,7 @@ class Binary:
 class Sqlite:
     @staticmethod
     def build(corpus: Path, folder: Path) -> None:
-        from plugsearch.retriever.corpus import iter_corpus
+        from plugsearch.retriever.store.corpus import iter_corpus
 
         db = sqlite3.connect(folder / "docs.sqlite")
         db.execute("PRAGMA journal_mode=OFF")
@@ -105,8 +105,8 @@ class Sqlite:
 
 
 def measure(name: str, corpus: Path, folder: Path, n: int, rounds: int) -> dict[str, Any]:
-    from plugsearch.retriever.corpus import Corpus
-    from plugsearch.retriever.docstore import DiskStore, build_docstore
+    from plugsearch.retriever.store.corpus import Corpus
+    from plugsearch.retriever.store.docstore import DiskStore, build_docstore
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, REPO, log  # noqa: E402
 from plugsearch.common.answers import is_yes_no, span_match  # noqa: E402
+from plugsearch.common.stats import bootstrap_interval  # noqa: E402
 from plugsearch.trainer.common.data import QAItem, read_qa_file, split_items, split_sizes  # noqa: E402
-from plugsearch.trainer.common.evaluation import bootstrap  # noqa: E402
 
 BUDGET = 3
 
@@ -175,9 +175,9 @@ def evaluate(url: str, key: str, items: Sequence[QAItem]) -> dict[str, Any]:
             fallback += found.fallback is not None
     diff = [a - b for a, b in zip(served, naive, strict=True)]
     n = max(1, len(items))
-    return {"n": len(items), "served": round(sum(served) / n, 3), "served_ci95": bootstrap(served),
+    return {"n": len(items), "served": round(sum(served) / n, 3), "served_ci95": bootstrap_interval(served),
             "naive_bm25": round(sum(naive) / n, 3), "served_minus_naive": round(sum(diff) / n, 3),
-            "served_minus_naive_ci95": bootstrap(diff), "fallback_to_naive": fallback}
+            "served_minus_naive_ci95": bootstrap_interval(diff), "fallback_to_naive": fallback}
 
 
 def main() -> None:

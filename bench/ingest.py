@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="documents per PUT /documents")
     parser.add_argument("--workers", type=int, default=2, help="RETRIEVER_WORKERS")
     args = parser.parse_args()
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
     from plugsearch.retriever.settings import RetrieverSettings
     from plugsearch.stack.corpus import index_dir_for
 

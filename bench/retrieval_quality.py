@@ -38,12 +38,14 @@ def main() -> None:
     limit = args.limit or (150 if args.quick else None)
 
     from plugsearch.common.answers import is_yes_no, normalize_answer, span_match
-    from plugsearch.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-    from plugsearch.retriever.corpus import Corpus
-    from plugsearch.retriever.dense import DenseRetriever, FaissIndex
-    from plugsearch.retriever.encoder import Encoder
-    from plugsearch.retriever.fusion import HybridRetriever
+    from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
+    from plugsearch.retriever.backends.dense import DenseRetriever
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
+    from plugsearch.retriever.backends.fusion import HybridRetriever
+    from plugsearch.retriever.backends.pyserini_index import PyseriniRetriever
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings
+    from plugsearch.retriever.store.corpus import Corpus
 
     t_start = time.perf_counter()
     ensure_indexes(bm25=["bm25s", "pyserini"], dense=args.build_dense)

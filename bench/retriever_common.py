@@ -17,7 +17,7 @@ DATASETS = ["nq", "popqa", "hotpotqa", "2wikimultihopqa", "musique"]
 
 def ensure_indexes(*, bm25: list[str], dense: bool) -> None:
     """Build whatever is missing or stale (no-op when the cached indexes match the corpus)."""
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
     from plugsearch.retriever.settings import RetrieverSettings
 
     s = RetrieverSettings(corpus=CORPUS, index_dir=INDEX_DIR, bm25=True, dense=dense)
@@ -27,7 +27,7 @@ def ensure_indexes(*, bm25: list[str], dense: bool) -> None:
 
 
 def dense_available() -> bool:
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     try:
         Manifest.read(INDEX_DIR / "dense-flat")

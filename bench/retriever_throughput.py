@@ -65,7 +65,7 @@ from bench.retriever_common import (  # noqa: E402
     dense_subset,
     ensure_indexes,
 )
-from plugsearch.retriever.base import Hits, Retriever  # noqa: E402
+from plugsearch.retriever.backends.base import Hits, Retriever  # noqa: E402
 
 BATCHES = (1, 32, 256)
 ONNX_BATCHES = (1, 32)
@@ -177,9 +177,9 @@ def _inprocess_rate(retriever: Any, batch: int, pool: list[str], seconds: float)
 def ann_vs_exact(n: int, n_queries: int = 1000, dims: int = 384) -> dict[str, Any]:
     import faiss
 
-    from plugsearch.retriever.dense import configure_search
-    from plugsearch.retriever.dense_build import iter_chunks, new_faiss_index
+    from plugsearch.retriever.backends.faiss_index import configure_search, new_faiss_index
     from plugsearch.retriever.settings import FaissSettings
+    from plugsearch.retriever.store.chunks import iter_chunks
 
     rng = np.random.default_rng(0)
     emb = sorted(INDEX_DIR.glob("embeddings-*/manifest.json"))
@@ -258,7 +258,7 @@ class TorchDense(Retriever):
         from sentence_transformers import SentenceTransformer
         from transformers import AutoModel, AutoTokenizer
 
-        from plugsearch.retriever.encoder import resolve_encoder_path
+        from plugsearch.retriever.encoders.encoder import resolve_encoder_path
         from plugsearch.retriever.settings import DEFAULT_ENCODER
 
         path = resolve_encoder_path(DEFAULT_ENCODER)
@@ -348,7 +348,7 @@ def encoder_cpu_per_query(index: Any, pool: list[str], queries: int = 1024) -> d
     batches (consecutive questions of the pool, spread over all of it)."""
     import torch
 
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings
 
     threads = torch.get_num_threads()
@@ -382,8 +382,9 @@ def encoder_backends(corpus: Path, index_dir: Path, pool: list[str], seconds: fl
                      served: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     """Dense queries/s per encoder backend (in-process and served, batch 1 and 32) and recall@10 vs torch.
     `served`: the backends also measured behind a service (one process each, started together)."""
-    from plugsearch.retriever.dense import DenseRetriever, FaissIndex
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.backends.dense import DenseRetriever
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings
 
     index = FaissIndex(index_dir / "dense-flat", FaissSettings())
@@ -456,12 +457,13 @@ def main() -> None:
     dims = args.dims or (128 if args.quick else 384)
     n_vectors = args.vectors or (20_000 if args.quick else 1_000_000)
 
-    from plugsearch.retriever.bm25 import Bm25sRetriever
-    from plugsearch.retriever.corpus import Corpus
-    from plugsearch.retriever.dense import DenseRetriever, FaissIndex
-    from plugsearch.retriever.encoder import Encoder
-    from plugsearch.retriever.fusion import HybridRetriever
+    from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
+    from plugsearch.retriever.backends.dense import DenseRetriever
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
+    from plugsearch.retriever.backends.fusion import HybridRetriever
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings, FaissSettings, RetrieverSettings
+    from plugsearch.retriever.store.corpus import Corpus
 
     methods = [m for m in args.methods.split(",") if m]
     wants_dense = any(m in ("dense", "hybrid") for m in methods) or not args.skip_onnx

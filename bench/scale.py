@@ -102,7 +102,7 @@ def corpus_model(source: Path = CORPUS, lengths_from: Path = WIKI_SAMPLE
             counts.update(words)
     lengths = own
     if lengths_from.is_file():
-        from plugsearch.retriever.corpus import iter_corpus
+        from plugsearch.retriever.store.corpus import iter_corpus
 
         lengths = [max(1, len(text.split())) for _, _, text in iter_corpus(lengths_from)]
     vocab = [w for w, _ in counts.most_common()]
@@ -140,7 +140,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
     """n synthetic passages (ids s0..s{n-1}), streamed to `out` in chunks by `processes` processes; cached by size
     and seed. Resumable: each chunk is synced and recorded as it is written (`.<name>.partial.json`), and a run
     stopped part-way goes on from the last chunk recorded (chunks are drawn from their own seeds)."""
-    from plugsearch.retriever.manifest import write_json_atomically
+    from plugsearch.common.files import atomic_write_json, fsync_folder
 
     meta = out.with_suffix(".json")
     want = {"n": n, "seed": seed, "source": CORPUS.name, "source_bytes": CORPUS.stat().st_size,
@@ -180,7 +180,7 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
                 fh.flush()
                 os.fsync(fh.fileno())
                 size += len(data)
-                write_json_atomically(record, {"want": want, "next": lo + m, "bytes": size})
+                atomic_write_json(record, {"want": want, "next": lo + m, "bytes": size})
                 if (lo // CHUNK) % 20 == 19:
                     rate = (lo + m - start) / max(time.perf_counter() - t0, 1e-9)
                     log(f"corpus: {lo + m:,} of {n:,} passages, {rate:,.0f}/s, about "
@@ -188,8 +188,9 @@ def write_corpus(n: int, out: Path, *, seed: int = 0, processes: int = WORKERS) 
         finally:
             if pool is not None:
                 pool.terminate()
-    os.replace(partial, out)
-    meta.write_text(json.dumps(want))
+    os.replace(partial, out)  # synced chunk by chunk as it was written
+    fsync_folder(out.parent)
+    atomic_write_json(meta, want)
     record.unlink(missing_ok=True)
     log(f"corpus: {n} synthetic passages in {time.perf_counter() - t0:.0f} s -> {out}")
     return out
@@ -206,9 +207,9 @@ def _embeddings_folders() -> list[Path]:
 def real_vectors() -> np.ndarray:
     """The real corpus's MiniLM passage vectors (its embeddings under var/indexes when built, else 1,000
     passages encoded here), normalised: the centres of the synthetic vectors."""
-    from plugsearch.retriever.corpus import Corpus, file_checksum
-    from plugsearch.retriever.dense_build import iter_chunks
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.chunks import iter_chunks
+    from plugsearch.retriever.store.corpus import Corpus, file_checksum
+    from plugsearch.retriever.store.manifest import Manifest
 
     checksum = file_checksum(CORPUS)
     for folder in _embeddings_folders():
@@ -217,7 +218,7 @@ def real_vectors() -> np.ndarray:
                 "passage_prefix") == "":
             x = np.concatenate([np.asarray(c, dtype=np.float32) for c in iter_chunks(folder)])
             return x / np.linalg.norm(x, axis=1, keepdims=True)
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings
 
     log("no full-corpus embeddings under var/indexes: encoding 1,000 real passages as centres")
@@ -245,9 +246,10 @@ def centres_file(work: Path, dims: int = DIMS) -> Path:
     path = work / ("centres.npy" if dims == DIMS else f"centres-{dims}.npy")
     if not path.is_file():
         work.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
-        np.save(tmp, (real_vectors() @ projection(dims).T).astype(np.float32))
-        os.replace(tmp, path)
+        from plugsearch.common.files import atomic_writer
+
+        with atomic_writer(path) as fh:
+            np.save(fh, (real_vectors() @ projection(dims).T).astype(np.float32))
     return path
 
 
@@ -270,11 +272,11 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
     """The manifest of `corpus`'s synthetic embeddings, as `embed_corpus` leaves it (for the corpus's checksum
     and `encoder`'s settings, default MiniLM's, so the builders and the service take them as that corpus's),
     without chunk files: the vectors come from `vector_chunks` (`synthetic_chunks` reads the recipe back)."""
-    from plugsearch.retriever.dense_build import embeddings_key
-    from plugsearch.retriever.docstore import corpus_checksum
-    from plugsearch.retriever.encoder import encoder_identity
-    from plugsearch.retriever.manifest import Manifest, atomic_folder
+    from plugsearch.retriever.encoders.encoder import encoder_identity
+    from plugsearch.retriever.indexing.embeddings import embeddings_key
     from plugsearch.retriever.settings import EncoderSettings
+    from plugsearch.retriever.store.docstore import corpus_checksum
+    from plugsearch.retriever.store.manifest import Manifest, index_folder
 
     enc = encoder or EncoderSettings()
     checksum = corpus_checksum(corpus, index_dir)
@@ -285,7 +287,7 @@ def write_embeddings(corpus: Path, index_dir: Path, n: int, centres: Path, *, se
               "centres": str(centres), "centres_sha256": digest}
     if (done / "manifest.json").is_file() and Manifest.read(done).params == recipe:
         return done
-    with atomic_folder(done) as tmp:
+    with index_folder(done) as tmp:
         Manifest(kind="embeddings", backend="synthetic", corpus_path=str(corpus), corpus_checksum=checksum,
                  doc_count=n, encoder=enc.name, encoder_config=encoder_identity(enc), dims=dims,
                  params=recipe).write(tmp)
@@ -302,22 +304,22 @@ def base_shaped_encoder(work: Path) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from plugsearch.retriever.encoder import resolve_encoder_path
+    from plugsearch.common.files import atomic_folder
+    from plugsearch.retriever.encoders.encoder import resolve_encoder_path
     from plugsearch.retriever.settings import DEFAULT_ENCODER
 
     torch.manual_seed(0)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    BertModel(BertConfig()).save_pretrained(tmp)
-    minilm = Path(resolve_encoder_path(DEFAULT_ENCODER))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        shutil.copy2(minilm / name, tmp / name)
-    os.replace(tmp, out)
+    with atomic_folder(out) as tmp:
+        BertModel(BertConfig()).save_pretrained(tmp)
+        minilm = Path(resolve_encoder_path(DEFAULT_ENCODER))
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+            shutil.copy2(minilm / name, tmp / name)
     return out
 
 
 def synthetic_chunks(embeddings: Path) -> Any:
     """A `chunks` function for `build_faiss` / `build_milvus` from a synthetic embeddings manifest."""
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     manifest = Manifest.read(embeddings)
     p = manifest.params
@@ -334,7 +336,8 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
     (`chunks(start)` regenerates the chunks from chunk `start`)."""
     import faiss
 
-    from plugsearch.retriever.dense import blas_threshold_for
+    from plugsearch.common.files import atomic_writer
+    from plugsearch.retriever.backends.faiss_index import blas_threshold_for
     from plugsearch.retriever.settings import FaissSettings
 
     # as the service sets it
@@ -360,9 +363,8 @@ def exact_top10(chunks: Any, queries: np.ndarray, checkpoint: Path | None = None
         best_i = np.take_along_axis(merged_i, order, axis=1)
         offset += len(chunk)
         if checkpoint is not None and (j + 1) % every == 0:
-            tmp = checkpoint.with_name(checkpoint.name + ".tmp.npz")
-            np.savez(tmp, best_s=best_s, best_i=best_i, offset=offset, done=j + 1, key=key)
-            os.replace(tmp, checkpoint)
+            with atomic_writer(checkpoint) as fh:
+                np.savez(fh, best_s=best_s, best_i=best_i, offset=offset, done=j + 1, key=key)
             rate = (offset - resumed_at) / max(time.perf_counter() - t0, 1e-9)
             log(f"exact top-10: {offset:,} vectors searched, {rate:,.0f}/s")
     if checkpoint is not None:
@@ -451,8 +453,8 @@ def _part_record(size_dir: Path, part: str) -> Path:
 def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool = False) -> None:
     """Runs in the child: build `backend`'s indexes (and the document store) for the corpus in size_dir.
     `resume`: a part whose index is complete (built by a run that stopped later) is kept, its seconds counted."""
-    from plugsearch.retriever.cli import build
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.indexing.build import build
+    from plugsearch.retriever.store.manifest import Manifest
 
     settings = _settings(backend, size_dir, env)
     t0 = time.perf_counter()
@@ -479,8 +481,8 @@ def build_child(backend: str, size_dir: Path, env: dict[str, str], resume: bool 
 
 
 def _build_part(part: str, settings: Any) -> None:
-    from plugsearch.retriever.cli import build
-    from plugsearch.retriever.dense_build import build_faiss, dense_folder
+    from plugsearch.retriever.backends.faiss_index import build_faiss, dense_folder
+    from plugsearch.retriever.indexing.build import build
 
     if part in ("bm25s", "pyserini"):
         build(settings, bm25=[part], dense=False, force=True, show_progress=False)
@@ -491,7 +493,7 @@ def _build_part(part: str, settings: Any) -> None:
         build_faiss(embeddings, dense_folder(settings.index_dir, part.split("-")[1]), settings.faiss,
                     chunks=synthetic_chunks(embeddings), show_progress=False)
     else:
-        from plugsearch.retriever.milvus import build_milvus
+        from plugsearch.retriever.backends.milvus_index import build_milvus
 
         settings.milvus.index_type = part.split("-")[1]
         build_milvus(embeddings, settings.index_dir, settings.milvus, force=True, show_progress=False,
@@ -500,7 +502,7 @@ def _build_part(part: str, settings: Any) -> None:
 
 def built_already(backend: str, size_dir: Path) -> dict[str, Any] | None:
     """The recorded build of `backend` when every index it needs is complete on disk (`--resume`)."""
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     record = size_dir / f"build-{backend}.json"
     try:
@@ -669,7 +671,7 @@ def nprobe_sweep(folder: Path, queries: np.ndarray, truth: np.ndarray, values: t
     """In-process recall@10 and search-only queries/s (batch 32, one thread) of an IVF index per nprobe."""
     import faiss
 
-    from plugsearch.retriever.dense import FaissIndex
+    from plugsearch.retriever.backends.faiss_index import FaissIndex
     from plugsearch.retriever.settings import FaissSettings
 
     out: dict[str, Any] = {}
@@ -761,7 +763,7 @@ def measure(backend: str, size_dir: Path, args: argparse.Namespace, *, pool: lis
     env = {**backend_env(backend, size_dir, nprobe=args.nprobe, nlist=args.nlist), **args.encoder_env}
     built = run_build(backend, size_dir, env, resume=args.resume)
     log(f"  {backend}: built in {built['build_s']} s (child peak RSS {built['build_rss_mb']} MB)")
-    from plugsearch.retriever.docstore import store_folder
+    from plugsearch.retriever.store.docstore import store_folder
 
     point: dict[str, Any] = {**built, "disk_mb": disk_mb(index_paths(backend, size_dir)),
                              "store_mb": disk_mb([store_folder(size_dir / "index")]),
@@ -949,7 +951,7 @@ def main() -> None:
     args.batches = (1, 32)
     args.sweep = tuple(int(v) for v in args.sweep.split(",") if v)
 
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
     from plugsearch.retriever.settings import EncoderSettings
 
     args.encoder_backend = args.encoder_backend or EncoderSettings().backend

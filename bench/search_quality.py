@@ -50,12 +50,12 @@ from plugsearch.common.http import ClientSettings  # noqa: E402
 from plugsearch.common.llm import LLMSettings, OpenAIChatClient  # noqa: E402
 from plugsearch.common.schemas.base import Document  # noqa: E402
 from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
+from plugsearch.common.stats import bootstrap_interval  # noqa: E402
 from plugsearch.searcher.loop import run_search  # noqa: E402
 from plugsearch.searcher.policy import ChatPolicy  # noqa: E402
 from plugsearch.searcher.prompts import PromptSet  # noqa: E402
 from plugsearch.searcher.retrieval import ServiceRetriever  # noqa: E402
 from plugsearch.searcher.trained import LORA_DIR, TrainedSearcher, sha256  # noqa: E402
-from plugsearch.trainer.common.evaluation import bootstrap  # noqa: E402
 from plugsearch.trainer.common.evaluation import documents_hit as hit  # noqa: E402
 from tests.support.services import ensure_bm25_index, retriever_process  # noqa: E402
 
@@ -150,20 +150,20 @@ def summarise(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[s
             out["matched"][name] = mean(own)
             out["matched"][f"naive_at_{name}_n"] = mean(naive)
             out["matched"][f"gain_{name}"] = round(mean(own) - mean(naive), 3)
-            ci[name] = bootstrap(own)
-            ci[f"naive_at_{name}_n"] = bootstrap(naive)
-            ci[f"gain_{name}"] = bootstrap([a - b for a, b in zip(own, naive, strict=True)])
+            ci[name] = bootstrap_interval(own)
+            ci[f"naive_at_{name}_n"] = bootstrap_interval(naive)
+            ci[f"gain_{name}"] = bootstrap_interval([a - b for a, b in zip(own, naive, strict=True)])
             out["docs"][name] = mean([r["docs"] for r in rs])
         out["matched"]["ci95"] = ci
         for b in BUDGETS:
             first = next(iter(by.values()), [])
             fixed: dict[str, Any] = {"naive": mean([float(r[f"naive_hit_{b}"]) for r in first])}
-            fixed_ci: dict[str, Any] = {"naive": bootstrap([float(r[f"naive_hit_{b}"]) for r in first])}
+            fixed_ci: dict[str, Any] = {"naive": bootstrap_interval([float(r[f"naive_hit_{b}"]) for r in first])}
             for name, rs in by.items():
                 vals = [float(r[f"hit_{b}"]) for r in rs]
                 fixed[name] = mean(vals)
-                fixed_ci[name] = bootstrap(vals)
-                fixed_ci[f"gain_{name}"] = bootstrap([a - float(r[f"naive_hit_{b}"])
+                fixed_ci[name] = bootstrap_interval(vals)
+                fixed_ci[f"gain_{name}"] = bootstrap_interval([a - float(r[f"naive_hit_{b}"])
                                                        for a, r in zip(vals, rs, strict=True)])
             fixed["ci95"] = fixed_ci
             out[f"budget{b}"] = fixed
@@ -213,7 +213,7 @@ def compact_main(args: argparse.Namespace) -> None:
     if not args.no_minilm:
         from sentence_transformers import SentenceTransformer
 
-        from plugsearch.retriever.encoder import resolve_encoder_path
+        from plugsearch.retriever.encoders.encoder import resolve_encoder_path
 
         encoder = SentenceTransformer(resolve_encoder_path("all-MiniLM-L6-v2"), device="cpu")
 

@@ -118,10 +118,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+    from plugsearch.common.aio import AsyncRunner
     from plugsearch.trainer.llm.grpo import TrainConfig, build_trainer, resolve_device, resolve_precision
     from plugsearch.trainer.llm.model import default_policy_path
     from plugsearch.trainer.llm.probe import GradientProbe
-    from plugsearch.trainer.llm.runner import AsyncRunner
 
     data = Path(args.data) if args.data else default_data_dir()
     with (data / "corpus" / "combined.jsonl").open() as fh:

@@ -33,6 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from plugsearch.common.aio import AsyncRunner  # noqa: E402
 from plugsearch.common.answers import is_yes_no  # noqa: E402
 from plugsearch.common.logging import configure_logging  # noqa: E402
 from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
@@ -45,7 +46,6 @@ from plugsearch.trainer.common.upstreams import ServiceStack  # noqa: E402
 from plugsearch.trainer.llm import recipe  # noqa: E402
 from plugsearch.trainer.llm.grpo import LoraSettings, TrainConfig, build_trainer, read_reward_log, train  # noqa: E402
 from plugsearch.trainer.llm.model import default_policy_path  # noqa: E402
-from plugsearch.trainer.llm.runner import AsyncRunner  # noqa: E402
 
 BEFORE = SearchParams(mode="s3", max_turns=2, retrieve_k=3, select_k=3, doc_chars=300, max_new_tokens=80)
 

@@ -15,15 +15,14 @@ http://127.0.0.1:8000) and `PLUGSEARCH_API_KEY`. See docs/integrations.md.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import SecretStr
 
+from plugsearch.common.aio import AsyncRunner
 from plugsearch.common.clients import SearcherClient
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.http import ClientSettings
@@ -153,23 +152,21 @@ class AsyncSearchClient:
 
 
 class SearchClient:
-    """Blocking client with the same methods as `AsyncSearchClient` (it runs one on a private event loop
-    in a background thread, so it also works where an event loop is already running, as in Jupyter).
-    Use `with`, or call `close()` when done."""
+    """Blocking client with the same methods as `AsyncSearchClient` (it runs one on a private event loop in a
+    background thread, `plugsearch.common.aio.AsyncRunner`, so it also works where an event loop is already
+    running, as in Jupyter). Use `with`, or call `close()` when done."""
 
     def __init__(self, base_url: str | None = None, **options: Any) -> None:
         self._async = AsyncSearchClient(base_url, **options)  # first: bad options start no thread
         self.base_url = self._async.base_url
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="plugsearch-client", daemon=True)
-        self._thread.start()
+        self._runner = AsyncRunner("plugsearch-client")
         self._closed = False
 
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             call.close()
             raise RuntimeError("the client is closed")
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+        return self._runner.run(call)
 
     def search(self, question: str | SearchRequest, **options: Any) -> SearchResponse:
         """See `AsyncSearchClient.search`."""
@@ -227,9 +224,7 @@ class SearchClient:
             self._run(self._async.aclose())
         finally:
             self._closed = True
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+            self._runner.close()
 
     def __enter__(self) -> SearchClient:
         return self

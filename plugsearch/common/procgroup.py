@@ -46,7 +46,7 @@ class ProcessExited(ProcessGroupError):
         self.returncode = returncode
 
 
-class NotReady(ProcessGroupError):
+class ProcessNotReady(ProcessGroupError):
     def __init__(self, names: Sequence[str], timeout_s: float, tail: str = "") -> None:
         super().__init__(f"not ready within {timeout_s:g} s: {', '.join(names)}" + (f":\n{tail}" if tail else ""))
         self.names = list(names)
@@ -262,7 +262,7 @@ class ProcessGroup:
     def wait_ready(self, *names: str, timeout_s: float = 300.0, stop: threading.Event | None = None,
                    on_ready: Callable[[str, float], None] | None = None, interval_s: float = 0.1) -> None:
         """Poll these members (default: every started one) until all are ready, calling `on_ready(name, seconds)`
-        for each. Raises `ProcessExited` when one exits first, `NotReady` when the timeout passes; returns early
+        for each. Raises `ProcessExited` when one exits first, `ProcessNotReady` when the timeout passes; returns early
         when `stop` is set."""
         names = names or tuple(self.procs)
         t0 = time.monotonic()
@@ -279,7 +279,7 @@ class ProcessGroup:
                 break
         if pending and not stop.is_set():
             tails = "" if self.output is not None else "\n".join(f"{n}: {self.tail(n)}" for n in pending)
-            raise NotReady(pending, timeout_s, tails)
+            raise ProcessNotReady(pending, timeout_s, tails)
 
     def supervise(self, stop: threading.Event, interval_s: float = 0.25, restart: RestartPolicy | None = None
                   ) -> tuple[str, int] | None:

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from plugsearch.common import tracing
 from plugsearch.common.logging import configure_logging
 from plugsearch.common.process import serve
-from plugsearch.retriever.corpus import CorpusError
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing
+from plugsearch.retriever.store.corpus import CorpusError
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing
 
 logger = logging.getLogger("plugsearch.retriever")
 

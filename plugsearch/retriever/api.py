@@ -53,9 +53,9 @@ from plugsearch.common.schemas.retriever import (
     SearchR1Request,
     SearchR1Response,
 )
-from plugsearch.retriever.changelog import Change, Passage
-from plugsearch.retriever.live import LiveIndex, doc_id_of
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing
+from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.live.changelog import Change
+from plugsearch.retriever.live.overlay import LiveIndex, doc_id_of
 from plugsearch.retriever.serving import (
     IndexCheck,
     RetrieverService,
@@ -65,6 +65,7 @@ from plugsearch.retriever.serving import (
     load_dense,
 )
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing
 
 logger = logging.getLogger(__name__)
 
@@ -151,29 +152,29 @@ def _changing(request: Request) -> LiveIndex:
 
 def passages_of(documents: list[DocumentIn]) -> list[Passage]:
     """Each document's passages, `<id>#0`, `<id>#1`, ...: as given, or its text read and cut as `plugsearch-index
-    ingest` reads and cuts a text file (paragraphs, then sentences packed to about 100 words)."""
-    from plugsearch.retriever.ingest.formats import SkipFile, read_text
-    from plugsearch.retriever.ingest.passages import cut
+    ingest` reads and cuts a text file (paragraphs, then sentences packed to about 100 words: `cut_file`)."""
+    from plugsearch.retriever.ingest.formats import SkipFile
+    from plugsearch.retriever.ingest.passages import numbered
+    from plugsearch.retriever.ingest.run import cut_file
 
     out: list[Passage] = []
     for doc in documents:
         if doc.passages is not None:
-            parts = [(p.title or doc.title, p.text) for p in doc.passages]
+            passages = numbered(doc.id, [(p.title or doc.title, p.text) for p in doc.passages])
         else:
             try:
-                document = read_text((doc.text or "").encode(), doc.title)
+                passages = cut_file("text", (doc.text or "").encode(), name=doc.title, doc_id=doc.id, source=doc.id)
             except SkipFile as exc:
                 raise BadRequest(f"document {doc.id!r}: {exc}", param="documents") from exc
-            parts = [(p.title, p.text) for p in cut(document, doc_id=doc.id, source=doc.id)]
-        if not parts:
+        if not passages:
             raise BadRequest(f"document {doc.id!r} has no text", param="documents")
-        out.extend(Passage(f"{doc.id}#{i}", doc.id, title, text) for i, (title, text) in enumerate(parts))
+        out.extend(passages)
     return out
 
 
 async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Change:
     """One change logged and applied; a log that cannot be written (a full or read-only disk) is a 503 with the
-    reason, the change not acknowledged (and never half there: `plugsearch.retriever.changelog`)."""
+    reason, the change not acknowledged (and never half there: `plugsearch.retriever.live.changelog`)."""
     try:
         return await asyncio.to_thread(live.write, put, delete)
     except OSError as exc:
@@ -202,10 +203,11 @@ def _read_one(file: FileIn, words: int, max_bytes: int) -> list[Passage]:
     """One file's passages, read and cut as `plugsearch-index ingest` does (`ingest.run.read_data`); SkipFile
     when it is refused. A .jsonl file's rows are grouped into documents by their ids (`<doc>#<n>`), each
     document's passages numbered again from 0, as `plugsearch-index put` sends them."""
-    from plugsearch.retriever.ingest.formats import SkipFile
+    from plugsearch.retriever.ingest.formats import FORMATS, SkipFile
+    from plugsearch.retriever.ingest.passages import numbered
     from plugsearch.retriever.ingest.run import kind_of, read_data
 
-    jsonl = kind_of(file.name) == "jsonl"
+    jsonl = FORMATS[kind_of(file.name)].is_corpus
     if jsonl and (file.id is not None or file.title is not None):
         raise SkipFile("a .jsonl file's rows name their own documents and titles: give it no `id` or `title`")
     try:
@@ -225,15 +227,14 @@ def _read_one(file: FileIn, words: int, max_bytes: int) -> list[Passage]:
                            "'#')" + ("" if jsonl else ": give the file an `id`")) from exc
         if len(parts) > MAX_PUT_PASSAGES:
             raise SkipFile(f"document {doc!r} has {len(parts):,} passages, over the limit of {MAX_PUT_PASSAGES:,}")
-    return [Passage(f"{doc}#{i}", doc, title, text) for doc, parts in documents.items()
-            for i, (title, text) in enumerate(parts)]
+    return [passage for doc, parts in documents.items() for passage in numbered(doc, parts)]
 
 
 def files_of(body: PutFilesRequest) -> tuple[list[Passage], list[FileResult]]:
     """The passages of the files that read fine, and each file's outcome: a file refused (bad base64, an
     extension no reader takes, not what its extension says, a PDF with no text layer, over the size limit, a
     document id another file of the request took first, ...) is skipped with its reason, the others go on."""
-    from plugsearch.retriever.ingest.formats import SkipFile, format_of
+    from plugsearch.retriever.ingest.formats import FORMATS, SkipFile, format_of
     from plugsearch.retriever.ingest.passages import DEFAULT_WORDS
     from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, MB
 
@@ -243,7 +244,8 @@ def files_of(body: PutFilesRequest) -> tuple[list[Passage], list[FileResult]]:
     results: list[FileResult] = []
     for file in body.files:
         kind = format_of(PurePosixPath(file.name))
-        result = FileResult(name=file.name, id=None if kind == "jsonl" else file.id or file.name, status="skipped",
+        corpus = kind is not None and FORMATS[kind].is_corpus  # its rows name their documents
+        result = FileResult(name=file.name, id=None if corpus else file.id or file.name, status="skipped",
                             format=kind)
         try:
             if result.id is not None and result.id in taken:  # before reading it

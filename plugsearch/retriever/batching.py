@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plugsearch.common.errors import Overloaded
-from plugsearch.retriever.base import Hits
+from plugsearch.retriever.backends.base import Hits
 
 logger = logging.getLogger(__name__)
 

@@ -4,29 +4,25 @@ It reads the RETRIEVER_* env vars the service reads, so both agree on paths and 
 `build` (the document store, then what the settings enable, or `--bm25 bm25s|pyserini|both|none`, `--dense`,
 `--index-type`; no-op when every index matches the corpus, `--force` rebuilds; the corpus is streamed, never
 held; an interrupted dense build resumes from its last embedding chunk or Milvus batch), `import lucene|faiss` (adopt an index built elsewhere without
-re-encoding, see `plugsearch.retriever.importer`; prints the RETRIEVER_* settings that serve it), `check`
+re-encoding, see `plugsearch.retriever.indexing.importer`; prints the RETRIEVER_* settings that serve it), `check`
 (exit 0 when the service would start, 2 otherwise), `info` (print the manifests), `encoder` (load the dense
 encoder as the service would: the default backend exports it to ONNX once into RETRIEVER_ENCODER__ONNX_DIR;
 prints which backend serves and why; `--require-onnx` exits 1 where it would fall back to torch: the image
 build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
 `plugsearch.retriever.ingest`), `put` / `upload` / `delete` (a running retriever's documents changed through its
-API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.changes_cli`).
+API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.live.changes_cli`).
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
-import functools
 import json
 import logging
 import re
 import shlex
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,116 +30,13 @@ from pydantic import ValidationError
 
 from plugsearch.common.errors import NotReady
 from plugsearch.common.logging import configure_logging
-from plugsearch.retriever.corpus import CorpusError
-from plugsearch.retriever.docstore import DiskStore, corpus_checksum, ensure_docstore, store_folder
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest
+from plugsearch.retriever.backends import registry
+from plugsearch.retriever.indexing.build import build
 from plugsearch.retriever.settings import EncoderSettings, RetrieverSettings
+from plugsearch.retriever.store.corpus import CorpusError
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 
 logger = logging.getLogger("plugsearch.retriever.cli")
-
-
-@contextmanager
-def build_lock(index_dir: Path, what: str) -> Iterator[None]:
-    """One build of `what` per index folder at a time (a second one waits, then finds it up to date)."""
-    index_dir.mkdir(parents=True, exist_ok=True)
-    with open(index_dir / f".{what}-build.lock", "a+b") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("another process is building the %s index in %s: waiting for it", what, index_dir)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _up_to_date(folder: Path, checksum: str, **expect: object) -> bool:
-    try:
-        manifest = Manifest.read(folder)
-        manifest.check(corpus_checksum=checksum, **expect)  # type: ignore[arg-type]
-    except (IndexMissing, IndexMismatch) as exc:
-        logger.info("%s needs a build: %s", folder, exc)
-        return False
-    return True
-
-
-def build(settings: RetrieverSettings, *, bm25: list[str], dense: bool, force: bool,
-          chunk_size: int = 2048, show_progress: bool = True) -> list[str]:
-    """Build the document store and the requested indexes that are missing or stale; return the folders
-    (re)built."""
-    from plugsearch.retriever.bm25 import build_bm25s, build_pyserini
-    from plugsearch.retriever.dense_build import build_faiss, embed_corpus
-    from plugsearch.retriever.encoder import encoder_identity
-    from plugsearch.retriever.serving import dense_index_folder
-
-    checksum = corpus_checksum(settings.corpus, settings.index_dir)
-    built: list[str] = []
-    if ensure_docstore(settings.corpus, settings.index_dir, checksum, show_progress=show_progress):
-        built.append(str(store_folder(settings.index_dir)))
-
-    @functools.cache
-    def load_corpus() -> DiskStore:  # documents read from the store: the corpus is never held
-        return DiskStore(store_folder(settings.index_dir), settings.corpus, checksum)
-
-    try:
-        for backend in bm25:
-            folder = settings.index_dir / backend
-            params_ok = True
-            if backend == "bm25s" and not force and (folder / "manifest.json").is_file():
-                params = Manifest.read(folder).params
-                params_ok = all(getattr(settings, f"bm25_{n}") in (None, params.get(n)) for n in ("k1", "b"))
-            if force or not params_ok or not _up_to_date(folder, checksum):
-                if backend == "bm25s":
-                    build_bm25s(load_corpus(), folder, k1=settings.bm25_k1, b=settings.bm25_b,
-                                show_progress=show_progress)
-                else:
-                    build_pyserini(load_corpus(), folder, threads=settings.bm25_threads, show_progress=show_progress)
-                built.append(str(folder))
-            else:
-                logger.info("%s is up to date", folder)
-        if dense:
-            folder = dense_index_folder(settings)
-            with build_lock(settings.index_dir, "dense"):  # a retriever building it in the background, and this
-                if force or not _up_to_date(folder, checksum, encoder=settings.encoder.name,
-                                            encoder_config=encoder_identity(settings.encoder),
-                                            index_type=settings.dense_index_type()) \
-                        or not _collection_matches(settings, folder):
-                    embeddings = embed_corpus(load_corpus(), settings.index_dir, settings.encoder,
-                                              chunk_size=chunk_size, show_progress=show_progress)
-                    if settings.dense_backend == "milvus":
-                        from plugsearch.retriever.milvus import build_milvus
-
-                        build_milvus(embeddings, settings.index_dir, settings.milvus, force=force,
-                                     show_progress=show_progress)
-                    else:
-                        build_faiss(embeddings, folder, settings.faiss, show_progress=show_progress)
-                    built.append(str(folder))
-                else:
-                    logger.info("%s is up to date", folder)
-    finally:
-        if load_corpus.cache_info().currsize:
-            load_corpus().close()
-    return built
-
-
-def _collection_matches(settings: RetrieverSettings, folder: Path) -> bool:
-    """Milvus only: the collection holds what the manifest recorded (FAISS: its files are the index)."""
-    if settings.dense_backend != "milvus":
-        return True
-    from plugsearch.retriever.milvus import MilvusUnavailable, open_checked, release_local
-
-    try:
-        client, _ = open_checked(settings.milvus, Manifest.read(folder))
-        client.close()
-    except MilvusUnavailable:
-        raise
-    except (IndexMissing, IndexMismatch) as exc:
-        logger.info("%s needs a build: %s", folder, exc)
-        return False
-    finally:
-        release_local(settings.milvus)
-    return True
 
 
 def _import_parser(sub: Any) -> None:
@@ -178,7 +71,7 @@ def _import_parser(sub: Any) -> None:
 
 def run_import(args: argparse.Namespace, settings: RetrieverSettings) -> None:
     """`plugsearch-index import lucene|faiss`: check, write the index folder, print how to serve it."""
-    from plugsearch.retriever import importer
+    from plugsearch.retriever.indexing import importer
 
     link: importer.LinkMode = "copy" if args.copy else "symlink"
     encoder = None
@@ -229,8 +122,7 @@ def _ingest_parser(sub: Any) -> None:
 def run_ingest(args: argparse.Namespace) -> int:
     """`plugsearch-index ingest`: 0 = every file ingested (or only ignored ones skipped), 1 = the corpus was
     written but some files were refused (errors in the report), 2 = nothing written."""
-    from plugsearch.retriever.ingest import IngestOptions, ingest
-    from plugsearch.retriever.ingest.run import IngestError
+    from plugsearch.retriever.ingest.run import IngestError, IngestOptions, ingest
 
     if args.corpus_name is not None and not CORPUS_NAME.fullmatch(args.corpus_name):
         print(f"error: --corpus {args.corpus_name!r}: a name (letters, digits, '.', '_', '-'), not a path; "
@@ -253,7 +145,7 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 def prepare_encoder(settings: EncoderSettings, *, require_onnx: bool) -> None:
     """Load the encoder once (the export, when missing, happens here) and print what serves it."""
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
 
     t0 = time.perf_counter()
     encoder = Encoder(settings)
@@ -287,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
     _ingest_parser(sub)
-    from plugsearch.retriever import changes_cli
+    from plugsearch.retriever.live import changes_cli
 
     changes_cli.add_parsers(sub)
     args = parser.parse_args(argv)
@@ -302,12 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name, None))}
     try:
         settings = RetrieverSettings(**overrides)  # type: ignore[arg-type]
-        if args.command == "build" and args.index_type and settings.dense_backend == "milvus":
-            if args.index_type not in ("flat", "hnsw"):
-                raise ValueError(f"--index-type {args.index_type}: Milvus indexes here are flat or hnsw")
-            settings.milvus.index_type = args.index_type
-        elif args.command == "build" and args.index_type:
-            settings.faiss.index_type = args.index_type
+        if args.command == "build" and args.index_type:
+            registry.dense(settings.dense_backend).set_index_type(settings, args.index_type)
     except (ValidationError, ValueError) as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -317,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "import":
             run_import(args, settings)
         elif args.command == "build":
-            backends = {"both": ["bm25s", "pyserini"], "none": []}.get(
+            backends = {"both": list(registry.LEXICAL), "none": []}.get(
                 args.bm25 or "", [args.bm25] if args.bm25 else ([settings.bm25_backend] if settings.bm25 else []))
             dense = settings.dense if args.dense is None else args.dense
             built = build(settings, bm25=backends, dense=dense, force=args.force, chunk_size=args.chunk_size,

@@ -1,7 +1,7 @@
 """The retriever's logic, independent of FastAPI: `check_indexes` (the cheap startup gate: the corpus
 checksum against every manifest), `RetrieverService.load` (the heavy part), searches through one
 `MicroBatcher` per backend (hybrid fuses the BM25 and dense results), response bodies (documents read from
-the document store, `plugsearch.retriever.docstore`).
+the document store, `plugsearch.retriever.store.docstore`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,26 +20,21 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.schemas.retriever import check_results
-from plugsearch.retriever.base import Hits, Retriever
+from plugsearch.retriever.backends import registry
+from plugsearch.retriever.backends.base import Hits, Retriever
+from plugsearch.retriever.backends.dense import DenseRetriever
+from plugsearch.retriever.backends.fusion import rrf_fuse
 from plugsearch.retriever.batching import MicroBatcher
-from plugsearch.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-from plugsearch.retriever.dense import DenseRetriever, FaissIndex, VectorIndex
-from plugsearch.retriever.dense_build import dense_folder
-from plugsearch.retriever.docstore import DocumentStore, corpus_checksum, open_store
-from plugsearch.retriever.encoder import Encoder, encoder_identity
-from plugsearch.retriever.fusion import rrf_fuse
-from plugsearch.retriever.live import DenseMirror, LiveCorpus, LiveIndex, LiveRetriever
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest
-from plugsearch.retriever.settings import IVF_TYPES, RetrieverSettings
+from plugsearch.retriever.encoders.encoder import Encoder
+from plugsearch.retriever.live.overlay import LiveCorpus, LiveIndex, LiveRetriever
+from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.docstore import DocumentStore, corpus_checksum, open_store
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 
 logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 SEARCH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-
-def bm25_folder(settings: RetrieverSettings) -> Path:
-    return settings.index_dir / settings.bm25_backend
 
 
 @dataclass(frozen=True)
@@ -52,16 +46,6 @@ class IndexCheck:
     (BM25 serves meanwhile); None when it is there, or not configured."""
 
 
-def _checked(folder: Path, setting: str, backend: str, checksum: str, **expect: Any) -> Manifest:
-    """The manifest in `folder`, checked against the corpus, its files and the configured backend."""
-    manifest = Manifest.read(folder)
-    manifest.check(corpus_checksum=checksum, where=folder, **expect)
-    if manifest.backend != backend:
-        raise IndexMismatch(f"{folder} holds a {manifest.backend} index, {setting} is {backend}")
-    manifest.check_files(folder)
-    return manifest
-
-
 def check_indexes(settings: RetrieverSettings) -> IndexCheck:
     """Read every configured manifest and compare it with the corpus and settings (raises on mismatch; a
     missing or stale dense index only with RETRIEVER_DENSE_MISSING=refuse, else it is pending)."""
@@ -69,15 +53,7 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
     manifests: dict[str, Manifest] = {}
     pending: str | None = None
     if settings.bm25:
-        folder = bm25_folder(settings)
-        manifest = _checked(folder, "RETRIEVER_BM25_BACKEND", settings.bm25_backend, checksum)
-        if settings.bm25_backend == "bm25s":
-            for name in ("k1", "b"):
-                wanted = getattr(settings, f"bm25_{name}")
-                if wanted is not None and abs(float(manifest.params.get(name, -1)) - wanted) > 1e-9:
-                    raise IndexMismatch(f"{folder} was built with {name}={manifest.params.get(name)}, "
-                                        f"RETRIEVER_BM25_{name.upper()}={wanted}; rebuild the index")
-        manifests["bm25"] = manifest
+        manifests["bm25"] = registry.lexical(settings.bm25_backend).check(settings, checksum)
     if settings.dense:
         try:
             manifests["dense"] = check_dense(settings, checksum)
@@ -91,39 +67,16 @@ def check_indexes(settings: RetrieverSettings) -> IndexCheck:
 
 
 def check_dense(settings: RetrieverSettings, checksum: str) -> Manifest:
-    """The configured dense index's manifest, checked against the corpus, the encoder and its files."""
-    manifest = _checked(dense_index_folder(settings), "RETRIEVER_DENSE_BACKEND", settings.dense_backend,
-                        checksum, encoder=settings.encoder.name, index_type=settings.dense_index_type(),
-                        encoder_config=encoder_identity(settings.encoder))
-    if settings.dense_backend == "milvus":  # the collection itself: rows and checksum as recorded
-        from plugsearch.retriever.milvus import open_checked
-
-        client, _ = open_checked(settings.milvus, manifest)
-        client.close()
-    return manifest
+    """The configured dense index's manifest, checked against the corpus, the encoder, its files (and what its
+    store holds)."""
+    return registry.dense(settings.dense_backend).check(settings, checksum)
 
 
 def load_dense(settings: RetrieverSettings) -> DenseRetriever:
     """The dense retriever of the configured index, its encoder loaded and warmed up (blocking)."""
-    index: VectorIndex
-    if settings.dense_backend == "milvus":
-        from plugsearch.retriever.milvus import MilvusIndex
-
-        index = MilvusIndex(dense_index_folder(settings), settings.milvus)
-    else:
-        index = FaissIndex(dense_folder(settings.index_dir, settings.faiss.index_type), settings.faiss)
-    dense = DenseRetriever(Encoder(settings.encoder), index)
+    dense = DenseRetriever(Encoder(settings.encoder), registry.dense(settings.dense_backend).open(settings))
     dense.batch_search(["warm up"], 1)
     return dense
-
-
-def dense_index_folder(settings: RetrieverSettings) -> Path:
-    """The folder of the configured dense index (FAISS files, or the manifest of a Milvus collection)."""
-    if settings.dense_backend == "milvus":
-        from plugsearch.retriever.milvus import milvus_folder
-
-        return milvus_folder(settings.index_dir, settings.milvus.collection)
-    return dense_folder(settings.index_dir, settings.faiss.index_type)
 
 
 def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests: dict[str, Manifest]) -> str:
@@ -138,13 +91,10 @@ def index_identity(settings: RetrieverSettings, corpus_checksum: str, manifests:
         "query_prefix": settings.encoder.query_prefix if "dense" in manifests else None,
         "fusion": [settings.rrf_k, settings.fusion_depth],
     }
-    dense_type = manifests["dense"].index_type if "dense" in manifests else None  # query-time knobs of ANN search
-    if settings.dense_backend == "faiss" and dense_type in IVF_TYPES:
-        payload["nprobe"] = settings.faiss.nprobe
-    elif settings.dense_backend == "faiss" and dense_type == "hnsw":
-        payload["hnsw_ef_search"] = settings.faiss.hnsw_ef_search
-    if "bm25" in manifests and manifests["bm25"].backend == "pyserini" and settings.lucene_search != "anserini":
-        payload["lucene_search"] = settings.lucene_search  # equal scores in another order
+    if "dense" in manifests:  # query-time knobs of approximate search
+        payload.update(registry.dense(settings.dense_backend).identity(settings, manifests["dense"].index_type))
+    if "bm25" in manifests and (lexical := registry.LEXICAL.get(manifests["bm25"].backend)) is not None:
+        payload.update(lexical.identity(settings))  # e.g. equal scores in another order
     digest = hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return f"idx-{digest[:20]}"
 
@@ -208,7 +158,7 @@ class RetrieverService:
         `methods`, and `index_id` changes (callers' cache keys of the BM25-only time are left behind)."""
         self._check_count("dense", dense, self.corpus)
         if self.live is not None:
-            self.live.serve_dense(dense.encoder.encode_passages, dense_mirror(dense))
+            self.live.serve_dense(dense.encoder.encode_passages, dense.index.mirror())
         self.batchers["dense"] = self._batcher("dense", dense)
         self.retrievers["dense"] = dense
         if self.check is not None:
@@ -224,10 +174,9 @@ class RetrieverService:
         return f"{self.base_index_id}-c{seq}" if seq else self.base_index_id
 
     def _workers(self, method: str) -> int:
-        # bm25s: several single-threaded scorer calls at once rather than one multi-threaded call: they are
-        # thread-safe and release the GIL, so one batch is scored while the previous one's response is written
-        if method == "bm25" and isinstance(self.retrievers[method], Bm25sRetriever):
-            return self.settings.bm25_threads
+        """Library calls run at once for `method` (as its backend's registry entry says)."""
+        if method == "bm25":
+            return registry.lexical(self.settings.bm25_backend).search_workers(self.settings)
         return 1
 
     @property
@@ -249,20 +198,15 @@ class RetrieverService:
         corpus = open_store(settings.corpus, settings.index_dir, check.corpus_checksum, mode=settings.docstore)
         opened(f"document store ({len(corpus):,} passages, {settings.docstore})")
         retrievers: dict[str, Retriever] = {}
+        bm25: Retriever | None = None
+        dense: DenseRetriever | None = None
         if settings.bm25:
-            folder = bm25_folder(settings)
-            if settings.bm25_backend == "bm25s":
-                retrievers["bm25"] = Bm25sRetriever(folder, threads=1,  # parallel across calls: _workers
-                                                    mmap=settings.bm25_mmap)
-            else:
-                retrievers["bm25"] = PyseriniRetriever(folder, corpus.positions, threads=settings.bm25_threads,
-                                                       k1=settings.bm25_k1, b=settings.bm25_b,
-                                                       search=settings.lucene_search)
+            retrievers["bm25"] = bm25 = registry.lexical(settings.bm25_backend).load(settings, corpus)
             opened(f"BM25 ({settings.bm25_backend})")
         if settings.dense and "dense" in check.manifests:
-            retrievers["dense"] = load_dense(settings)
+            retrievers["dense"] = dense = load_dense(settings)
             opened(f"dense index ({settings.dense_backend} {settings.dense_index_type()}) and its encoder")
-        live, off = open_live(settings, corpus, retrievers)
+        live, off = open_live(settings, corpus, bm25, dense)
         logger.info("retriever ready in %.1f s: %s over %s documents%s", time.perf_counter() - t0,
                     ", ".join(retrievers), len(corpus),
                     " (the dense index is not ready: BM25 serves until it is)" if check.dense_pending else "")
@@ -391,16 +335,14 @@ class RetrieverService:
 
     def _encoder_details(self) -> dict[str, Any]:
         """Which encoder backend serves the dense queries (auto: onnx, or torch and why)."""
-        encoder = getattr(self.retrievers.get("dense"), "encoder", None)
-        return encoder.describe() if isinstance(encoder, Encoder) else {"encoder_backend": None,
-                                                                         "encoder_fallback": None}
+        dense = self.retrievers.get("dense")
+        return {"encoder_backend": None, "encoder_fallback": None, **(dense.describe() if dense is not None else {})}
 
     async def health(self) -> str:
-        """Readiness of the loaded indexes: "ok", or why not (a Milvus that does not answer)."""
+        """Readiness of the loaded indexes: "ok", or why not (a dense store that does not answer)."""
         dense = self.retrievers.get("dense")
-        ping = getattr(getattr(dense, "index", None), "ping", None)
-        if ping is not None and not await asyncio.to_thread(ping):
-            return "the dense index's Milvus does not answer"
+        if dense is not None and not await asyncio.to_thread(dense.ping):
+            return f"the dense index's {self.settings.dense_backend.capitalize()} does not answer"
         return "ok"
 
     async def aclose(self) -> None:
@@ -414,32 +356,22 @@ class RetrieverService:
 CHANGES_DIR = "changes"
 
 
-def dense_mirror(dense: Retriever | None) -> DenseMirror | None:
-    """Where a dense index takes the changes itself (Milvus), else None (they are searched beside it)."""
-    from plugsearch.retriever.milvus import MilvusChanges, MilvusIndex
-
-    if isinstance(dense, DenseRetriever) and isinstance(dense.index, MilvusIndex):
-        return MilvusChanges(dense.index)
-    return None
-
-
-def open_live(settings: RetrieverSettings, corpus: DocumentStore, retrievers: dict[str, Retriever]
-              ) -> tuple[LiveIndex | None, str | None]:
-    """The changes made while serving, replayed over the built indexes (`plugsearch.retriever.live`), or why
-    documents cannot change here."""
+def open_live(settings: RetrieverSettings, corpus: DocumentStore, bm25: Retriever | None,
+              dense: DenseRetriever | None) -> tuple[LiveIndex | None, str | None]:
+    """The changes made while serving, replayed over the built indexes (`plugsearch.retriever.live.overlay`), or
+    why documents cannot change here."""
     if settings.changes == "off":
         return None, "RETRIEVER_CHANGES=off"
-    bm25 = retrievers.get("bm25")
-    if bm25 is not None and not isinstance(bm25, Bm25sRetriever):
-        return None, "changes while serving need the bm25s BM25 backend (RETRIEVER_BM25_BACKEND=bm25s)"
-    dense = retrievers.get("dense")
+    overlay = registry.lexical(settings.bm25_backend).overlay(bm25) if bm25 is not None else None
+    if bm25 is not None and overlay is None:
+        return None, registry.live_changes_refusal()
     folder = (settings.changes_dir or settings.index_dir / CHANGES_DIR) / corpus.checksum.split(":")[-1][:16]
     try:
         live = LiveIndex(folder, corpus,
-                         stats=(lambda: bm25.lexical_stats(corpus)) if isinstance(bm25, Bm25sRetriever) else None,
-                         tokenize=bm25.tokenize if isinstance(bm25, Bm25sRetriever) else None,
-                         encode=dense.encoder.encode_passages if isinstance(dense, DenseRetriever) else None,
-                         mirror=dense_mirror(dense))
+                         stats=(lambda: overlay.lexical_stats(corpus)) if overlay is not None else None,
+                         tokenize=overlay.tokenize if overlay is not None else None,
+                         encode=dense.encoder.encode_passages if dense is not None else None,
+                         mirror=dense.index.mirror() if dense is not None else None)
     except OSError as exc:
         logger.warning("documents cannot change while serving: %s", exc)
         return None, f"the change log cannot be opened in {folder}: {exc}"

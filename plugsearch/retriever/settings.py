@@ -214,7 +214,7 @@ class RetrieverSettings(AdminKeySettings):
         "documents put (added or replaced) and deleted while serving (PUT /documents, POST /documents/delete, "
         "by the internal token or an admin key): logged durably in RETRIEVER_INDEX_DIR/changes before they are "
         "acknowledged, searched beside the built indexes by every worker within RETRIEVER_CHANGES_POLL_S "
-        "(plugsearch/retriever/live.py); needs the bm25s BM25 backend where BM25 is served. off: the corpus is "
+        "(plugsearch/retriever/live/overlay.py); needs the bm25s BM25 backend where BM25 is served. off: the corpus is "
         "fixed while serving"))
     changes_dir: Path | None = Field(None, description=(
         "where the change log is kept (default RETRIEVER_INDEX_DIR/changes); one log per corpus checksum, so a "

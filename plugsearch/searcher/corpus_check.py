@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,6 +48,7 @@ from typing import Any, Literal, Protocol
 from plugsearch.common.answers import is_yes_no, span_match
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.common.stats import bootstrap_interval
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.loop import ActingPolicy, run_search
 from plugsearch.searcher.pseudo_questions import check_questions
@@ -142,16 +142,6 @@ class CheckResult:
         return asdict(self)
 
 
-def paired_interval(diffs: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> list[float]:
-    """95% percentile bootstrap interval of the mean of `diffs` (fixed seed)."""
-    if not diffs:
-        return [0.0, 0.0]
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
-
-
 WHAT = {"pseudo": "pseudo-questions of this corpus", "labelled": "your labelled questions (SEARCHER_CORPUS_CHECK_QA)"}
 
 
@@ -190,7 +180,7 @@ async def check_policy(policy: ActingPolicy, params: SearchParams, retriever: Re
     by_kind = {name: {"n": t[0], "policy": round(t[1] / t[0], 3), "naive": round(t[2] / t[0], 3)}
                for name, t in sorted(per_kind.items())}
     diff = sum(diffs) / n
-    interval = paired_interval(diffs)
+    interval = bootstrap_interval(diffs)  # paired: the interval of the mean difference
     decision: Decision = "policy" if diff >= -margin else "naive"
     result = CheckResult(decision, "", questions=n, policy_recall=round(policy_hits / n, 4),
                          naive_recall=round(naive_hits / n, 4), difference=round(diff, 4), interval=interval,

@@ -38,13 +38,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.files import atomic_write_json
 from plugsearch.common.llama_server import DEFAULT_PROMPT_CACHE_MB
 from plugsearch.common.paths import default_data_dir
 from plugsearch.common.procgroup import (
-    NotReady,
     Output,
     ProcessExited,
     ProcessGroup,
+    ProcessNotReady,
     ProcessSpec,
     RestartPolicy,
 )
@@ -184,10 +185,7 @@ def _announce(options: StackOptions, specs: Sequence[ProcessSpec], ready_file: P
                             "internal_token": options.internal_token}
     if ready_file is not None:
         ready_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.touch(mode=0o600)
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, ready_file)
+        atomic_write_json(ready_file, info, indent=2, mode=0o600)  # it holds the internal token
     say("")
     say(f"plugsearch is ready: POST {options.url('searcher')}/search   (Ctrl-C stops everything)")
     say(f"  {curl_example(options)}")
@@ -255,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             group.wait_ready(timeout_s=args.ready_timeout, stop=stop, interval_s=0.25,
                              on_ready=lambda name, seconds: say(f"{name} ready ({seconds:.1f} s)"))
-        except NotReady as exc:
+        except ProcessNotReady as exc:
             say(f"error: not ready within {args.ready_timeout:g} s: {', '.join(exc.names)} "
                 "(see their log lines above); stopping everything")
             return 1

@@ -4,13 +4,13 @@ into `var/corpus/`; and the folder its indexes live in, keyed by the corpus's co
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from plugsearch.common.files import atomic_path
 from plugsearch.stack import StackError
 
 SAMPLE_URL = ("https://raw.githubusercontent.com/RUC-NLPIR/FlashRAG/adb2a8bc285042abf7c0c56ff004283f62318c5a/"
@@ -42,14 +42,12 @@ def download_sample(dest: Path, url: str = SAMPLE_URL, *, timeout_s: float = 60.
     dest.parent.mkdir(parents=True, exist_ok=True)
     log(f"no local corpus: downloading a public sample corpus (FlashRAG wiki sample, ~0.7 MB)\n"
         f"  from {url}\n  to   {dest}\n  (pass --corpus PATH to index your own JSONL instead)")
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response, tmp.open("wb") as out:  # noqa: S310
-            shutil.copyfileobj(response, out)
-        check_corpus_file(tmp)
-        os.replace(tmp, dest)
+        with atomic_path(dest) as tmp:  # published only once whole and checked
+            with urllib.request.urlopen(url, timeout=timeout_s) as response, tmp.open("wb") as out:  # noqa: S310
+                shutil.copyfileobj(response, out)
+            check_corpus_file(tmp)
     except (urllib.error.URLError, OSError, StackError) as exc:
-        tmp.unlink(missing_ok=True)
         raise StackError(f"could not download the sample corpus from {url}: {exc}; "
                          "pass --corpus PATH to a local JSONL corpus") from exc
     return dest
@@ -74,7 +72,7 @@ def resolve_corpus(corpus: Path | None, *, data_dir: Path, var_dir: Path, downlo
 
 def index_dir_for(corpus: Path, var_dir: Path) -> Path:
     """Indexes are keyed by the corpus's content: `var/indexes/<stem>-<sha256 prefix>`."""
-    from plugsearch.retriever.corpus import file_checksum
+    from plugsearch.retriever.store.corpus import file_checksum
 
     digest = file_checksum(corpus).split(":", 1)[-1]
     return (var_dir / "indexes" / f"{corpus.stem}-{digest[:12]}").resolve()

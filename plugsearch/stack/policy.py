@@ -83,8 +83,8 @@ def check_policy_corpus(compact: CompactPolicy | None, corpus: Path, dense: bool
     that corpus, with its dense encoder and index type, or refused here, before anything starts."""
     if compact is None or bound_corpus(compact.manifest) is None:
         return
-    from plugsearch.retriever.corpus import file_checksum
     from plugsearch.retriever.settings import DEFAULT_ENCODER
+    from plugsearch.retriever.store.corpus import file_checksum
 
     environ = os.environ if environ is None else environ
     encoder = environ.get("RETRIEVER_ENCODER__NAME") or DEFAULT_ENCODER

@@ -37,7 +37,7 @@ SERVICES = ("searcher", "retriever", "generator", "judge")
 # ---------------------------------------------------------------------------------------- builders
 def build_tiny_index(data_dir: Path, folder: Path) -> tuple[Path, Path]:
     """The first passages of the shared corpus (a temporary copy, never in the repo) + their bm25s index."""
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
     from plugsearch.retriever.settings import RetrieverSettings
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def build_tiny_index(data_dir: Path, folder: Path) -> tuple[Path, Path]:
 
 
 def prepare_tiny_index(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from plugsearch.retriever.bm25 import Bm25sRetriever
+    from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
 
     corpus, index_dir = build_tiny_index(data_dir, tmp_path_factory.mktemp("tiny_retriever"))
     # Compile bm25s's numba scorer once, here on the main thread: every app built later in this

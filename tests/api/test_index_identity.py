@@ -21,9 +21,9 @@ from plugsearch.common.http import ClientSettings
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.retriever import RetrieveRequest, RetrieveResponse
 from plugsearch.common.schemas.searcher import SearchRequest
-from plugsearch.retriever.manifest import Manifest
 from plugsearch.retriever.serving import index_identity
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.manifest import Manifest
 from plugsearch.searcher.index_identity import IndexIdentity
 from plugsearch.searcher.policy import ChatPolicy
 from plugsearch.searcher.retrieval import ServiceRetriever

@@ -30,12 +30,12 @@ import pytest
 
 from plugsearch.retriever import cli
 from plugsearch.retriever.api import create_app
-from plugsearch.retriever.bm25 import setup_java
-from plugsearch.retriever.encoder import resolve_encoder_path
-from plugsearch.retriever.importer import ImportRefused, import_faiss, import_lucene
-from plugsearch.retriever.manifest import IndexMissing
+from plugsearch.retriever.backends.pyserini_index import setup_java
+from plugsearch.retriever.encoders.encoder import resolve_encoder_path
+from plugsearch.retriever.indexing.importer import ImportRefused, import_faiss, import_lucene
 from plugsearch.retriever.serving import check_indexes
 from plugsearch.retriever.settings import EncoderSettings, RetrieverSettings
+from plugsearch.retriever.store.manifest import IndexMissing
 from tests.api.test_retriever_api import wait_ready
 from tests.asgi import app_client
 from tests.conftest import REPO
@@ -122,7 +122,7 @@ def lucene_index(corpus: Path, out: Path, *, raw: bool) -> Path:
     (docs / "docs.jsonl").write_text(corpus.read_text())
     args = ["-collection", "JsonCollection", "-input", str(docs), "-index", str(out), "-generator",
             "DefaultLuceneDocumentGenerator", "-threads", "1", "-storePositions", "-storeDocvectors"]
-    subprocess.run([sys.executable, "-m", "plugsearch.retriever.bm25", *args, *(["-storeRaw"] if raw else [])],
+    subprocess.run([sys.executable, "-m", "plugsearch.retriever.backends.pyserini_index", *args, *(["-storeRaw"] if raw else [])],
                    cwd=REPO, check=True, capture_output=True)
     return out
 
@@ -183,7 +183,7 @@ async def test_imported_faiss_index_serves_the_library_top10(wiki: Path, e5_flat
 
 
 def test_faiss_import_refuses_a_wrong_encoder_setting_or_corpus(wiki: Path, e5_flat: Path, tmp_path: Path) -> None:
-    from plugsearch.retriever.encoder import Encoder
+    from plugsearch.retriever.encoders.encoder import Encoder
 
     # another pooling or no passage prefix: on 150 passages each still finds its own row, but not its vector
     for wrong in ({"pooling": "cls"}, {"passage_prefix": ""}):

@@ -20,9 +20,9 @@ from plugsearch.common.clients import RetrieverClient
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.http import ClientSettings
 from plugsearch.retriever.api import create_app
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.manifest import IndexMismatch
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import Corpus
+from plugsearch.retriever.store.manifest import IndexMismatch
 from tests.asgi import app_client
 from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 
@@ -101,7 +101,7 @@ async def test_a_method_per_query_answers_as_separate_requests_would(client: htt
 async def test_repeated_dense_queries_are_encoded_once(tiny: RetrieverSettings) -> None:
     """The encoder's query-vector cache: a query asked again (alone, or twice in one batch) gives the same
     ranking without being encoded again; with the cache off, the same rankings."""
-    from plugsearch.retriever.dense import DenseRetriever
+    from plugsearch.retriever.backends.dense import DenseRetriever
 
     body = {"queries": ["who founded the film studio", "who founded the film studio", "a new question"], "k": 5,
             "method": "dense"}
@@ -349,7 +349,7 @@ async def test_version_says_when_the_encoder_falls_back_to_torch(tiny: Retriever
 # ------------------------------------------------------------- serve what is ready first (issue 38)
 def bm25_only_dir(tiny: RetrieverSettings, tmp_path: Path) -> RetrieverSettings:
     """A fresh index folder for the tiny corpus with its document store and BM25 index only."""
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
 
     settings = tiny.model_copy(update={"index_dir": tmp_path / "indexes"})
     build(settings, bm25=["bm25s"], dense=False, force=False, show_progress=False)
@@ -372,7 +372,7 @@ async def test_a_pending_dense_index_is_served_once_a_build_elsewhere_writes_it(
     (methods, a new index_id: cached results of the BM25-only time are not served for it)."""
     import shutil
 
-    from plugsearch.retriever.dense_build import dense_folder
+    from plugsearch.retriever.backends.faiss_index import dense_folder
 
     settings = bm25_only_dir(tiny, tmp_path).model_copy(update={"dense_missing": "wait", "dense_poll_s": 0.2})
     async with app_client(create_app(settings)) as client:

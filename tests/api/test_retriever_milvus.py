@@ -24,15 +24,16 @@ import pytest
 from pydantic import SecretStr
 
 from plugsearch.common.errors import NotReady
-from plugsearch.retriever import milvus
 from plugsearch.retriever.api import create_app
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.dense import FaissIndex
-from plugsearch.retriever.dense_build import dense_folder, embed_corpus, iter_chunks
-from plugsearch.retriever.encoder import Encoder
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest
+from plugsearch.retriever.backends import milvus_index
+from plugsearch.retriever.backends.faiss_index import FaissIndex, dense_folder
+from plugsearch.retriever.encoders.encoder import Encoder
+from plugsearch.retriever.indexing.embeddings import embed_corpus
 from plugsearch.retriever.serving import check_indexes
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.chunks import iter_chunks
+from plugsearch.retriever.store.corpus import Corpus
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest
 from tests.api.test_retriever_api import (  # noqa: F401 - collected here again, against this module's fixtures
     assert_envelope,
     test_concurrent_requests_all_answered_correctly,
@@ -83,19 +84,19 @@ def questions(data_dir: Path) -> list[str]:
 def scratch(tiny: RetrieverSettings, tmp_path: Path) -> Iterator[RetrieverSettings]:
     """A copy of the built collection and its manifest, free to damage; its milvus-lite released after."""
     index_dir = tmp_path / "indexes"
-    for name in ("bm25s", milvus.milvus_folder(Path(), tiny.milvus.collection).name):
+    for name in ("bm25s", milvus_index.milvus_folder(Path(), tiny.milvus.collection).name):
         shutil.copytree(tiny.index_dir / name, index_dir / name, symlinks=True)
     shutil.copytree(Path(tiny.milvus.uri), tmp_path / "copy.db")
     settings = milvus_settings(tiny.corpus, index_dir, tmp_path / "copy.db")
     yield settings
-    milvus.release_local(settings.milvus)
+    milvus_index.release_local(settings.milvus)
 
 
 def test_flat_collection_ranks_as_exact_faiss(tiny: RetrieverSettings, questions: list[str]) -> None:
     encoder = Encoder(tiny.encoder)
     vectors = encoder.encode_queries(questions)
     exact = FaissIndex(dense_folder(tiny.index_dir, "flat"), tiny.faiss).search(vectors, 10)
-    index = milvus.MilvusIndex(milvus.milvus_folder(tiny.index_dir, tiny.milvus.collection), tiny.milvus)
+    index = milvus_index.MilvusIndex(milvus_index.milvus_folder(tiny.index_dir, tiny.milvus.collection), tiny.milvus)
     try:
         assert index.ntotal == 300 and index.manifest.index_type == "flat"
         got = index.search(vectors, 10)
@@ -113,9 +114,9 @@ def test_hnsw_collection_is_an_option(tiny: RetrieverSettings, tmp_path: Path) -
                                collection="plugsearch_hnsw", hnsw_ef_search=16)
     embeddings = embed_corpus(Corpus.load(tiny.corpus), tiny.index_dir, tiny.encoder, chunk_size=128,
                               show_progress=False)  # cached: nothing is encoded
-    manifest = milvus.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
+    manifest = milvus_index.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
     assert manifest.index_type == "hnsw" and manifest.params["hnsw_m"] == 32
-    flat = milvus.MilvusIndex(milvus.milvus_folder(tiny.index_dir, tiny.milvus.collection), tiny.milvus)
+    flat = milvus_index.MilvusIndex(milvus_index.milvus_folder(tiny.index_dir, tiny.milvus.collection), tiny.milvus)
     passages = np.concatenate(list(iter_chunks(embeddings)))[::5]  # passages as queries, moved a little
     noisy = passages + np.random.default_rng(0).normal(0, 0.02, passages.shape).astype(np.float32)
     vectors = np.ascontiguousarray(noisy / np.linalg.norm(noisy, axis=1, keepdims=True), dtype=np.float32)
@@ -123,7 +124,7 @@ def test_hnsw_collection_is_an_option(tiny: RetrieverSettings, tmp_path: Path) -
         exact = flat.search(vectors, 10)
     finally:
         flat.close()
-    hnsw = milvus.MilvusIndex(milvus.milvus_folder(tmp_path, "plugsearch_hnsw"), settings.milvus)
+    hnsw = milvus_index.MilvusIndex(milvus_index.milvus_folder(tmp_path, "plugsearch_hnsw"), settings.milvus)
     try:
         approx = hnsw.search(vectors, 50)  # ef is raised to k
     finally:
@@ -137,7 +138,7 @@ def test_a_killed_build_resumes_with_the_same_checksum(tiny: RetrieverSettings, 
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     settings = milvus_settings(tiny.corpus, tmp_path, tmp_path / "resume.db", insert_batch=50)
     embeddings = embed_corpus(Corpus.load(tiny.corpus), tiny.index_dir, tiny.encoder, chunk_size=128, show_progress=False)
-    real_call = milvus.call
+    real_call = milvus_index.call
     inserts = 0
 
     def dying_call(settings: object, what: str, fn: object, *args: object, **kwargs: object) -> object:
@@ -148,42 +149,42 @@ def test_a_killed_build_resumes_with_the_same_checksum(tiny: RetrieverSettings, 
                 raise KeyboardInterrupt  # as a killed build: nothing after this batch runs
         return real_call(settings, what, fn, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(milvus, "call", dying_call)
+    monkeypatch.setattr(milvus_index, "call", dying_call)
     with pytest.raises(KeyboardInterrupt):
-        milvus.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
+        milvus_index.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
     state = json.loads((tmp_path / ".milvus-plugsearch_dense.build.json").read_text())
     assert state["loaded"] == 128 and not (tmp_path / "milvus-plugsearch_dense").exists()  # 50+50+28: chunk end
-    monkeypatch.setattr(milvus, "call", real_call)
+    monkeypatch.setattr(milvus_index, "call", real_call)
     created: list[str] = []
-    create = milvus._create_collection
-    monkeypatch.setattr(milvus, "_create_collection", lambda *a: created.append("again") or create(*a))
-    manifest = milvus.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
+    create = milvus_index._create_collection
+    monkeypatch.setattr(milvus_index, "_create_collection", lambda *a: created.append("again") or create(*a))
+    manifest = milvus_index.build_milvus(embeddings, tmp_path, settings.milvus, show_progress=False)
     assert created == []  # resumed: the collection was not dropped and created again
-    expected = Manifest.read(milvus.milvus_folder(tiny.index_dir, tiny.milvus.collection))
+    expected = Manifest.read(milvus_index.milvus_folder(tiny.index_dir, tiny.milvus.collection))
     assert manifest.params["checksum"] == expected.params["checksum"] and manifest.doc_count == 300
     assert not (tmp_path / ".milvus-plugsearch_dense.build.json").exists()
-    client, rows = milvus.open_checked(settings.milvus, manifest)  # ids unique: no row twice after the resume
+    client, rows = milvus_index.open_checked(settings.milvus, manifest)  # ids unique: no row twice after the resume
     client.close()
-    milvus.release_local(settings.milvus)
+    milvus_index.release_local(settings.milvus)
     assert rows == 300
 
 
 async def test_startup_refuses_a_collection_that_differs_from_its_manifest(scratch: RetrieverSettings) -> None:
     check_indexes(scratch)  # the copy as built is accepted
-    client = milvus.connect(scratch.milvus)
+    client = milvus_index.connect(scratch.milvus)
     client.delete(scratch.milvus.collection, ids=[7])
     client.close()
     with pytest.raises(IndexMismatch, match=r"row count 299 != manifest 300.*plugsearch-index build"):
         async with app_client(create_app(scratch)):
             pass
-    client = milvus.connect(scratch.milvus)
-    client.alter_collection_properties(scratch.milvus.collection, properties={milvus.CHECKSUM_PROPERTY: "other"})
+    client = milvus_index.connect(scratch.milvus)
+    client.alter_collection_properties(scratch.milvus.collection, properties={milvus_index.CHECKSUM_PROPERTY: "other"})
     client.close()
     with pytest.raises(IndexMismatch, match="checksum other != manifest"):
         check_indexes(scratch)
     with pytest.raises(IndexMismatch, match="index type 'flat' != configured 'hnsw'"):
         check_indexes(scratch.model_copy(update={"milvus": scratch.milvus.model_copy(update={"index_type": "hnsw"})}))
-    client = milvus.connect(scratch.milvus)
+    client = milvus_index.connect(scratch.milvus)
     client.drop_collection(scratch.milvus.collection)
     client.close()
     with pytest.raises(IndexMissing, match="does not exist"):
@@ -192,7 +193,7 @@ async def test_startup_refuses_a_collection_that_differs_from_its_manifest(scrat
 
 async def test_milvus_down_is_a_503_with_retry_after(client: httpx.AsyncClient, tiny: RetrieverSettings) -> None:
     assert (await client.post("/retrieve", json={"queries": ["film"], "method": "dense"})).status_code == 200
-    milvus.release_local(tiny.milvus)  # the engine stops answering (as a cluster that went down)
+    milvus_index.release_local(tiny.milvus)  # the engine stops answering (as a cluster that went down)
     for method in ("dense", "hybrid"):
         response = await client.post("/retrieve", json={"queries": ["film", "physics"], "method": method})
         error = assert_envelope(response, 503)
@@ -214,7 +215,7 @@ def test_a_search_that_keeps_failing_raises_not_ready(tiny: RetrieverSettings) -
         raise ConnectionError("down")
 
     with pytest.raises(NotReady) as caught:
-        milvus.call(tiny.milvus, "search", broken)
+        milvus_index.call(tiny.milvus, "search", broken)
     assert calls == tiny.milvus.retries + 1 and caught.value.retry_after == tiny.milvus.retry_after_s
 
 
@@ -227,8 +228,8 @@ def test_index_builds_and_loads_get_the_long_deadline(tiny: RetrieverSettings) -
         seen.append(timeout)
         return "done"
 
-    assert milvus.call(tiny.milvus, "create_index", record, long=True) == "done"
-    assert milvus.call(tiny.milvus, "search", record) == "done"
+    assert milvus_index.call(tiny.milvus, "create_index", record, long=True) == "done"
+    assert milvus_index.call(tiny.milvus, "search", record) == "done"
     assert seen == [tiny.milvus.build_timeout_s, tiny.milvus.timeout_s]
     assert tiny.milvus.build_timeout_s > tiny.milvus.timeout_s
 
@@ -258,19 +259,19 @@ def test_a_retried_index_build_does_not_ask_twice(tiny: RetrieverSettings) -> No
             pass
 
     client = Client()
-    milvus.create_index(client, tiny.milvus)
+    milvus_index.create_index(client, tiny.milvus)
     assert client.asked == 1 and client.indexes == ["vector"]
 
 
 def _rows(settings: RetrieverSettings) -> tuple[set[int], str]:
     """The collection's ids, and its record of the last change carried into it."""
-    client = milvus.connect(settings.milvus)
+    client = milvus_index.connect(settings.milvus)
     try:
         client.load_collection(settings.milvus.collection)
         ids = {int(r["id"]) for r in client.query(settings.milvus.collection, filter="id >= 0", output_fields=["id"],
                                                    consistency_level="Strong")}
         properties = client.describe_collection(settings.milvus.collection).get("properties") or {}
-        return ids, str(properties.get(milvus.CHANGES_PROPERTY, "0"))
+        return ids, str(properties.get(milvus_index.CHANGES_PROPERTY, "0"))
     finally:
         client.close()
 
@@ -314,17 +315,18 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
     """A writer killed between its log line and Milvus (or a Milvus that did not answer) leaves the change in the log
     only: the next start-up carries it into the collection before serving; a collection carrying changes its log
     does not hold is refused."""
-    from plugsearch.retriever.changelog import ChangeLog, Passage
+    from plugsearch.retriever.ingest.passages import Passage
+    from plugsearch.retriever.live.changelog import ChangeLog
     from plugsearch.retriever.serving import CHANGES_DIR
 
     encoder = Encoder(scratch.encoder)
     text = "Lighthouse keepers trimmed the lamp wicks every night on the rocky coast."
     folder = scratch.index_dir / CHANGES_DIR / Corpus.load(scratch.corpus).checksum.split(":")[-1][:16]
     log = ChangeLog(folder)
-    log.append([Passage("keeper#0", "keeper", "Lighthouse keepers", text)], [],
+    log.append([Passage(id="keeper#0", doc_id="keeper", title="Lighthouse keepers", text=text)], [],
                encoder.encode_passages(["Lighthouse keepers\n" + text]))
     log.append([], ["keeper"])
-    log.append([Passage("keeper#0", "keeper", "Lighthouse keepers", text)], [])  # logged without vectors
+    log.append([Passage(id="keeper#0", doc_id="keeper", title="Lighthouse keepers", text=text)], [])  # logged without vectors
     assert _rows(scratch)[1] == "0"
     async with app_client(create_app(scratch)) as client:
         await wait_ready(client)

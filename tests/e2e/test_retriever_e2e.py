@@ -17,13 +17,14 @@ import httpx
 import pytest
 
 from plugsearch.common.procgroup import ProcessGroup, ProcessSpec
-from plugsearch.retriever.bm25 import Bm25sRetriever, PyseriniRetriever
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.dense import DenseRetriever, FaissIndex
-from plugsearch.retriever.dense_build import dense_folder
-from plugsearch.retriever.encoder import Encoder
-from plugsearch.retriever.fusion import HybridRetriever
+from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
+from plugsearch.retriever.backends.dense import DenseRetriever
+from plugsearch.retriever.backends.faiss_index import FaissIndex, dense_folder
+from plugsearch.retriever.backends.fusion import HybridRetriever
+from plugsearch.retriever.backends.pyserini_index import PyseriniRetriever
+from plugsearch.retriever.encoders.encoder import Encoder
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import Corpus
 from tests.conftest import REPO, first_questions, free_port
 from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
 

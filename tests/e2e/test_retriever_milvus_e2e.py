@@ -17,13 +17,13 @@ import pytest
 
 from plugsearch.common.procgroup import ProcessGroup, ProcessSpec
 from plugsearch.common.workers import free_port
-from plugsearch.retriever.bm25 import Bm25sRetriever
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.dense import DenseRetriever, FaissIndex
-from plugsearch.retriever.dense_build import dense_folder
-from plugsearch.retriever.encoder import Encoder
-from plugsearch.retriever.fusion import HybridRetriever
+from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
+from plugsearch.retriever.backends.dense import DenseRetriever
+from plugsearch.retriever.backends.faiss_index import FaissIndex, dense_folder
+from plugsearch.retriever.backends.fusion import HybridRetriever
+from plugsearch.retriever.encoders.encoder import Encoder
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import Corpus
 from tests.api.test_retriever_milvus import tiny  # noqa: F401 - the fixture: tiny corpus, its collection built
 from tests.e2e.test_retriever_e2e import Served, questions, served_ids  # noqa: F401 - `questions` is a fixture
 

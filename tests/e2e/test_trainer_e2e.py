@@ -70,13 +70,13 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
                                               data_dir: Path) -> None:
     import torch
 
+    from plugsearch.common.aio import AsyncRunner
     from plugsearch.common.schemas.searcher import SearchParams
     from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
     from plugsearch.trainer.common.data import train_split
     from plugsearch.trainer.common.upstreams import ServiceStack
     from plugsearch.trainer.llm.grpo import TrainConfig, build_trainer, read_reward_log, train
     from plugsearch.trainer.llm.probe import GradientProbe
-    from plugsearch.trainer.llm.runner import AsyncRunner
 
     items = train_split(data_dir, ("nq",), per_dataset=2)
     config = TrainConfig(output_dir=tmp_path / "run", model_path=policy_path, max_steps=2, questions_per_step=2,

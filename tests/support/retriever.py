@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plugsearch.retriever.cli import build
+from plugsearch.retriever.indexing.build import build
 from plugsearch.retriever.settings import RetrieverSettings
 
 TINY_SOURCES = (("nq_gold.jsonl", 120), ("hotpotqa.jsonl", 100), ("popqa.jsonl", 80))

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def ensure_bm25_index(corpus: Path, var_dir: Path) -> Path:
     """The bm25s index of `corpus` (built when missing or stale); returns the index folder."""
-    from plugsearch.retriever.cli import build
+    from plugsearch.retriever.indexing.build import build
     from plugsearch.retriever.settings import RetrieverSettings
     from plugsearch.stack.corpus import index_dir_for
 

@@ -78,8 +78,8 @@ def test_synthetic_vectors_are_that_corpus_embeddings_regenerated_and_truth_is_e
         tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import faiss
 
-    from plugsearch.retriever.corpus import file_checksum
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.corpus import file_checksum
+    from plugsearch.retriever.store.manifest import Manifest
 
     rng = np.random.default_rng(3)
     centres = rng.standard_normal((50, scale.DIMS)).astype(np.float32)

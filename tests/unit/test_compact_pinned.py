@@ -22,7 +22,7 @@ import pytest
 from bench.compact_documents import final_ranking
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams
-from plugsearch.retriever.corpus import corpus_lines, parse_line
+from plugsearch.retriever.store.corpus import corpus_lines, parse_line
 from plugsearch.searcher.compact import CompactPolicy
 from plugsearch.searcher.loop import run_search
 from plugsearch.searcher.trained import COMPACT_DIR

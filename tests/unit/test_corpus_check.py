@@ -21,7 +21,6 @@ from plugsearch.searcher.corpus_check import (
     CorpusGate,
     check_policy,
     evaluated_here,
-    paired_interval,
     read_labelled,
     settle,
 )
@@ -159,12 +158,6 @@ def test_too_few_pseudo_questions_measure_nothing_and_naive_serves() -> None:
     docs, questions = corpus(MIN_QUESTIONS - 1)
     result = asyncio.run(check_policy(FirstPolicy(), PARAMS, Lookup(docs), questions))
     assert result.decision == "naive" and "too small or too uniform" in result.reason
-
-
-def test_paired_interval_brackets_the_mean() -> None:
-    lo, hi = paired_interval([1.0] * 30 + [0.0] * 70)
-    assert lo < 0.3 < hi
-    assert paired_interval([]) == [0.0, 0.0]
 
 
 def test_the_gate_checks_once_per_index_and_serves_naive_while_it_runs() -> None:

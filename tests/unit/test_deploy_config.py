@@ -680,7 +680,7 @@ def test_k8s_wiring_between_services(rendered: tuple[str, list[dict[str, Any]]],
     assert (job.corpus, job.index_dir, job.bm25_backend, job.dense) == \
         (retriever.corpus, retriever.index_dir, retriever.bm25_backend, retriever.dense)
     if retriever.dense:
-        from plugsearch.retriever.encoder import encoder_identity
+        from plugsearch.retriever.encoders.encoder import encoder_identity
 
         assert job.encoder.name == retriever.encoder.name
         assert encoder_identity(job.encoder) == encoder_identity(retriever.encoder)

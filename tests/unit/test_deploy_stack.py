@@ -365,7 +365,7 @@ def test_wait_ready_polls_until_every_check_passes() -> None:
         group.wait_ready("svc", timeout_s=30, stop=threading.Event(), on_ready=lambda name, _s: ready.append(name),
                          interval_s=0.01)
         assert ready == ["svc"] and state["calls"] == 3
-        with pytest.raises(procgroup.NotReady) as late:
+        with pytest.raises(procgroup.ProcessNotReady) as late:
             group.wait_ready("down", "svc", timeout_s=0.2, stop=threading.Event(),
                              on_ready=lambda name, _s: ready.append(name), interval_s=0.01)
         assert late.value.names == ["down"] and ready == ["svc", "svc"]

@@ -12,23 +12,25 @@ import orjson
 import pytest
 from fpdf import FPDF
 
-from plugsearch.retriever.bm25 import Bm25sRetriever
-from plugsearch.retriever.cli import build
+from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever
 from plugsearch.retriever.cli import main as cli_main
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.ingest import IngestOptions, ingest
+from plugsearch.retriever.indexing.build import build
+from plugsearch.retriever.ingest import formats
 from plugsearch.retriever.ingest.formats import (
+    FORMATS,
     NO_TEXT_LAYER,
     Block,
-    Document,
+    Format,
+    ParsedDocument,
     Section,
     SkipFile,
     read_document,
     sniff,
 )
 from plugsearch.retriever.ingest.passages import Piece, cut, pack
-from plugsearch.retriever.ingest.run import IngestError
+from plugsearch.retriever.ingest.run import IngestError, IngestOptions, ingest, kind_of, read_data
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import Corpus
 
 NOTES = ("Solar panels turn light into electricity. Their output falls when the panels are hot.\n\n"
          "Clean panels every spring! Dust can cost a tenth of the yield.\n")
@@ -260,6 +262,34 @@ def test_titles_encodings_and_content_that_is_not_what_its_extension_says() -> N
         sniff("pdf", b"just some text")
 
 
+def test_each_format_is_one_entry_and_a_new_one_needs_nothing_else(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extension picks the entry, the entry's signature and label check the first bytes, its reader reads: a
+    format added as one entry (here comma-separated values, one paragraph per row) is ingested like the others."""
+    assert [(f.name, f.extensions) for f in FORMATS.values()] == [
+        ("text", (".txt", ".text")), ("markdown", (".md", ".markdown")), ("html", (".html", ".htm", ".xhtml")),
+        ("pdf", (".pdf",)), ("jsonl", (".jsonl",))]
+    assert [f.name for f in FORMATS.values() if f.is_corpus] == ["jsonl"]
+    assert formats.format_of(Path("Guide.MD")) == "markdown" and formats.format_of(Path("a.docx")) is None
+    with pytest.raises(SkipFile, match=r"unknown extension '.csv' \(ingested: .htm, .html, .jsonl, .markdown"):
+        kind_of("table.csv")
+
+    def read_csv(data: bytes, name: str) -> ParsedDocument:
+        rows = [Block(", ".join(line.split(","))) for line in data.decode().splitlines() if line.strip()]
+        return ParsedDocument(title=name, sections=[Section((), rows)])
+
+    monkeypatch.setitem(FORMATS, "csv", Format("csv", "CSV", (".csv",), read=read_csv))
+    kind, passages = read_data("tables/prices.csv", b"Tea,3 euros.\nCoffee,2 euros.\n", doc_id="prices",
+                               words=100, max_bytes=1000)
+    assert kind == "csv" and [(p.id, p.title, p.text, p.source) for p in passages] == [
+        ("prices#0", "prices", "Tea, 3 euros. Coffee, 2 euros.", "tables/prices.csv")]
+    with pytest.raises(SkipFile, match="not a CSV file: it is gzip data"):
+        read_data("x.csv", b"\x1f\x8b rest", doc_id="x", words=100, max_bytes=1000)
+    (tmp_path / "prices.csv").write_text("Tea,3 euros.\n")
+    report = ingest(IngestOptions(paths=(tmp_path / "prices.csv",), out=tmp_path / "c.jsonl", show_progress=False))
+    assert report.formats == {"csv": 1} and report.passages == 1
+
+
 def test_passages_pack_sentences_cut_long_ones_merge_a_short_tail_and_never_cross_sections() -> None:
     def sentence(n: int, word: str = "w") -> str:
         return " ".join([word] * (n - 1) + ["end."])
@@ -270,7 +300,7 @@ def test_passages_pack_sentences_cut_long_ones_merge_a_short_tail_and_never_cros
                                   100)] == [60, 65]  # a last passage under 20 words joins the one before
     assert [p.words for p in pack([Piece(sentence(320), 320)], 100)] == [100, 100, 100, 20]  # > 150: cut in 100s
     assert [p.words for p in pack([Piece(sentence(140), 140)], 100)] == [140]  # within 1.5x: kept whole
-    document = Document("T", [Section(("A",), [Block(sentence(30)), Block(sentence(5))]),
+    document = ParsedDocument("T", [Section(("A",), [Block(sentence(30)), Block(sentence(5))]),
                               Section(("A", "B"), [Block(sentence(5))])])
     passages = cut(document, doc_id="d", source="d", words=100)
     assert [(p.id, p.headings, len(p.text.split())) for p in passages] == [("d#0", ("A",), 35),
@@ -293,5 +323,5 @@ def test_cutting_matches_the_shared_domain_corpora_builder(data_dir: Path) -> No
                     " ".join(rng.choice(vocabulary) for _ in range(rng.randint(1, count))).capitalize() + "."
                     for _ in range(rng.randint(1, 6))))
             groups.append(blocks)
-        document = Document("t", [Section((str(i),), [Block(b) for b in blocks]) for i, blocks in enumerate(groups)])
+        document = ParsedDocument("t", [Section((str(i),), [Block(b) for b in blocks]) for i, blocks in enumerate(groups)])
         assert [p.text for p in cut(document, doc_id="d", source="d")] == reference["chunk_document"](groups)

@@ -1,4 +1,4 @@
-"""Documents put and deleted while serving (`plugsearch.retriever.changelog`, `plugsearch.retriever.live`): the durable
+"""Documents put and deleted while serving (`plugsearch.retriever.live.changelog`, `plugsearch.retriever.live.overlay`): the durable
 log and its torn tail, the overlay over a real bm25s index and document store (a put passage found, a replaced
 document's old passages and a deleted one's never), every worker's view through the log, and the API's rules
 (who may change, what a search key gets)."""
@@ -11,14 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plugsearch.retriever.changelog import LOG_FILE, ChangeLog, Passage
+from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.live.changelog import LOG_FILE, ChangeLog
 from plugsearch.retriever.serving import RetrieverService, check_indexes
 from tests.asgi import app_client
 from tests.support.retriever import ensure_tiny_indexes, tiny_bm25s, tiny_settings
 
 
 def passage(doc: str, n: int, text: str, title: str = "") -> Passage:
-    return Passage(f"{doc}#{n}", doc, title, text)
+    return Passage(id=f"{doc}#{n}", doc_id=doc, title=title, text=text)
 
 
 def test_the_log_keeps_acknowledged_changes_and_drops_a_torn_tail(tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from plugsearch.common.procgroup import (
-    NotReady,
     Output,
     ProcessExited,
     ProcessGroup,
+    ProcessNotReady,
     ProcessSpec,
     RestartPolicy,
 )
@@ -101,7 +101,7 @@ def test_wait_ready_reports_an_early_exit_and_a_timeout() -> None:
         with pytest.raises(ProcessExited, match="dies exited with 2") as exited:
             group.wait_ready("dies", timeout_s=30, interval_s=0.02)
         assert exited.value.name == "dies" and "bad setting" in str(exited.value)
-        with pytest.raises(NotReady, match="not ready within 0.2 s: slow") as late:
+        with pytest.raises(ProcessNotReady, match="not ready within 0.2 s: slow") as late:
             group.wait_ready("slow", timeout_s=0.2, interval_s=0.02)
         assert late.value.names == ["slow"]
         assert group.supervise(threading.Event(), interval_s=0.01) == ("dies", 2)

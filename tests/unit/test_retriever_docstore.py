@@ -10,12 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plugsearch.retriever import docstore
-from plugsearch.retriever.base import Hits
-from plugsearch.retriever.corpus import Corpus, CorpusError
-from plugsearch.retriever.docstore import DiskStore, build_docstore, ensure_docstore, open_store, store_folder
-from plugsearch.retriever.manifest import IndexMismatch, Manifest
+from plugsearch.retriever.backends.base import Hits
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store import docstore
+from plugsearch.retriever.store.corpus import Corpus, CorpusError
+from plugsearch.retriever.store.docstore import (
+    DiskStore,
+    build_docstore,
+    ensure_docstore,
+    open_store,
+    store_folder,
+)
+from plugsearch.retriever.store.manifest import IndexMismatch, Manifest
 from tests.support.retriever import write_tiny_corpus
 
 ODD_ROWS = [{"id": "a", "title": 'Quote "and" \\ slash', "text": "caf\u00e9 \u2603 line\nbreak"},

@@ -10,12 +10,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from plugsearch.retriever.bm25 import Bm25sRetriever, build_bm25s
-from plugsearch.retriever.corpus import Corpus
-from plugsearch.retriever.dense import FaissIndex, device_groups
-from plugsearch.retriever.dense_build import build_faiss, embed_corpus, embeddings_key
-from plugsearch.retriever.manifest import IndexMissing, Manifest
+from plugsearch.retriever.backends.bm25s_index import Bm25sRetriever, build_bm25s
+from plugsearch.retriever.backends.faiss_index import FaissIndex, build_faiss, device_groups
+from plugsearch.retriever.indexing.embeddings import embed_corpus, embeddings_key
 from plugsearch.retriever.settings import EncoderSettings, FaissSettings
+from plugsearch.retriever.store.corpus import Corpus
+from plugsearch.retriever.store.manifest import IndexMissing, Manifest
 from tests.support.retriever import write_tiny_corpus
 
 
@@ -261,7 +261,7 @@ def test_an_ivf_build_stopped_part_way_goes_on_from_its_last_part(embeddings: Pa
     part trains nothing again, fills only the parts after it, and answers as an uninterrupted build does."""
     import faiss
 
-    from plugsearch.retriever import dense_build
+    from plugsearch.retriever.backends import faiss_index
 
     queries = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])[:40]
     settings = FaissSettings(index_type="ivfsq8", train_size=1000, ivf_nlist=4, nprobe=4  # type: ignore[arg-type]
@@ -283,7 +283,7 @@ def test_an_ivf_build_stopped_part_way_goes_on_from_its_last_part(embeddings: Pa
     monkeypatch.setattr(faiss, "write_index", real_write)
     shutil.copytree(work, tmp_path / ".other.build")  # the parts, as if left by a build of other settings
     trained: list[int] = []
-    monkeypatch.setattr(dense_build, "_training_sample", lambda *a: trained.append(1) or None)
+    monkeypatch.setattr(faiss_index, "_training_sample", lambda *a: trained.append(1) or None)
     resumed = build_faiss(embeddings, tmp_path / "stopped", settings, show_progress=False)
     assert trained == [] and not work.exists() and resumed.doc_count == whole.doc_count == 300
     got = FaissIndex(tmp_path / "stopped", settings).search(queries, 5)
@@ -291,8 +291,8 @@ def test_an_ivf_build_stopped_part_way_goes_on_from_its_last_part(embeddings: Pa
     assert (got.ids == want.ids).all() and np.allclose(got.scores, want.scores)
     monkeypatch.undo()
     other = settings.model_copy(update={"ivf_nlist": 8})  # another build's parts are never taken
-    real_sample, trained = dense_build._training_sample, []
-    monkeypatch.setattr(dense_build, "_training_sample", lambda *a: trained.append(1) or real_sample(*a))
+    real_sample, trained = faiss_index._training_sample, []
+    monkeypatch.setattr(faiss_index, "_training_sample", lambda *a: trained.append(1) or real_sample(*a))
     build_faiss(embeddings, tmp_path / "other", other, show_progress=False)
     index = FaissIndex(tmp_path / "other", other)
     assert trained == [1] and index.ntotal == 300 and faiss.extract_index_ivf(index.index).nlist == 8
@@ -305,17 +305,17 @@ def test_an_ivf_build_may_assign_its_vectors_through_a_graph_over_the_centroids(
     exactly assigned one does."""
     import faiss
 
-    from plugsearch.retriever import dense_build
+    from plugsearch.retriever.backends import faiss_index
 
     vectors = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])
     exact = FaissSettings(index_type="ivfsq8", train_size=1000, ivf_nlist=16, nprobe=16, ivf_assign="exact")  # type: ignore[arg-type]
     graph = exact.model_copy(update={"ivf_assign": "hnsw"})
-    trained = dense_build.new_faiss_index(vectors.shape[1], len(vectors), exact)
+    trained = faiss_index.new_faiss_index(vectors.shape[1], len(vectors), exact)
     trained.train(vectors)
-    assert dense_build._assigner(trained, exact) is None
-    assert dense_build._assigner(trained, exact.model_copy(update={"ivf_assign": "auto"})) is None  # 16 lists
+    assert faiss_index._assigner(trained, exact) is None
+    assert faiss_index._assigner(trained, exact.model_copy(update={"ivf_assign": "auto"})) is None  # 16 lists
     _, want = faiss.extract_index_ivf(trained).quantizer.search(vectors, 1)
-    _, got = dense_build._assigner(trained, graph).search(vectors, 1)
+    _, got = faiss_index._assigner(trained, graph).search(vectors, 1)
     assert (got == want).mean() >= 0.98
     build_faiss(embeddings, tmp_path / "exact", exact, show_progress=False)
     build_faiss(embeddings, tmp_path / "graph", graph, show_progress=False)
@@ -327,7 +327,7 @@ def test_an_ivf_build_may_assign_its_vectors_through_a_graph_over_the_centroids(
 _MAPPED_VS_HELD = """
 import sys
 import numpy as np
-from plugsearch.retriever.dense import read_index
+from plugsearch.retriever.backends.faiss_index import read_index
 
 def rss_anon_kb():
     with open("/proc/self/status") as fh:
@@ -371,7 +371,7 @@ def test_an_ivf_index_of_the_former_layout_still_loads(embeddings: Path, tmp_pat
     """IVF-PQ was stored as one shard file with its lists inside: served as it is (its lists mapped)."""
     import faiss
 
-    from plugsearch.retriever.manifest import Manifest
+    from plugsearch.retriever.store.manifest import Manifest
 
     settings = FaissSettings(index_type="ivfpq", train_size=1000, ivf_nlist=4, pq_m=8, nprobe=4)
     vectors = np.concatenate([np.load(p) for p in sorted(embeddings.glob("chunk-*.npy"))])

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from plugsearch.retriever import onnx_encoder
-from plugsearch.retriever.dense import DenseRetriever, FaissIndex
-from plugsearch.retriever.dense_build import dense_folder
-from plugsearch.retriever.encoder import Encoder, resolve_encoder_path
-from plugsearch.retriever.onnx_encoder import OnnxUnavailable, ensure_export, export_folder
+from plugsearch.retriever.backends.dense import DenseRetriever
+from plugsearch.retriever.backends.faiss_index import FaissIndex, dense_folder
+from plugsearch.retriever.encoders import onnx_encoder
+from plugsearch.retriever.encoders.encoder import Encoder, resolve_encoder_path
+from plugsearch.retriever.encoders.onnx_encoder import OnnxUnavailable, ensure_export, export_folder
 from plugsearch.retriever.serving import check_indexes
 from plugsearch.retriever.settings import DEFAULT_ENCODER, EncoderSettings, RetrieverSettings
 from tests.conftest import first_questions
@@ -140,12 +140,12 @@ def test_export_happens_once_and_is_reused(onnx_dir: Path, tmp_path: Path, monke
 
     monkeypatch.setattr(onnx_encoder, "export_fp32", fake_export)
     settings = EncoderSettings(backend="onnx", onnx_dir=tmp_path)
-    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.onnx_encoder"):
+    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.encoders.onnx_encoder"):
         first = Encoder(settings)
     assert len(calls) == 1 and calls[0].parent == export_folder(tmp_path, MODEL)
     assert "exporting" in caplog.text and "to ONNX once" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.onnx_encoder"):
+    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.encoders.onnx_encoder"):
         second = Encoder(settings)
     assert len(calls) == 1, "a second start exported again"
     assert "reusing" in caplog.text and "exporting" not in caplog.text
@@ -154,7 +154,7 @@ def test_export_happens_once_and_is_reused(onnx_dir: Path, tmp_path: Path, monke
     assert first.onnx.file.name == onnx_encoder.FUSED  # fp32 serves the fused graph, made once with it
 
     # int8 is made from the same fp32 export (no second export), once
-    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.onnx_encoder"):
+    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.encoders.onnx_encoder"):
         int8 = Encoder(settings.model_copy(update={"backend": "onnx-int8"}))
         Encoder(settings.model_copy(update={"backend": "onnx-int8"}))
     assert len(calls) == 1 and caplog.text.count("quantizing to int8 once") == 1
@@ -417,7 +417,7 @@ def test_a_damaged_export_is_made_again_not_served(onnx_dir: Path, tmp_path: Pat
         byte = fh.read(1)
         fh.seek(-1, 1)
         fh.write(bytes([byte[0] ^ 0xFF]))
-    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.onnx_encoder"):
+    with caplog.at_level(logging.INFO, logger="plugsearch.retriever.encoders.onnx_encoder"):
         path = ensure_export(MODEL, tmp_path, int8=False)
     assert "fusing" in caplog.text and "exporting" not in caplog.text  # the intact fp32 export is reused
     assert path.read_bytes() == (export_folder(onnx_dir, MODEL) / onnx_encoder.FUSED).read_bytes()

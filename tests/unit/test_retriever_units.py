@@ -13,12 +13,18 @@ import pytest
 from pydantic import ValidationError
 
 from plugsearch.common.errors import Overloaded
-from plugsearch.retriever.base import Hits
+from plugsearch.retriever.backends.base import Hits
+from plugsearch.retriever.backends.fusion import HybridRetriever, rrf_fuse
 from plugsearch.retriever.batching import MicroBatcher
-from plugsearch.retriever.corpus import Corpus, CorpusError, file_checksum, join_contents, split_contents
-from plugsearch.retriever.fusion import HybridRetriever, rrf_fuse
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_folder
 from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.corpus import (
+    Corpus,
+    CorpusError,
+    file_checksum,
+    join_contents,
+    split_contents,
+)
+from plugsearch.retriever.store.manifest import IndexMismatch, IndexMissing, Manifest, index_folder
 
 
 def hits(rows: list[list[int]], scores: list[list[float]] | None = None) -> Hits:
@@ -117,12 +123,12 @@ def _manifest(n: int) -> Manifest:
     return Manifest(kind="bm25", backend="bm25s", corpus_path="x", corpus_checksum="sha256:x", doc_count=n)
 
 
-def test_atomic_folder_crash_keeps_old_index_and_leaves_nothing_loadable(tmp_path: Path) -> None:
+def test_index_folder_crash_keeps_old_index_and_leaves_nothing_loadable(tmp_path: Path) -> None:
     final = tmp_path / "idx"
-    with atomic_folder(final) as tmp:
+    with index_folder(final) as tmp:
         (tmp / "data").write_text("v1")
         _manifest(1).write(tmp)
-    with pytest.raises(RuntimeError, match="boom"), atomic_folder(final) as tmp:
+    with pytest.raises(RuntimeError, match="boom"), index_folder(final) as tmp:
         (tmp / "data").write_text("v2-partial")
         raise RuntimeError("boom")
     assert (final / "data").read_text() == "v1"
@@ -130,13 +136,13 @@ def test_atomic_folder_crash_keeps_old_index_and_leaves_nothing_loadable(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]  # the partial build was removed
 
 
-def test_atomic_folder_requires_manifest_and_replaces(tmp_path: Path) -> None:
+def test_index_folder_requires_manifest_and_replaces(tmp_path: Path) -> None:
     final = tmp_path / "idx"
-    with pytest.raises(RuntimeError, match="without writing a manifest"), atomic_folder(final):
+    with pytest.raises(RuntimeError, match="without writing a manifest"), index_folder(final):
         pass
     assert not final.exists()
     for n in (1, 2):
-        with atomic_folder(final) as tmp:
+        with index_folder(final) as tmp:
             _manifest(n).write(tmp)
     assert Manifest.read(final).doc_count == 2
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
@@ -426,7 +432,7 @@ def test_hits_helpers() -> None:
 
 # --------------------------------------------------------------------------- query vectors
 def test_query_vector_cache_is_a_bounded_lru_keyed_by_encoder_and_text() -> None:
-    from plugsearch.retriever.encoder import QueryVectorCache
+    from plugsearch.retriever.encoders.encoder import QueryVectorCache
 
     cache = QueryVectorCache(2)
     vec = np.eye(3, dtype=np.float32)

@@ -1,6 +1,10 @@
-"""What a file is and what it says: each format read by the library made for it into a `Document`.
+"""What a file is and what it says: each format read by the library made for it into a `ParsedDocument`.
 
-A `Document` is a title and its sections in order; a section is the heading path it sits under (`("Guide",
+Each format is one entry of `FORMATS` (its name, label, extensions, the signature its files start with, and its
+reader): the extension picks the entry, `sniff` checks the file's first bytes against it, its reader reads it. A
+new format is a reader function and one entry.
+
+A `ParsedDocument` is a title and its sections in order; a section is the heading path it sits under (`("Guide",
 "Install")`, empty before the first heading and where the format has none) and its blocks of text (paragraphs,
 list items, table rows, a PDF page), each a sentence boundary. Readers:
 
@@ -17,8 +21,9 @@ list items, table rows, a PDF page), each a sentence boundary. Readers:
 - JSONL passages (`.jsonl`, the corpus format the retriever reads): every row checked as the retriever loads it
   and passed through (`read_jsonl`); one bad row skips the file.
 
-Before any of that, `sniff` checks the first bytes against the extension: a `.pdf` must start with `%PDF-`; a text
-format must not be a known binary format or hold NUL bytes (UTF-16/32 with a byte order mark excepted).
+Before any of that, `sniff` checks the first bytes against the extension: a format with a signature (PDF: `%PDF-`)
+must have it; a text format must not start with a known binary signature or hold NUL bytes (UTF-16/32 with a byte
+order mark excepted).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import io
 import re
 import unicodedata
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
@@ -40,21 +45,13 @@ from markdown_it.token import Token
 from pypdf import PdfReader
 from pypdf.errors import PyPdfError
 
-from plugsearch.retriever.corpus import CorpusError, parse_line
-from plugsearch.retriever.ingest.passages import Passage, ws
+from plugsearch.common.text import ws
+from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.store.corpus import CorpusError, parse_line
 
-EXTENSIONS: dict[str, str] = {
-    ".txt": "text", ".text": "text",
-    ".md": "markdown", ".markdown": "markdown",
-    ".html": "html", ".htm": "html", ".xhtml": "html",
-    ".pdf": "pdf",
-    ".jsonl": "jsonl",
-}
-LABELS = {"text": "text", "markdown": "Markdown", "html": "HTML", "pdf": "PDF", "jsonl": "JSONL"}
 NO_TEXT_LAYER = "no text layer (scanned? OCR it first)"
 
-_MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"%PDF-", "a PDF"),
+_OTHER_SIGNATURES: tuple[tuple[bytes, str], ...] = (  # files no reader takes, recognised to refuse them by name
     (b"PK\x03\x04", "a ZIP archive (docx, xlsx, epub, ...)"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an old Office document"),
     (b"\x89PNG\r\n\x1a\n", "a PNG image"),
@@ -91,32 +88,41 @@ class Section:
 
 
 @dataclass
-class Document:
+class ParsedDocument:
+    """A file as its reader understood it: its title and its sections in order."""
+
     title: str
     sections: list[Section]
 
 
 def format_of(path: PurePath) -> str | None:
-    """The reader an extension asks for (`text`, `markdown`, `html`, `pdf`, `jsonl`); None for any other."""
-    return EXTENSIONS.get(path.suffix.lower())
+    """The format an extension asks for (a `FORMATS` name: `text`, `markdown`, ...); None for any other."""
+    suffix = path.suffix.lower()
+    return next((f.name for f in FORMATS.values() if suffix in f.extensions), None)
+
+
+def extensions() -> list[str]:
+    """Every extension a reader takes, sorted."""
+    return sorted(extension for f in FORMATS.values() for extension in f.extensions)
 
 
 def _magic(head: bytes) -> str | None:
-    return next((what for magic, what in _MAGIC if head.startswith(magic)), None)
+    signatures = [(f.signature, f.looks) for f in FORMATS.values() if f.signature is not None] + list(_OTHER_SIGNATURES)
+    return next((what for magic, what in signatures if head.startswith(magic)), None)
 
 
 def sniff(kind: str, head: bytes) -> None:
     """Refuse a file whose first bytes say it is not what its extension says."""
-    label = LABELS[kind]
-    if kind == "pdf":
-        if b"%PDF-" not in head[:1024]:
+    entry = FORMATS[kind]
+    if entry.signature is not None:  # a format with a signature: within the first KiB, as readers allow
+        if entry.signature not in head[:1024]:
             looks = _magic(head) or ("binary data" if b"\x00" in head else "text")
-            raise SkipFile(f"not a PDF: no %PDF- header (it looks like {looks})")
+            raise SkipFile(f"not a {entry.label}: no {entry.signature.decode()} header (it looks like {looks})")
         return
     if (what := _magic(head)) is not None:
-        raise SkipFile(f"not a {label} file: it is {what}")
+        raise SkipFile(f"not a {entry.label} file: it is {what}")
     if b"\x00" in head and not head.startswith(_UNICODE_BOMS):
-        raise SkipFile(f"not a {label} file: binary data (NUL bytes)")
+        raise SkipFile(f"not a {entry.label} file: binary data (NUL bytes)")
 
 
 def decode_text(data: bytes, label: str) -> str:
@@ -167,13 +173,13 @@ class _Outline:
         if text.strip():
             self.sections[-1].blocks.append(Block(text, page))
 
-    def document(self, title: str) -> Document:
-        return Document(title=ws(title), sections=[s for s in self.sections if s.blocks])
+    def document(self, title: str) -> ParsedDocument:
+        return ParsedDocument(title=ws(title), sections=[s for s in self.sections if s.blocks])
 
 
 # ---------------------------------------------------------------------------------------------------- plain text
 
-def read_text(data: bytes, name: str) -> Document:
+def read_text(data: bytes, name: str) -> ParsedDocument:
     outline = _Outline()
     for paragraph in re.split(r"\n[ \t\f\v]*\n", decode_text(data, "text").replace("\r\n", "\n")):
         outline.add(paragraph)
@@ -197,7 +203,7 @@ def _inline_text(children: list[Token] | None) -> str:
     return "".join(parts)
 
 
-def read_markdown(data: bytes, name: str) -> Document:
+def read_markdown(data: bytes, name: str) -> ParsedDocument:
     text = decode_text(data, "Markdown")
     title = ""
     if front := _FRONT_MATTER.match(text):  # YAML front matter: its title, the rest is not text
@@ -291,7 +297,7 @@ def _html_blocks(root: Tag, outline: _Outline) -> _Outline:
     return outline
 
 
-def read_html(data: bytes, name: str) -> Document:
+def read_html(data: bytes, name: str) -> ParsedDocument:
     if not data.startswith(_UNICODE_BOMS):
         decode_text(data[:65536], "HTML")  # binary data refused before it is parsed
     soup = _soup(data)
@@ -304,7 +310,7 @@ def read_html(data: bytes, name: str) -> Document:
 
 # ----------------------------------------------------------------------------------------------------------- PDF
 
-def read_pdf(data: bytes, name: str) -> Document:
+def read_pdf(data: bytes, name: str) -> ParsedDocument:
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
@@ -326,12 +332,12 @@ def read_pdf(data: bytes, name: str) -> Document:
     return document
 
 
-READERS = {"text": read_text, "markdown": read_markdown, "html": read_html, "pdf": read_pdf}
-
-
-def read_document(kind: str, data: bytes, name: str) -> Document:
+def read_document(kind: str, data: bytes, name: str) -> ParsedDocument:
     """`data` (the whole file) as a document of format `kind`; `name`: the title when the document has none."""
-    return READERS[kind](data, name)
+    read = FORMATS[kind].read
+    if read is None:
+        raise ValueError(f"{kind} files are read as passages (read_passages), not as a document")
+    return read(data, name)
 
 
 # --------------------------------------------------------------------------------------------- JSONL passages
@@ -370,3 +376,36 @@ def read_jsonl(data: bytes, source: str) -> list[Passage]:
     if not passages:
         raise SkipFile("empty document: no rows")
     return passages
+
+
+# ------------------------------------------------------------------------------------------------- the formats
+
+@dataclass(frozen=True)
+class Format:
+    """One format a file may be in: `name` (what reports and the API call it), `label` (how messages name it), the
+    extensions that ask for it, the `signature` its files start with (None: a text format, refused when it starts
+    with a known binary signature) and how a file with that signature is named (`looks`), and its reader: `read`
+    into a `ParsedDocument` that is then cut into passages, or, for a corpus format whose rows are passages
+    already (each naming its document), `read_passages`."""
+
+    name: str
+    label: str
+    extensions: tuple[str, ...]
+    read: Callable[[bytes, str], ParsedDocument] | None = None
+    read_passages: Callable[[bytes, str], list[Passage]] | None = None
+    signature: bytes | None = None
+    looks: str = ""
+
+    @property
+    def is_corpus(self) -> bool:
+        """Its rows are passages that name their own documents (a file of it is no single document)."""
+        return self.read_passages is not None
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("text", "text", (".txt", ".text"), read=read_text),
+    Format("markdown", "Markdown", (".md", ".markdown"), read=read_markdown),
+    Format("html", "HTML", (".html", ".htm", ".xhtml"), read=read_html),
+    Format("pdf", "PDF", (".pdf",), read=read_pdf, signature=b"%PDF-", looks="a PDF"),
+    Format("jsonl", "JSONL", (".jsonl",), read_passages=read_jsonl),
+)}

@@ -1,43 +1,32 @@
 """Cutting a document into passages, as the shared domain corpora were cut (../shared/data/domain/README.md,
 "Chunking"; its build_domain_sets.py):
 
-Each block is split into sentences (after `.`, `!` or `?` and any closing quotes or brackets, before a capital
-letter or a digit); a section's sentences are packed greedily, in order, into passages of at most about `words`
-words (default 100), no overlap, never across sections. A sentence longer than 1.5 x `words` is cut into
-`words`-word pieces; a section's last passage under `words` / 5 words is merged into the one before when the two
-stay within 1.5 x `words`. Text is whitespace-normalised (non-breaking and zero-width spaces too).
+Each block is split into sentences (`plugsearch.common.text.sentences`: after `.`, `!` or `?` and any closing
+quotes or brackets, before a capital letter or a digit); a section's sentences are packed greedily, in order,
+into passages of at most about `words` words (default 100), no overlap, never across sections. A sentence
+longer than 1.5 x `words` is cut into `words`-word pieces; a section's last passage under `words` / 5 words is
+merged into the one before when the two stay within 1.5 x `words`. Text is whitespace-normalised (non-breaking and zero-width spaces too).
 
 A passage's id is `<doc_id>#<position>`, its position the passage's index within its document (0, 1, ...), so the
 same document cut with the same `words` gives the same ids on every run.
+
+`Passage` is the one passage type: what ingest writes to a corpus, what the API puts (cut from a document's text
+or a file, or given), what the change log keeps and the live overlay searches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import regex
+from plugsearch.common.text import sentences
+from plugsearch.retriever.store.corpus import indexed_text
 
 if TYPE_CHECKING:
-    from plugsearch.retriever.ingest.formats import Document
+    from plugsearch.retriever.ingest.formats import ParsedDocument
 
 DEFAULT_WORDS = 100
-
-_SENTENCE_END = regex.compile(r"(?<=[.!?][\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[\p{Lu}\p{N}])")
-_INVISIBLE = str.maketrans({"\u00a0": " ", "\u200b": None, "\ufeff": None, "\u00ad": None})
-
-
-def ws(text: str) -> str:
-    """Whitespace-normalised: one space between words, none at the ends."""
-    return " ".join(text.translate(_INVISIBLE).split())
-
-
-def sentences(block: str) -> list[str]:
-    """A block's sentences, whitespace-normalised."""
-    block = ws(block)
-    return [s for s in _SENTENCE_END.split(block) if s.strip()] if block else []
-
 
 @dataclass(frozen=True)
 class Piece:
@@ -76,16 +65,23 @@ def pack(units: Sequence[Piece], words: int = DEFAULT_WORDS) -> list[Piece]:
 
 @dataclass(frozen=True)
 class Passage:
-    """One corpus row: what the retriever reads (`id`, `title`, `text`) and where it came from."""
+    """One passage of a document: what the retriever reads and searches (`id`, `title`, `text`), the document it is
+    part of (`doc_id`; its id is `<doc_id>#<position>`), and where in a file it came from (`headings`, `source`,
+    `page`: empty for a passage given as it is)."""
 
     id: str
     title: str
     text: str
     doc_id: str
-    headings: tuple[str, ...]
-    source: str
-    position: int
+    headings: tuple[str, ...] = ()
+    source: str = ""
+    position: int = 0
     page: int | None = None
+
+    @property
+    def indexed(self) -> str:
+        """The passage as the indexes read it (`plugsearch.retriever.store.corpus.indexed_text`)."""
+        return indexed_text(self.title, self.text)
 
     def row(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "title": self.title, "text": self.text, "doc_id": self.doc_id,
@@ -95,7 +91,13 @@ class Passage:
         return out
 
 
-def cut(document: Document, *, doc_id: str, source: str, words: int = DEFAULT_WORDS) -> list[Passage]:
+def numbered(doc_id: str, parts: Iterable[tuple[str, str]]) -> list[Passage]:
+    """A document's passages given as (title, text), in order: `<doc_id>#0`, `<doc_id>#1`, ..."""
+    return [Passage(id=f"{doc_id}#{i}", title=title, text=text, doc_id=doc_id, position=i)
+            for i, (title, text) in enumerate(parts)]
+
+
+def cut(document: ParsedDocument, *, doc_id: str, source: str, words: int = DEFAULT_WORDS) -> list[Passage]:
     """The document's passages in order; a PDF passage's `page` is the page its first sentence is on."""
     passages: list[Passage] = []
     for section in document.sections:

@@ -27,12 +27,13 @@ from typing import Any, Literal
 
 import orjson
 
+from plugsearch.common.files import atomic_write_bytes, atomic_writer
 from plugsearch.retriever.ingest.formats import (
-    EXTENSIONS,
+    FORMATS,
     SkipFile,
+    extensions,
     format_of,
     read_document,
-    read_jsonl,
     sniff,
 )
 from plugsearch.retriever.ingest.passages import DEFAULT_WORDS, Passage, cut
@@ -177,7 +178,7 @@ def kind_of(name: str) -> str:
     """The reader `name`'s extension asks for; SkipFile (ignored) for an extension no reader takes."""
     kind = format_of(PurePosixPath(name))
     if kind is None:
-        known = ", ".join(sorted(EXTENSIONS))
+        known = ", ".join(extensions())
         raise SkipFile(f"unknown extension {PurePosixPath(name).suffix or '(none)'!r} (ingested: {known})",
                        ignored=True)
     return kind
@@ -195,15 +196,25 @@ def read_data(name: str, data: bytes, *, doc_id: str, words: int, max_bytes: int
     if not data:
         raise SkipFile("empty file")
     sniff(kind, data[:8192])
-    if kind == "jsonl":
-        return kind, read_jsonl(data, name)
-    document = read_document(kind, data, PurePosixPath(name).stem)
-    if title:
-        document.title = title
-    passages = cut(document, doc_id=doc_id, source=name, words=words)
+    rows = FORMATS[kind].read_passages
+    if rows is not None:  # a corpus: its rows are the passages
+        return kind, rows(data, name)
+    passages = cut_file(kind, data, name=PurePosixPath(name).stem, doc_id=doc_id, source=name, words=words,
+                        title=title)
     if not passages:
         raise SkipFile("empty document: no text")
     return kind, passages
+
+
+def cut_file(kind: str, data: bytes, *, name: str, doc_id: str, source: str, words: int = DEFAULT_WORDS,
+             title: str | None = None) -> list[Passage]:
+    """A document's bytes read by its format's reader and cut into passages (`<doc_id>#0`, ...): the one read-and-cut
+    path of ingest, a file put through the API and a document's text put through the API. `name`: the title when
+    the document has none; `title`: the title whatever the document says."""
+    document = read_document(kind, data, name)
+    if title:
+        document.title = title
+    return cut(document, doc_id=doc_id, source=source, words=words)
 
 
 def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Passage]]:
@@ -245,16 +256,8 @@ class _Ids:
         return len(doc_ids)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+class _NothingToWrite(Exception):
+    """No passage came out: the corpus file is not replaced."""
 
 
 def ingest(options: IngestOptions) -> IngestReport:
@@ -272,11 +275,10 @@ def ingest(options: IngestOptions) -> IngestReport:
     report.skipped += [s for s in found if isinstance(s, Skipped)]
     ids = _Ids()
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = options.out.with_name(f".{options.out.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     bar = tqdm(total=len(files), unit="doc", desc="ingest", disable=not options.show_progress, dynamic_ncols=True)
     try:
-        with tmp.open("wb") as fh:
+        with atomic_writer(options.out) as fh:
             for file in files:
                 try:
                     if file.rel in ids.documents:  # before reading it
@@ -299,16 +301,15 @@ def ingest(options: IngestOptions) -> IngestReport:
                     report.formats[kind] += 1
                 bar.update(1)
                 bar.set_postfix(passages=report.passages, skipped=len(report.skipped), refresh=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        bar.close()
-        if report.passages:
-            os.replace(tmp, options.out)
-            report.written, report.sha256 = True, digest.hexdigest()
+            bar.close()
+            if not report.passages:
+                raise _NothingToWrite
+        report.written, report.sha256 = True, digest.hexdigest()
+    except _NothingToWrite:
+        pass
     finally:
         bar.close()
-        tmp.unlink(missing_ok=True)
-    _write_atomically(options.report_path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+    atomic_write_bytes(options.report_path, orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
     if not report.written:
         raise IngestError(f"no passage to write: {len(files):,} files found, {len(report.skipped):,} skipped; "
                           f"{options.out} left as it was (see {options.report_path})", report)

@@ -77,7 +77,11 @@ _QUERY_WORD = re.compile(r"[^\W_][\w'&.-]*[^\W_]|[^\W_]")
 
 
 def _sentences(text: str) -> list[str]:
-    """`text` cut at sentence ends (".", "!", "?" then a space), not after an initial or an abbreviation."""
+    """`text` cut at sentence ends (".", "!", "?" then a space), not after an initial or an abbreviation.
+
+    Not the project's sentence rule (`plugsearch.common.text.sentences`, which ingest cuts passages by): that one
+    cuts after any full stop before a capital, so "J. R. R. Tolkien" and "Robert A. Stemmle" would lose their
+    names (4,501 of the 23,652 shared passages split otherwise), and the packaged policy was trained on this."""
     out, start = [], 0
     for m in _SENTENCE_END.finditer(text):
         before = text[start:m.start()].split()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from plugsearch.common.files import atomic_write_text, atomic_writer
 from plugsearch.searcher.compact.candidates import CANDIDATE_FEATURES
 from plugsearch.searcher.compact.features import DENSE, DENSE_FEATURES, DOC_FEATURES, LEXICAL
 from plugsearch.searcher.policy import PolicySetting
@@ -170,10 +171,11 @@ def write_folder(folder: Path, weights: dict[str, np.ndarray], manifest: dict[st
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / WEIGHTS_FILE
     arrays: dict[str, Any] = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
-    np.savez(path, **arrays)
+    with atomic_writer(path) as fh:  # the weights whole, then the manifest that names their digest
+        np.savez(fh, **arrays)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     manifest = {**manifest, "weights_sha256": digest,
                 **{key: list(names) for key, names in FEATURE_NAMES.items()
                    if key != "dense_features" or has_dense_scorer(weights)}}
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(folder / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return path, digest, manifest

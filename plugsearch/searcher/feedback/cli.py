@@ -82,16 +82,16 @@ def _source(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
 
 def export(marks: Iterable[dict[str, Any]], out: Path, *, min_helpful: int = 1) -> dict[str, Any]:
     """Write the training rows of `marks` to `out` (whole or not at all); what was written and left out."""
-    from plugsearch.retriever.manifest import atomic_file
+    from plugsearch.common.files import atomic_writer
 
     written = skipped = 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out) as tmp, tmp.open("w", encoding="utf-8") as fh:
+    with atomic_writer(out) as fh:
         for mark in marks:
             if len(mark["helpful"]) < min_helpful:
                 skipped += 1
                 continue
-            fh.write(json.dumps(training_row(mark), ensure_ascii=False) + "\n")
+            fh.write((json.dumps(training_row(mark), ensure_ascii=False) + "\n").encode())
             written += 1
     return {"out": str(out), "rows": written, "marks": written + skipped, "left_out_min_helpful": skipped,
             "min_helpful": min_helpful}

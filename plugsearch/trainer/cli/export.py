@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.files import atomic_write_text
 from plugsearch.trainer.cli.common import RUN_RECORD, portable
 
 
@@ -52,7 +53,7 @@ def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     manifest = {"model_alias": args.alias, "base_model": base.name, "base_gguf_sha256": sha256(base),
                 "adapter_sha256": sha256(gguf), "search": last["search"], "summary": args.summary or "",
                 "runs": records, "evaluation": evaluation}
-    (out / MANIFEST).write_text(json.dumps(portable(manifest), indent=2) + "\n")
+    atomic_write_text(out / MANIFEST, json.dumps(portable(manifest), indent=2) + "\n")
     return {"folder": str(out), "adapter_bytes": gguf.stat().st_size, "runs": len(records)}
 
 

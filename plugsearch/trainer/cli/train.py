@@ -103,10 +103,10 @@ async def contested(settings: TrainerSettings, items: list[QAItem], args: argpar
 
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    from plugsearch.common.aio import AsyncRunner
     from plugsearch.trainer.common.plotting import plot_reward_curve
     from plugsearch.trainer.llm.grpo import build_trainer, read_reward_log, resolve_device, train
     from plugsearch.trainer.llm.model import default_policy_path
-    from plugsearch.trainer.llm.runner import AsyncRunner
 
     settings = settings_from(args)
     device = resolve_device(args.device)

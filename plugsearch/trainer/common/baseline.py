@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from plugsearch.common.cache import ResultCache, cache_key, make_cache
+from plugsearch.common.files import atomic_write_text
 from plugsearch.common.schemas.retriever import Method
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.trainer.common.data import QAItem, append_durable, read_jsonl
@@ -87,10 +87,7 @@ class BaselineStore:
             self._rewrite()
 
     def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        append_durable(tmp, "".join(r.model_dump_json() + "\n" for r in self._records.values()))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(r.model_dump_json() + "\n" for r in self._records.values()))
 
     def _key(self, qid: str) -> str:
         return cache_key("baseline", {"v": BASELINE_VERSION, "cfg": self.config.model_dump(), "id": qid})

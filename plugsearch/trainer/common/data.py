@@ -320,7 +320,7 @@ def check_corpus_file(path: Path, *, progress: bool = False) -> int:
     passages counted."""
     from tqdm import tqdm
 
-    from plugsearch.retriever.corpus import CorpusError, corpus_lines, parse_line
+    from plugsearch.retriever.store.corpus import CorpusError, corpus_lines, parse_line
 
     first: dict[str, int] = {}
     try:

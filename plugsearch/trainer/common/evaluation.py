@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import statistics
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -33,6 +32,7 @@ from plugsearch.common.answers import span_match
 from plugsearch.common.clients import SearcherClient
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams, SearchRequest
+from plugsearch.common.stats import bootstrap_interval
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.loop import ActingPolicy, run_search
 from plugsearch.trainer.common.data import QAItem, append_durable, found, read_jsonl
@@ -197,16 +197,6 @@ def documents_hit(documents: Sequence[Document] | Sequence[dict[str, Any]], gold
     return any(span_match(d["text"] if isinstance(d, dict) else d.text, golden_answers) for d in documents)
 
 
-def bootstrap(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> list[float]:
-    """95% percentile interval of the mean (`resamples` resamples of the questions, fixed seed)."""
-    if not values:
-        return [float("nan"), float("nan")]
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    return [round(means[int(0.025 * resamples)], 3), round(means[int(0.975 * resamples) - 1], 3)]
-
-
 def scores(documents: Sequence[Document], item: QAItem) -> dict[str, float]:
     """One question's scores of one searcher's documents: `hit` (a gold answer or a labelled passage among them,
     `plugsearch.trainer.common.data.found`) and `all_gold` (every supporting title among them)."""
@@ -319,11 +309,11 @@ def metric_block(rows: Sequence[Mapping[str, Any]], systems: Sequence[str], key:
     for name in systems:
         values = [float(r[name][key]) for r in rows]
         out[name] = round(statistics.fmean(values), 3) if values else None
-        out[f"{name}_ci95"] = bootstrap(values)
+        out[f"{name}_ci95"] = bootstrap_interval(values)
         if name != reference and all(reference in r for r in rows):
             diff = [float(r[name][key]) - float(r[reference][key]) for r in rows]
             out[f"{name}_minus_naive"] = round(statistics.fmean(diff), 3) if diff else None
-            out[f"{name}_minus_naive_ci95"] = bootstrap(diff)
+            out[f"{name}_minus_naive_ci95"] = bootstrap_interval(diff)
     return out
 
 
@@ -334,7 +324,7 @@ def _matched_block(rows: Sequence[Mapping[str, Any]], policies: Sequence[str]) -
         naive = [float(r["matched"][name]["naive"]) for r in rows]
         out[name] = {"recall": round(statistics.fmean(own), 4) if own else None,
                      "naive": round(statistics.fmean(naive), 4) if naive else None,
-                     "gain_ci95": bootstrap([a - b for a, b in zip(own, naive, strict=True)]),
+                     "gain_ci95": bootstrap_interval([a - b for a, b in zip(own, naive, strict=True)]),
                      "docs": round(statistics.fmean(r["matched"][name]["docs"] for r in rows), 2) if rows else None,
                      "searches": round(statistics.fmean(r["matched"][name]["searches"] for r in rows), 2)
                      if rows else None}

@@ -19,8 +19,8 @@ class IndexRetriever:
     memoised per (query, k, method)."""
 
     def __init__(self, corpus_path: Path, index_dir: Path, *, dense: bool = False, progress: bool = True) -> None:
-        from plugsearch.retriever.cli import build
-        from plugsearch.retriever.fusion import HybridRetriever
+        from plugsearch.retriever.backends.fusion import HybridRetriever
+        from plugsearch.retriever.indexing.build import build
         from plugsearch.retriever.serving import RetrieverService, check_indexes
         from plugsearch.retriever.settings import RetrieverSettings
 

@@ -114,7 +114,7 @@ def user_split(qa_files: Sequence[Path], corpus: Path, *, seed: int, out: Path, 
     `check` sees every row first (and raises to refuse them)."""
     from tqdm import tqdm
 
-    from plugsearch.retriever.corpus import CorpusError, iter_corpus
+    from plugsearch.retriever.store.corpus import CorpusError, iter_corpus
 
     per_file = read_qa_files(list(qa_files))
     files = [{"name": p.name, "sha256": _sha256(p), "rows": len(rows)} for p, rows in zip(qa_files, per_file, strict=True)]

@@ -49,6 +49,7 @@ from pydantic import SecretStr
 
 from plugsearch.common.answers import is_yes_no, span_match
 from plugsearch.common.errors import ServiceError, UpstreamTimeout
+from plugsearch.common.files import atomic_write_text
 from plugsearch.common.llm import ChatMessage, LLMBackend, LLMSettings, OpenAIChatClient
 from plugsearch.searcher.pseudo_questions import sample_positions
 from plugsearch.trainer.common.data import QAFileError, QAItem, append_durable, read_jsonl
@@ -384,13 +385,11 @@ def question_file(out: Path, retriever: IndexRetriever, config: LLMQuestions, *,
     info, rows = asyncio.run(_run(out, retriever, config, labelled, progress=progress, llm=llm))
     info.update(setting=identity, seconds=round(time.perf_counter() - t0, 1))
     if not rows:
-        meta.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(meta, json.dumps(info, indent=1) + "\n")
         raise QAFileError(f"your LLM ({config.model} at {config.url}) gave no usable question for the "
                           f"{info['passages']} passages asked about (refused: {_refusals(info)}): see {meta}")
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-    meta.write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(meta, json.dumps(info, indent=1, ensure_ascii=False) + "\n")  # after: it says they are whole
     logger.info("questions from your LLM (%s): %d of %d passages gave a kept question; refused: %s", config.model,
                 info["kept"], info["passages"], _refusals(info))
     return path, info

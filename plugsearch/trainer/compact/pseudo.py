@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from plugsearch.common.answers import span_match
+from plugsearch.common.files import atomic_write_text
 from plugsearch.searcher.pseudo_questions import PseudoQuestion, check_questions, sample_positions
 from plugsearch.trainer.common.data import QAFileError
 from plugsearch.trainer.common.retrieval import IndexRetriever
@@ -96,9 +97,7 @@ def pseudo_question_file(out: Path, retriever: IndexRetriever, n: int, *, seed: 
             f"misses); at least {MIN_PSEUDO} are needed: the corpus is too small or too uniform to train a searcher "
             "from its passages alone (give labelled questions with --qa, or serve the shipped policy)")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in _rows(questions)), encoding="utf-8")
-    tmp.replace(path)
-    meta.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in _rows(questions)))
+    atomic_write_text(meta, json.dumps(info, indent=1) + "\n")  # after the questions: it says they are whole
     logger.info("pseudo-questions: %s", json.dumps(info))
     return path, info

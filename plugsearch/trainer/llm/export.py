@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.files import atomic_path
+
 GGUF_NAMES = {
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
@@ -57,19 +59,18 @@ def export_gguf(state: dict[str, Any], alpha: float, out: Path, *, arch: str = "
 
     tensors = lora_tensors(state)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch)
-    writer.add_type(gguf.GGUFType.ADAPTER)
-    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
-    for name in sorted(tensors, key=lambda n: (int(n.split(".")[1]), n.split(".", 2)[2])):  # block, then name
-        array = tensors[name].astype(np.float16 if half else np.float32)
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out)
+    with atomic_path(out) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+        for name in sorted(tensors, key=lambda n: (int(n.split(".")[1]), n.split(".", 2)[2])):  # block, then name
+            array = tensors[name].astype(np.float16 if half else np.float32)
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from plugsearch.common.aio import AsyncRunner
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.env import SearchOutcome
 from plugsearch.searcher.prompts import PromptSet
@@ -26,7 +27,6 @@ from plugsearch.trainer.common.data import QAItem, append_durable, read_jsonl
 from plugsearch.trainer.common.rewards import Baseline, RewardComputer, Trajectory, format_score
 from plugsearch.trainer.common.upstreams import QAServices
 from plugsearch.trainer.llm.rollout import SearchRollout
-from plugsearch.trainer.llm.runner import AsyncRunner
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
+
+from plugsearch.common.files import atomic_folder
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +41,9 @@ def clean_checkpoint_from_gguf(gguf: Path, var_dir: Path) -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
     if getattr(config, "tie_word_embeddings", False):
         clean.tie_weights()
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    clean.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with atomic_folder(out) as tmp:
+        clean.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
     return out
 
 

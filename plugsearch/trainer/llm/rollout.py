@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from plugsearch.common.aio import AsyncRunner
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.prompts import PromptSet
 from plugsearch.trainer.llm.episode import ChatTokens, Episode, TokenSampler, run_episode
-from plugsearch.trainer.llm.runner import AsyncRunner
 from plugsearch.trainer.llm.samplers import BatchingSampler, HFSampler, VLLMSampler
 
 logger = logging.getLogger(__name__)

@@ -318,18 +318,11 @@ def train_warm_start(config: WarmStartConfig, examples: Sequence[Example], lora:
 def _save(model: Any, optimizer: Any, state: dict[str, Any], checkpoint: Path) -> None:
     """Adapter, optimizer and position, written to a temporary folder and swapped in (a kill mid-save
     leaves the previous checkpoint whole)."""
-    import shutil
-
     import torch
 
-    tmp = checkpoint.with_name(checkpoint.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / STATE).write_text(json.dumps(state))
-    old = checkpoint.with_name(checkpoint.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if checkpoint.exists():
-        checkpoint.rename(old)
-    tmp.rename(checkpoint)
-    shutil.rmtree(old, ignore_errors=True)
+    from plugsearch.common.files import atomic_folder
+
+    with atomic_folder(checkpoint, clean_stale=True) as tmp:  # one trainer writes its checkpoint
+        model.save_pretrained(str(tmp))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / STATE).write_text(json.dumps(state))

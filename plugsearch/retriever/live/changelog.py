@@ -8,7 +8,7 @@ process, append one at a time), writes the line and syncs it (`os.fsync`) before
 change survives a crash of the process or of the machine. A line cut by a crash has no valid CRC: readers stop
 before it (it was never acknowledged) and the next `append` cuts it off; so a change is in the log whole or not
 at all. Readers (`read_from`) take the complete, valid lines after an offset: each worker follows the log from
-where it last read (`plugsearch.retriever.live`).
+where it last read (`plugsearch.retriever.live.overlay`).
 """
 
 from __future__ import annotations
@@ -29,28 +29,14 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from plugsearch.retriever.corpus import indexed_text
+from plugsearch.common.files import atomic_writer
+from plugsearch.retriever.ingest.passages import Passage
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "changes.jsonl"
 LOCK_FILE = "changes.lock"
 VECTORS_DIR = "vectors"
-
-
-@dataclass(frozen=True)
-class Passage:
-    """A passage of a document put: its id (`<doc_id>#<n>`), title and text."""
-
-    id: str
-    doc_id: str
-    title: str
-    text: str
-
-    @property
-    def indexed(self) -> str:
-        """The passage as the indexes read it (`plugsearch.retriever.corpus.indexed_text`)."""
-        return indexed_text(self.title, self.text)
 
 
 @dataclass(frozen=True)
@@ -81,7 +67,8 @@ def _decode(line: bytes) -> Change | None:
     if not sep or crc != f"{zlib.crc32(body):08x}".encode():
         return None
     data = orjson.loads(body)
-    put = tuple(Passage(p["id"], p["doc_id"], p.get("title", ""), p["text"]) for p in data.get("put", ()))
+    put = tuple(Passage(id=p["id"], doc_id=p["doc_id"], title=p.get("title", ""), text=p["text"])
+                for p in data.get("put", ()))
     return Change(int(data["seq"]), put, tuple(data.get("delete", ())), data.get("vectors"), float(data["at"]))
 
 
@@ -186,14 +173,5 @@ class ChangeLog:
 
 
 def _write_synced(path: Path, vectors: npt.NDArray[np.float32]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as fh:
+    with atomic_writer(path) as fh:  # synced, with its folder, before the line that names it is written
         np.save(fh, np.ascontiguousarray(vectors, dtype=np.float32))
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -96,7 +96,7 @@ class Corpus:
     """Parallel lists; index i is document number i in every index built from this corpus.
 
     Every document as Python strings in this process (~0.9 KB per 100-word passage): for small corpora and
-    in-process users. The service reads documents from `plugsearch.retriever.docstore.DiskStore` instead,
+    in-process users. The service reads documents from `plugsearch.retriever.store.docstore.DiskStore` instead,
     which has the same methods."""
 
     path: Path

@@ -1,5 +1,5 @@
 """`plugsearch-index put`, `upload` and `delete`: changing a running retriever's documents from the command line,
-through its API (`PUT /documents`, `POST /documents/files`, `POST /documents/delete`; `plugsearch.retriever.live`).
+through its API (`PUT /documents`, `POST /documents/files`, `POST /documents/delete`; `plugsearch.retriever.live.overlay`).
 
 `put CORPUS.jsonl` sends the documents of a corpus file (what `plugsearch-index ingest` writes: passages with their
 `doc_id`; a row without one is a document of its own), each document's passages together, in batches, with a
@@ -33,8 +33,8 @@ DEFAULT_URL = "http://127.0.0.1:8001"
 def documents_of(corpus: Path) -> Iterator[dict[str, Any]]:
     """The corpus file's documents in order, each with its passages (rows of one `doc_id` must be adjacent, as
     `ingest` writes them)."""
-    from plugsearch.retriever.corpus import CorpusError, parse_line
-    from plugsearch.retriever.live import doc_id_of
+    from plugsearch.retriever.live.overlay import doc_id_of
+    from plugsearch.retriever.store.corpus import CorpusError, parse_line
 
     current: dict[str, Any] | None = None
     with corpus.open("rb") as fh:

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.manifest import atomic_file
+from plugsearch.common.files import atomic_path, atomic_write_json
 from plugsearch.retriever.settings import EncoderSettings
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def _quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def _written(out: Path) -> Iterator[Path]:
     """A temporary path, renamed onto `out` once written (quietly)."""
-    with atomic_file(out) as tmp, _quiet():
+    with atomic_path(out) as tmp, _quiet():
         yield tmp
 
 
@@ -268,8 +268,7 @@ def _read_record(folder: Path) -> dict[str, Any]:
 
 
 def _write_record(folder: Path, record: dict[str, Any]) -> None:
-    with atomic_file(folder / RECORD) as tmp:
-        tmp.write_text(json.dumps(record, indent=2))
+    atomic_write_json(folder / RECORD, record, indent=2)
 
 
 def _reusable(folder: Path, name: str, record: dict[str, Any]) -> bool:

@@ -5,14 +5,14 @@ The engine is milvus-lite locally and in tests (a `.db` folder opened inside thi
 holds `id` (INT64, the passage's corpus position, as FAISS ids are) and `vector` (FLOAT_VECTOR), indexed
 FLAT (exact) or HNSW, inner-product metric like the FAISS indexes.
 
-Builds stream the chunks of `dense_build.embed_corpus` in batches of `insert_batch` rows and record the rows
+Builds stream the chunks of `indexing.embeddings.embed_corpus` in batches of `insert_batch` rows and record the rows
 loaded after each batch, so a killed build resumes there (upserting the first batch: it may have landed
 before the kill). A SHA-256 over every id and vector (int64 / float32 bytes in id order) and the row count
 are kept in the manifest (`<index_dir>/milvus-<collection>/`) and in the collection's properties; start-up
 refuses a collection that differs. Every call has a deadline (`timeout_s`) and retries (`retries`, doubling
 backoff); a Milvus that does not answer is a `NotReady` (503 + Retry-After), never a 500.
 
-Documents changed while serving (`plugsearch.retriever.live`) change the collection through Milvus's own upserts and
+Registry name `milvus`. Documents changed while serving (`plugsearch.retriever.live.overlay`) change the collection through Milvus's own upserts and
 deletes (`MilvusChanges`): a passage put is upserted at its position (past the built ones) before its change is
 logged, the positions a change removes are deleted after, and the last change carried into the collection is
 kept in its properties (`plugsearch.changes_seq`). Searches ask only for the positions their state knows (`id <
@@ -27,22 +27,25 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from plugsearch.common.errors import NotReady
-from plugsearch.retriever.base import Hits
-from plugsearch.retriever.dense_build import iter_chunks
-from plugsearch.retriever.manifest import (
+from plugsearch.common.files import atomic_write_json
+from plugsearch.retriever.backends.base import Chunks, DenseMirror, DenseStore, Hits, VectorIndex
+from plugsearch.retriever.settings import MilvusSettings
+from plugsearch.retriever.store.chunks import iter_chunks
+
+if TYPE_CHECKING:
+    from plugsearch.retriever.settings import RetrieverSettings
+from plugsearch.retriever.store.manifest import (
     IndexMismatch,
     IndexMissing,
     Manifest,
-    atomic_folder,
-    write_json_atomically,
+    index_folder,
 )
-from plugsearch.retriever.settings import MilvusSettings
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +190,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
     """Load the embedding chunks into the collection, index it, and write the manifest folder.
 
     Resumes a killed build of the same embeddings (same collection, same batch size); `force` starts over.
-    `chunks`: where the vectors come from when not from the chunk files (see `dense_build.build_faiss`).
+    `chunks`: where the vectors come from when not from the chunk files (see `faiss_index.build_faiss`).
     """
     from tqdm import tqdm
 
@@ -214,7 +217,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                 call(settings, "drop_collection", client.drop_collection, settings.collection)
             _create_collection(client, settings, dims)
             index_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomically(state_path, {**want, "loaded": 0})
+            atomic_write_json(state_path, {**want, "loaded": 0})
         id_digest, vector_digest = hashlib.sha256(), hashlib.sha256()  # streamed: batch sizes do not matter
         bar = tqdm(total=n, unit="vector", desc=f"milvus {settings.collection}", disable=not show_progress,
                    initial=loaded)
@@ -235,7 +238,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                 call(settings, "insert", op, settings.collection, entities)
                 first_after_resume = False
                 loaded = position
-                write_json_atomically(state_path, {**want, "loaded": loaded})
+                atomic_write_json(state_path, {**want, "loaded": loaded})
                 bar.update(len(vectors))
         bar.close()
         if position != n:
@@ -262,7 +265,7 @@ def build_milvus(embeddings: Path, index_dir: Path, settings: MilvusSettings, *,
                             corpus_checksum=source.corpus_checksum, doc_count=n, encoder=source.encoder,
                             encoder_config=source.encoder_config, dims=dims, index_type=settings.index_type,
                             params=params, build_seconds=round(time.perf_counter() - t0, 3))
-        with atomic_folder(milvus_folder(index_dir, settings.collection)) as tmp:
+        with index_folder(milvus_folder(index_dir, settings.collection)) as tmp:
             manifest.write(tmp)
         state_path.unlink(missing_ok=True)
     finally:
@@ -317,7 +320,7 @@ def open_checked(settings: MilvusSettings, manifest: Manifest) -> tuple[Any, int
         raise
 
 
-class MilvusIndex:
+class MilvusIndex(VectorIndex):
     """A loaded Milvus collection behind the same `search(vectors, k) -> Hits` as `FaissIndex`."""
 
     def __init__(self, folder: Path, settings: MilvusSettings) -> None:
@@ -325,8 +328,6 @@ class MilvusIndex:
         self.manifest = Manifest.read(folder)
         self.dims = int(self.manifest.dims or 0)
         self.client, rows = open_checked(settings, self.manifest)
-        self.ntotal = self.manifest.doc_count
-        """The built rows (a collection that carries changes holds more or fewer: the live state counts those)."""
         if rows != self.ntotal:
             logger.info("Milvus collection %s holds %d rows: %d built, the rest changes while serving",
                         settings.collection, rows, self.ntotal)
@@ -335,6 +336,11 @@ class MilvusIndex:
         except NotReady as exc:
             self.close()
             raise MilvusUnavailable(exc.message) from exc
+
+    @property
+    def ntotal(self) -> int:
+        """The built rows (a collection that carries changes holds more or fewer: the live state counts those)."""
+        return self.manifest.doc_count
 
     def search(self, vectors: npt.NDArray[np.float32], k: int, *, below: int | None = None,
                strong: bool = False) -> Hits:
@@ -356,6 +362,10 @@ class MilvusIndex:
                 hits.scores[row, rank] = float(hit["distance"])
         return hits
 
+    def mirror(self) -> DenseMirror:
+        """The collection takes the changes itself (`MilvusChanges`)."""
+        return MilvusChanges(self)
+
     def ping(self) -> bool:
         """Cheap reachability check for readiness (one try, short deadline)."""
         try:
@@ -373,7 +383,7 @@ class MilvusIndex:
 
 class MilvusChanges:
     """A changing corpus's passages in the collection itself, through Milvus's upserts and deletes (called under the
-    change log's lock, so one writer at a time, in the log's order; see `plugsearch.retriever.live.LiveIndex`)."""
+    change log's lock, so one writer at a time, in the log's order; see `plugsearch.retriever.live.overlay.LiveIndex`)."""
 
     def __init__(self, index: MilvusIndex) -> None:
         self.index = index
@@ -400,3 +410,50 @@ class MilvusChanges:
         """Record that every change up to `seq` is in the collection."""
         call(self.settings, "alter_collection_properties", self.index.client.alter_collection_properties,
              self.settings.collection, properties={CHANGES_PROPERTY: str(seq)})
+
+
+class Milvus(DenseStore):
+    """The registry entry: `RETRIEVER_DENSE_BACKEND=milvus` (RETRIEVER_MILVUS__*), index folder
+    `<index_dir>/milvus-<collection>` (the manifest of what the collection holds)."""
+
+    name = "milvus"
+
+    def folder(self, settings: RetrieverSettings) -> Path:
+        return milvus_folder(settings.index_dir, settings.milvus.collection)
+
+    def index_type(self, settings: RetrieverSettings) -> str:
+        return settings.milvus.index_type
+
+    def set_index_type(self, settings: RetrieverSettings, index_type: str) -> None:
+        if index_type not in ("flat", "hnsw"):
+            raise ValueError(f"--index-type {index_type}: Milvus indexes here are flat or hnsw")
+        settings.milvus.index_type = index_type  # type: ignore[assignment]
+
+    def check(self, settings: RetrieverSettings, checksum: str) -> Manifest:
+        """The manifest, then the collection itself: rows and checksum as recorded."""
+        manifest = super().check(settings, checksum)
+        client, _ = open_checked(settings.milvus, manifest)
+        client.close()
+        return manifest
+
+    def matches(self, settings: RetrieverSettings, folder: Path) -> bool:
+        """The collection holds what the manifest recorded (a Milvus that does not answer: MilvusUnavailable)."""
+        try:
+            client, _ = open_checked(settings.milvus, Manifest.read(folder))
+            client.close()
+        except MilvusUnavailable:
+            raise
+        except (IndexMissing, IndexMismatch) as exc:
+            logger.info("%s needs a build: %s", folder, exc)
+            return False
+        finally:
+            release_local(settings.milvus)
+        return True
+
+    def open(self, settings: RetrieverSettings) -> VectorIndex:
+        return MilvusIndex(self.folder(settings), settings.milvus)
+
+    def build(self, settings: RetrieverSettings, embeddings: Path, chunks: Chunks, *, force: bool,
+              show_progress: bool) -> Manifest:
+        return build_milvus(embeddings, settings.index_dir, settings.milvus, force=force, show_progress=show_progress,
+                            chunks=chunks)

@@ -1,22 +1,21 @@
-"""Index manifests and atomic index folders: a folder is built under a temporary name next to its place,
-`manifest.json` written last, then renamed into place, so a crash mid-build leaves only a `.tmp-*` folder
-that never loads (and that the next build removes).
+"""Index manifests and index folders: a folder is built under a temporary name next to its place,
+`manifest.json` written last, then renamed into place (`index_folder`), so a crash mid-build leaves only a
+`.tmp-*` folder that never loads (and that the next build removes).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from plugsearch.common.files import atomic_folder, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +48,7 @@ class Manifest(BaseModel):
     format_version: int = FORMAT_VERSION
 
     def write(self, folder: Path) -> None:
-        with atomic_file(folder / MANIFEST) as tmp:
-            tmp.write_text(self.model_dump_json(indent=2))
+        atomic_write_text(folder / MANIFEST, self.model_dump_json(indent=2))
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -92,43 +90,26 @@ class Manifest(BaseModel):
                 "at matching files).")
 
 
-@contextmanager
-def atomic_file(final: Path) -> Iterator[Path]:
-    """A temporary path next to `final`, renamed onto it when the block succeeds, removed when it fails."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_json_atomically(path: Path, value: Any) -> None:
-    """`value` as JSON at `path`, whole or not at all (`atomic_file`)."""
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(value))
+def checked_manifest(folder: Path, setting: str, backend: str, checksum: str, **expect: Any) -> Manifest:
+    """The manifest in `folder`, checked against the corpus, its files and the configured backend (`setting`, the
+    variable that configures it, named in the error)."""
+    manifest = Manifest.read(folder)
+    manifest.check(corpus_checksum=checksum, where=folder, **expect)
+    if manifest.backend != backend:
+        raise IndexMismatch(f"{folder} holds a {manifest.backend} index, {setting} is {backend}")
+    manifest.check_files(folder)
+    return manifest
 
 
 @contextmanager
-def atomic_folder(final: Path) -> Iterator[Path]:
-    """Yield a fresh temporary folder; on success replace `final` with it, on error remove it."""
-    final = final.resolve()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
+def index_folder(final: Path) -> Iterator[Path]:
+    """An index folder built whole (`plugsearch.common.files.atomic_folder`): a fresh temporary folder next to
+    `final` (the temporary folders of a killed build removed first), swapped in only once it holds a manifest,
+    removed on error."""
+
+    def has_manifest(tmp: Path) -> None:
         if not (tmp / MANIFEST).is_file():
             raise RuntimeError(f"index build for {final} finished without writing a manifest")
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    with atomic_folder(final.resolve(), clean_stale=True, check=has_manifest) as tmp:
+        yield tmp

@@ -1,7 +1,7 @@
 """The dense retriever's encoder: queries and passages into vectors.
 
 A sentence-transformers model with E5-style prefixes, pooling and normalisation by configuration, served on
-ONNX Runtime where it can be (plugsearch.retriever.onnx_encoder) and on torch otherwise; the identity of what
+ONNX Runtime where it can be (plugsearch.retriever.encoders.onnx_encoder) and on torch otherwise; the identity of what
 it encodes (recorded in manifests, so that an index is never searched with vectors of another kind); and a
 bounded cache of query vectors, so that a repeated query is not encoded again.
 """
@@ -21,7 +21,7 @@ import numpy.typing as npt
 from plugsearch.retriever.settings import DEFAULT_ENCODER, EncoderSettings
 
 if TYPE_CHECKING:
-    from plugsearch.retriever.onnx_encoder import OnnxModel
+    from plugsearch.retriever.encoders.onnx_encoder import OnnxModel
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class QueryVectorCache:
 class Encoder:
     """sentence-transformers model with E5-style prefixes, pooling and normalisation by configuration.
 
-    `settings.backend`: auto (the default) serves the model on ONNX Runtime (plugsearch.retriever.onnx_encoder:
+    `settings.backend`: auto (the default) serves the model on ONNX Runtime (plugsearch.retriever.encoders.onnx_encoder:
     exported once, checked against torch; torch and sentence-transformers are then not loaded) and falls back
     to torch where that cannot serve, saying why (`backend`, `fallback`, logged; /version shows both);
     onnx / onnx-int8 fail instead; torch is sentence-transformers."""
@@ -101,7 +101,7 @@ class Encoder:
         """why `auto` serves torch (None when it serves ONNX Runtime, or when torch was asked for)"""
         path = resolve_encoder_path(settings.name)
         if settings.backend != "torch":
-            from plugsearch.retriever.onnx_encoder import OnnxModel, OnnxUnavailable, auto_blocker
+            from plugsearch.retriever.encoders.onnx_encoder import OnnxModel, OnnxUnavailable, auto_blocker
 
             blocked = auto_blocker(settings) if settings.backend == "auto" else None
             why, by_design = blocked if blocked is not None else ("", False)

@@ -21,11 +21,23 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from plugsearch.retriever.corpus import CorpusError, corpus_lines, file_checksum, indexed_text, parse_line
-from plugsearch.retriever.dense_build import dense_folder
-from plugsearch.retriever.encoder import Encoder, encoder_identity
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
+from plugsearch.common.files import atomic_writer
+from plugsearch.retriever.backends.faiss_index import dense_folder
+from plugsearch.retriever.encoders.encoder import Encoder, encoder_identity
 from plugsearch.retriever.settings import EncoderSettings, IndexType
+from plugsearch.retriever.store.corpus import (
+    CorpusError,
+    corpus_lines,
+    file_checksum,
+    indexed_text,
+    parse_line,
+)
+from plugsearch.retriever.store.manifest import (
+    IndexMismatch,
+    IndexMissing,
+    Manifest,
+    index_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +215,7 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
                             f"{index_file}: cosine down to {worst:.4f} (passage {p_worst}; at least {min_cosine} "
                             f"expected). {hint}")
     out = dense_folder(index_dir, index_type)
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         name = index_file.name
         _place(index_file, tmp / name, link)
         manifest = Manifest(
@@ -221,7 +233,7 @@ def import_faiss(index_file: Path, corpus: Path, index_dir: Path, encoder: Encod
 
 
 def _open_lucene(folder: Path) -> Any:
-    from plugsearch.retriever.bm25 import setup_java
+    from plugsearch.retriever.backends.pyserini_index import setup_java
 
     if not folder.is_dir():
         raise IndexMissing(f"no Lucene index folder at {folder}")
@@ -238,7 +250,7 @@ def export_lucene_corpus(searcher: Any, out: Path) -> int:
     """Write the index's stored raw documents as a JSONL corpus (index order); returns the count."""
     n = int(searcher.num_docs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out) as tmp, tmp.open("wb") as fh:
+    with atomic_writer(out) as fh:
         for i in range(n):
             doc = searcher.doc(i)
             raw = doc.raw() if doc is not None else None
@@ -304,7 +316,7 @@ def import_lucene(source: Path, corpus: Path, index_dir: Path, *, sample: int = 
     finally:
         searcher.close()
     out = index_dir / "pyserini"
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         _place(source, tmp / "lucene", link)
         manifest = Manifest(
             kind="bm25", backend="pyserini", corpus_path=str(corpus), corpus_checksum=found.checksum,

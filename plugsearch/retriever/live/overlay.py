@@ -10,7 +10,7 @@ reference assignment), so a search sees a change entirely or not at all.
 
 `LiveIndex.poll` reads the changes other workers acknowledged (each worker follows the log); the state's
 `seq` is part of the index identity, so a cache keyed on it never serves a result from before a change.
-On Milvus (`mirror`: `plugsearch.retriever.milvus.MilvusChanges`) the passages put go into the collection itself: under
+On Milvus (`mirror`: `plugsearch.retriever.backends.milvus_index.MilvusChanges`) the passages put go into the collection itself: under
 the log's lock a writer upserts their vectors at their positions, logs the change, then deletes the positions it
 removed, and records the change as carried; a change logged but not carried (its writer died, or Milvus did not
 answer) is carried by the next writer or at the next start-up. Dense searches then ask Milvus alone, for the
@@ -29,16 +29,17 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.base import Hits, Retriever
-from plugsearch.retriever.changelog import Change, ChangeLog, Passage
-from plugsearch.retriever.corpus import indexed_text
-from plugsearch.retriever.docstore import DocumentStore
-from plugsearch.retriever.manifest import IndexMismatch
+from plugsearch.retriever.backends.base import DenseMirror, Hits, LexicalStats, Retriever
+from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.live.changelog import Change, ChangeLog
+from plugsearch.retriever.store.corpus import indexed_text
+from plugsearch.retriever.store.docstore import DocumentStore
+from plugsearch.retriever.store.manifest import IndexMismatch
 
 logger = logging.getLogger(__name__)
 
@@ -66,30 +67,6 @@ def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
             break
         n, step = n + step, min(step * 4, 4096)
     return found
-
-
-class DenseMirror(Protocol):
-    """A vector store that takes the changes itself (Milvus: `plugsearch.retriever.milvus.MilvusChanges`)."""
-
-    def seq(self) -> int: ...
-
-    def upsert(self, start: int, vectors: npt.NDArray[np.float32]) -> None: ...
-
-    def delete(self, positions: list[int]) -> None: ...
-
-    def mark(self, seq: int) -> None: ...
-
-
-@dataclass
-class LexicalStats:
-    """What BM25 needs of the base to score the passages put alike: its parameters, passage count, average
-    passage length (tokens) and each term's document frequency (`df`)."""
-
-    k1: float
-    b: float
-    n: int
-    avgdl: float
-    df: Callable[[str], int]
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,14 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.corpus import Corpus, CorpusError, file_checksum, indexed_text, parse_line
-from plugsearch.retriever.manifest import IndexMismatch, IndexMissing, Manifest, atomic_file, atomic_folder
+from plugsearch.common.files import atomic_write_json
+from plugsearch.retriever.store.corpus import Corpus, CorpusError, file_checksum, indexed_text, parse_line
+from plugsearch.retriever.store.manifest import (
+    IndexMismatch,
+    IndexMissing,
+    Manifest,
+    index_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +109,7 @@ def corpus_checksum(path: Path, memo_dir: Path | None = None) -> str:
 def _write_memo(path: Path, memo_dir: Path, stat: dict[str, int], checksum: str) -> None:
     try:
         memo_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_file(memo_dir / CHECKSUM_MEMO) as tmp:
-            tmp.write_text(json.dumps({"path": str(path.resolve()), "stat": stat, "checksum": checksum}))
+        atomic_write_json(memo_dir / CHECKSUM_MEMO, {"path": str(path.resolve()), "stat": stat, "checksum": checksum})
     except OSError as exc:  # a read-only index folder: hash again next time
         logger.debug("cannot memoise the corpus checksum in %s: %s", memo_dir, exc)
 
@@ -174,7 +179,7 @@ def build_docstore(corpus: Path, out: Path, *, show_progress: bool = True) -> Ma
     del hashes
     same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
     collisions = np.unique(sorted_hashes[same]) if len(same) else np.zeros(0, dtype=np.uint64)
-    with atomic_folder(out) as tmp:
+    with index_folder(out) as tmp:
         np.save(tmp / "offsets.npy", offsets)
         np.save(tmp / "lengths.npy", lengths)
         np.save(tmp / "id_hashes.npy", sorted_hashes)

@@ -12,7 +12,7 @@ from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
-from plugsearch.retriever.base import Hits, Retriever
+from plugsearch.retriever.backends.base import Hits, Retriever
 
 
 def rrf_fuse(runs: Sequence[Hits], k: int, rrf_k: int = 60) -> Hits:

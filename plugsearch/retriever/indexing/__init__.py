@@ -1,0 +1,2 @@
+"""Building the indexes (`plugsearch-index build`) and adopting indexes built elsewhere (`plugsearch-index
+import`)."""
