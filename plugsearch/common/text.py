@@ -45,11 +45,13 @@ def sentences(block: str) -> list[str]:
 
 
 
-_DROPPED = str.maketrans({"\u00ad": None, "\u200b": None, "\ufeff": None, "\u2060": None,
+_DROPPED = str.maketrans({"\u00ad": None, "\u200b": None, "\ufeff": None, "\u2060": None, "\uffff": "\ufffe",
                           "\u2028": "\n", "\u2029": "\n", "\u0085": "\n", "\f": "\n", "\v": "\n",
                           "\r": "\n"})
 _CONTROLS = regex.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
-_BROKEN = regex.compile(r"(\p{L}+)(?:\ufffe[^\S\n]*\n?|-[^\S\n]*\n)[^\S\n]*(\p{L}+)")
+_BROKEN = regex.compile(r"(?<=\p{L})(?:\ufffe[^\S\n]*\n?|-[^\S\n]*\n)[^\S\n]*(?=\p{L})")
+_LETTERS_BEFORE = regex.compile(r"\p{L}+", flags=regex.REVERSE)
+_LETTERS_AFTER = regex.compile(r"\p{L}+")
 _WORD = regex.compile(r"\p{L}+")
 _RUNS = regex.compile(r"[^\S\n]+")
 _PLAIN = regex.compile(r"[\x20-\x7e\n]*")
@@ -78,6 +80,25 @@ def _lines(text: str) -> str:
     return "\n".join(out)
 
 
+def _join_broken(text: str, words: set[str] | None) -> str:
+    """Each line-end break between two words (`envi-` / `ronment`, or a U+FFFE mark) joined when the joined word
+    is one of `words` (default: the text's own), else one hyphenated word."""
+    known = words
+    out: list[str] = []
+    end = 0
+    for m in _BROKEN.finditer(text):
+        before = _LETTERS_BEFORE.match(text, 0, m.start())
+        after = _LETTERS_AFTER.match(text, m.end())
+        if known is None:  # the document's own words, read once at the first broken word
+            known = vocabulary([text])
+        whole = (before.group() if before else "") + (after.group() if after else "")
+        out.append(text[end:m.start()])
+        out.append("" if whole.lower() in known else "-")
+        end = m.end()
+    out.append(text[end:])
+    return "".join(out)
+
+
 def normalize(text: str, words: set[str] | None = None) -> str:
     """`text` as every reader and every query gives it to the indexes (module docstring). `words`: the document's
     `vocabulary` a broken word is joined by (default: the words of `text` itself). Lines are kept (a code block's
@@ -86,14 +107,7 @@ def normalize(text: str, words: set[str] | None = None) -> str:
         text = text.replace("\r\n", "\n").translate(_DROPPED)
         text = _CONTROLS.sub("", unicodedata.normalize("NFKC", _CONTROLS.sub("", text)))
     if "\ufffe" in text or "\n" in text and "-" in text:
-        known: set[str] | None = words
-
-        def join(m: regex.Match[str]) -> str:
-            nonlocal known
-            if known is None:  # the document's own words, read once at the first broken word
-                known = vocabulary([text])
-            whole = m[1] + m[2]
-            return whole if whole.lower() in known else f"{m[1]}-{m[2]}"
-
-        text = _BROKEN.sub(join, text).replace("\ufffe", "")
+        text = _join_broken(text, words)
+        if "\ufffe" in text:  # a mark not between two words: gone, and what it separated looked at again
+            text = _join_broken(text.replace("\ufffe", ""), words)
     return _lines(text)

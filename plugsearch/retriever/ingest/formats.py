@@ -393,11 +393,12 @@ def read_html(data: bytes, name: str) -> ParsedDocument:
     if not ws(_unmarked(title)) and (h1 := soup.find("h1")) is not None:
         title = h1.get_text(" ")
     root = main_element(soup)
+    had_text = bool(root.get_text().strip())
     strip_furniture(root)
     outline = _html_blocks(root, _Outline())
     title = ws(_unmarked(title))
     document = outline.document(title if title else name)
-    if not document.sections and (soup.body or soup).get_text().strip():
+    if not document.sections and had_text:
         raise SkipFile("no main text: the page holds only navigation (a table of contents, links)", ignored=True)
     return document
 
@@ -413,6 +414,8 @@ _PAGE_NUMBER = re.compile(rf"(?:page\s*)?(?:\d+|{_ROMAN})(?:\s*(?:/|of)\s*\d+)?"
 _KEY_ENDS = re.compile(rf"^(?:#|{_ROMAN})\s+|\s+(?:#|{_ROMAN})$")
 EDGE_LINES = 2
 """Lines at the top and at the bottom of each page that may be a running header or footer."""
+EDGE_MAX_WORDS = 20
+"""A longer line is text, never a running header or footer."""
 REPEATED_SHARE = 0.5
 """A top or bottom line is a running header or footer when its key (lowercased, digits as #, a page number at
 either end dropped: even and odd pages put it on opposite sides) is on at least this share of the pages, and on 3."""
@@ -431,7 +434,8 @@ def remove_running_lines(pages: list[str]) -> tuple[list[str], int]:
     page_lines = [page.split("\n") for page in pages]
     for lines in page_lines:
         filled = [i for i, line in enumerate(lines) if line.strip()]
-        candidates = sorted(set(filled[:EDGE_LINES] + filled[-EDGE_LINES:]))
+        candidates = sorted(i for i in set(filled[:EDGE_LINES] + filled[-EDGE_LINES:])
+                            if len(lines[i].split()) <= EDGE_MAX_WORDS)
         edges.append(candidates)
         counts.update({_edge_key(lines[i]) for i in candidates})
     threshold = max(3, REPEATED_SHARE * len(pages))
