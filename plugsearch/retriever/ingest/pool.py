@@ -125,6 +125,8 @@ def _job_documents(documents: list[tuple[str, str, str | None, list[tuple[str, s
             else:
                 out.append(cut_file("text", (text or "").encode(), name=title, doc_id=doc_id, source=doc_id,
                                     words=words))
+            if not out[-1]:
+                raise SkipFile("no text")
         except SkipFile as exc:
             raise SkipFile(f"document {doc_id!r}: {exc.reason}") from exc
     return out
@@ -222,7 +224,7 @@ class _Worker:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self.process = subprocess.Popen(  # noqa: S603 - this interpreter, this module
             [sys.executable, "-m", "plugsearch.retriever.ingest.pool", str(memory_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.started = False
         self.lock = threading.Lock()
 
