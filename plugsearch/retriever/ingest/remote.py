@@ -3,7 +3,7 @@ one call that waits out a restart.
 
 The token is `--token`, else $PLUGSEARCH_INTERNAL_TOKEN, else $RETRIEVER_ADMIN_KEY, else the one the local stack
 wrote for its user (`var/stack/internal-token` under the current folder, or under $PLUGSEARCH_VAR_DIR:
-`plugsearch-stack token` prints it), so whoever started the stack as the README shows can change documents without
+`plugsearch-stack --show-token` prints it), so whoever started the stack as the README shows can change documents without
 restarting it. Calls go through the project's client (`plugsearch.common.http.ServiceClient`: timeouts, retries,
 its breaker); on top of it `call` keeps trying while the retriever cannot answer (not listening, 503 while it
 starts, a timeout) for up to `--wait-s` seconds, saying so once on stderr: the changes are idempotent (a document
@@ -52,7 +52,7 @@ def token_of(given: str | None) -> str:
         return found
     raise SystemExit("error: changing documents needs the internal token or an admin key: --token, "
                      f"$PLUGSEARCH_INTERNAL_TOKEN, $RETRIEVER_ADMIN_KEY, or {path} (written by a running "
-                     "plugsearch-stack; `plugsearch-stack token` prints it)")
+                     "plugsearch-stack; `plugsearch-stack --show-token` prints it)")
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, timeout_s: float = 300.0) -> None:

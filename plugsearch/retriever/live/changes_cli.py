@@ -64,7 +64,7 @@ async def _put(args: argparse.Namespace) -> dict[str, Any]:
                 if not batch:
                     return
                 body = await call(client, "PUT", "/documents", json={"documents": batch}, wait_s=args.wait_s,
-                                  say=bar.write)
+                                  say=lambda line: bar.write(line, file=sys.stderr))
                 sent["documents"] += body["documents"]
                 sent["passages"] += body["passages"]
                 sent["seq"] = body["seq"]
@@ -111,7 +111,7 @@ async def send_files(client: ServiceClient, files: list[FileSpec], *, batch: int
     async def send(part: list[tuple[Path, dict[str, str]]]) -> None:
         try:
             body = await call(client, "POST", "/documents/files", json={"files": [f for _, f in part], **extra},
-                              wait_s=wait_s, say=bar.write)
+                              wait_s=wait_s, say=lambda line: bar.write(line, file=sys.stderr))
         except Refused as exc:
             if exc.status == 413 and len(part) > 1:  # over the body limit: halves
                 await send(part[:len(part) // 2])
