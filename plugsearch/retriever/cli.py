@@ -202,7 +202,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(sync.run(args))
     if args.command == "ingest":  # reads no RETRIEVER_* setting
         configure_logging("INFO", service="plugsearch-index")
-        logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged PDF's reason is in the report, by name
         sys.exit(run_ingest(args))
 
     overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name, None))}

@@ -217,11 +217,24 @@ def worker_main(memory_mb: int) -> None:
 
 # ------------------------------------------------------------------------------------------- the parent side
 
+class WorkerStartError(RuntimeError):
+    """A worker process could not start (an installation problem, never a file's): its error is on stderr."""
+
+
+def _package_root() -> str:
+    """The folder holding the `plugsearch` package this process runs: a worker imports the same code."""
+    import plugsearch
+
+    return str(Path(plugsearch.__file__).resolve().parent.parent)
+
+
 class _Worker:
     """One worker process and its pipes."""
 
     def __init__(self, memory_mb: int) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": _package_root() + (os.pathsep + path if path else "")}
         self.process = subprocess.Popen(  # noqa: S603 - this interpreter, this module
             [sys.executable, "-m", "plugsearch.retriever.ingest.pool", str(memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -242,10 +255,14 @@ class _Worker:
         """Send a job and wait for its answer (blocking: a thread of the pool's own); EOFError when the worker
         died or was killed meanwhile."""
         with self.lock:
-            try:
-                if not self.started:
+            if not self.started:
+                try:
                     _receive(self.stdout)  # its ("ready", pid)
-                    self.started = True
+                except (EOFError, OSError, ValueError) as exc:
+                    raise WorkerStartError(f"a parse worker could not start (exit code {self.process.poll()}): "
+                                           "its error is in the log above") from exc
+                self.started = True
+            try:
                 _send(self.stdin, (name, args, budget))
                 answer: tuple[str, Any] = _receive(self.stdout)
                 return answer
