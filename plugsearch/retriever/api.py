@@ -17,9 +17,9 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 
 from plugsearch.common import tracing
 from plugsearch.common.admission import CALLER_STATE, COST_STATE, Caller
@@ -324,13 +324,11 @@ async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> Ch
 
 
 @router.get("/documents", response_model=DocumentList, responses={**ERRORS, **CHANGE_ERRORS})
-async def list_documents(request: Request, prefix: str = "", after: str | None = None,
-                         limit: int = 1000) -> DocumentList:
+async def list_documents(query: Annotated[ListDocumentsQuery, Query()], request: Request) -> DocumentList:
     """The documents served, in id order, each with its passage count and its content hash (`sha256` over its
     passages: what `plugsearch-index sync` compares a folder's files with); `prefix` keeps the ids that start with
     it, a page holds `limit` (at most 10,000), `next` is the `after` of the next page (null: the last page). The
     first listing reads the built corpus once. Needs the internal token or an admin key."""
-    query = ListDocumentsQuery.model_validate({"prefix": prefix, "after": after, "limit": limit})
     _may_change(request)
     await _catch_up(request)
     listing = _listing(request)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from plugsearch.common.schemas.base import Document, StrictModel, bounded_text, no_nul
 
@@ -207,6 +207,10 @@ MAX_LIST = 10_000
 
 
 class ListDocumentsQuery(StrictModel):
+    """A query string's parameters: text, so `limit=5` is read as a number (not strict), unknown ones refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+
     prefix: str = Field("", max_length=1024, description="only the documents whose ids start with it")
     after: str | None = Field(None, max_length=1024, description="the page after this id (the `next` of the last)")
     limit: int = Field(1000, ge=1, le=MAX_LIST, description="documents per page")
