@@ -238,8 +238,7 @@ async def files_of(pool: ParsePool, body: PutFilesRequest) -> tuple[list[Passage
             claimed[result.id] = file.name
         jobs.append(pool.run("upload", file.name, file.content_base64, file.id, file.title, words, max_bytes,
                              size=len(file.content_base64) * 3 // 4))
-    read = await asyncio.gather(*(job for job in jobs if job is not None), return_exceptions=True)
-    outcomes = iter(read)
+    outcomes = iter(await _all_read([job for job in jobs if job is not None]))
     taken: dict[str, str] = {}  # document id -> the file that put it
     passages: list[Passage] = []
     for result, job in zip(results, jobs, strict=True):
@@ -247,7 +246,7 @@ async def files_of(pool: ParsePool, body: PutFilesRequest) -> tuple[list[Passage
             continue
         outcome = next(outcomes)
         try:
-            if isinstance(outcome, BaseException):
+            if isinstance(outcome, Exception):
                 raise outcome
             found, hashes = outcome
             documents = list(hashes)
@@ -255,8 +254,6 @@ async def files_of(pool: ParsePool, body: PutFilesRequest) -> tuple[list[Passage
                 raise SkipFile(f"duplicate document id {clash!r}: already taken by {taken[clash]}")
         except (SkipFile, ParseRefused) as exc:
             result.reason = exc.reason
-        except ServiceError:
-            raise
         except Exception as exc:  # a reader's failure on one file never fails the others
             logger.warning("file %r could not be read", result.name, exc_info=exc)
             result.reason = f"could not be read ({type(exc).__name__}); the retriever's log has the details"
@@ -266,6 +263,25 @@ async def files_of(pool: ParsePool, body: PutFilesRequest) -> tuple[list[Passage
             result.status, result.documents, result.passages = "put", len(documents), len(found)
             result.sha256 = hashes[result.id] if result.id is not None else None
     return passages, results
+
+
+async def _all_read(jobs: list[Any]) -> list[Any]:
+    """Each job's result, or the exception that refused its file; a refusal of the whole request (the pool's queue
+    full: 429) stops the request's other jobs, their workers killed."""
+    async def one(job: Any) -> Any:
+        try:
+            return await job
+        except ServiceError:
+            raise
+        except Exception as exc:  # this file's: the others go on
+            return exc
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(job)) for job in jobs]
+    except* ServiceError as refused:
+        raise refused.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 FILE_ERRORS = error_responses({

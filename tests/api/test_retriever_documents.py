@@ -126,6 +126,21 @@ async def test_a_request_that_times_out_stops_its_pdf_worker(tiny: tuple[Path, P
         assert again.status_code == 200 and again.json()["files"][0]["status"] == "put"  # a new worker reads
 
 
+async def test_past_the_pool_queue_a_request_is_a_429_and_its_other_files_stop(tiny: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    settings = tiny_settings(*tiny, dense=False, changes_dir=tmp_path / "changes", internal_token=TOKEN,
+                             parse=ParseLimits(workers=1, queue=0, cpu_s=600.0, max_cpu_s=600.0))
+    bomb = b64(shared_stream_pdf(300))
+    async with app_client(create_app(settings)) as client:
+        await wait_ready(client, TOKEN)
+        answer = await client.post("/documents/files", headers=AUTH, json={"files": [
+            {"name": f"manual-{n}.pdf", "content_base64": bomb} for n in range(3)]})
+        assert answer.status_code == 429 and answer.headers["retry-after"]
+        pool = client._transport.app.state.parse_pool  # type: ignore[attr-defined]
+        await until(lambda: not pool.busy and not pool_workers(), 20)  # the file that was being read: stopped
+        assert (await client.get("/version")).json()["details"]["changes"]["seq"] == 0
+
+
 async def test_a_2_mb_text_is_cut_in_the_pool_while_searches_are_answered(tiny: tuple[Path, Path],
                                                                           tmp_path: Path) -> None:
     settings = tiny_settings(*tiny, dense=False, changes_dir=tmp_path / "changes", internal_token=TOKEN,

@@ -56,7 +56,8 @@ class ParseLimits(BaseModel):
     `RETRIEVER_PARSE__WORKERS`, `RETRIEVER_PARSE__CPU_S`, ..."""
 
     workers: int = Field(2, ge=1, le=64, description="worker processes that read files and cut text")
-    queue: int = Field(64, ge=0, le=10_000, description="jobs waiting for a worker before one more is refused (429)")
+    queue: int = Field(1000, ge=0, le=100_000, description="jobs waiting for a worker before one more is refused "
+                       "(429): a request of files is one job per file (up to 100)")
     cpu_s: float = Field(10.0, gt=0, le=3600, description="CPU seconds a job may use, plus `cpu_s_per_mb`")
     cpu_s_per_mb: float = Field(4.0, ge=0, le=3600, description="more CPU seconds per MB of the file or text")
     max_cpu_s: float = Field(300.0, gt=0, le=86400, description="the most CPU seconds any one job may use")
@@ -381,11 +382,17 @@ class ParsePool:
             await self._async_slots.acquire()
         finally:
             self._waiting -= 1
-        worker: _Worker | None = None
+        loop = asyncio.get_running_loop()
         self.busy += 1
         try:
-            worker = await asyncio.get_running_loop().run_in_executor(self._io, self._take)
-            future = asyncio.get_running_loop().run_in_executor(self._io, self._call, worker, name, args, budget)
+            taking = loop.run_in_executor(self._io, self._take)
+            try:
+                worker = await asyncio.shield(taking)
+            except asyncio.CancelledError:  # cancelled while its worker starts: that worker is killed once there
+                taking.add_done_callback(lambda done: None if done.cancelled() or done.exception() is not None
+                                         else self._io.submit(done.result().kill))
+                raise
+            future = loop.run_in_executor(self._io, self._call, worker, name, args, budget)
             try:
                 answer = await asyncio.shield(future)
             except asyncio.CancelledError:
