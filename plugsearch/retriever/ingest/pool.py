@@ -207,13 +207,16 @@ def worker_main(memory_mb: int) -> None:
 
     jobs, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a library's print must not corrupt the answers
-    _send(answers, ("ready", os.getpid()))
-    while True:
-        try:
-            name, args, budget = _receive(jobs)
-        except EOFError:
-            return
-        _send(answers, _run_job(name, args, budget))
+    try:
+        _send(answers, ("ready", os.getpid()))
+        while True:
+            try:
+                name, args, budget = _receive(jobs)
+            except EOFError:
+                return
+            _send(answers, _run_job(name, args, budget))
+    except BrokenPipeError:  # the service stopped waiting (its request ended, or it stopped): nothing to answer
+        return
 
 
 # ------------------------------------------------------------------------------------------- the parent side
@@ -254,35 +257,48 @@ class _Worker:
 
     def call(self, name: str, args: tuple[Any, ...], budget: float) -> tuple[str, Any]:
         """Send a job and wait for its answer (blocking: a thread of the pool's own); EOFError when the worker
-        died or was killed meanwhile."""
+        died or was killed meanwhile (its pipes then closed here, by the thread that read them)."""
         with self.lock:
-            if not self.started:
-                try:
-                    _receive(self.stdout)  # its ("ready", pid)
-                except (EOFError, OSError, ValueError) as exc:
-                    raise WorkerStartError(f"a parse worker could not start (exit code {self.process.poll()}): "
-                                           "its error is in the log above") from exc
-                self.started = True
             try:
-                _send(self.stdin, (name, args, budget))
-                answer: tuple[str, Any] = _receive(self.stdout)
-                return answer
-            except (BrokenPipeError, ValueError, OSError) as exc:
-                raise EOFError(f"the worker is gone ({exc})") from exc
+                if not self.started:
+                    try:
+                        _receive(self.stdout)  # its ("ready", pid)
+                    except (EOFError, OSError, ValueError) as exc:
+                        raise WorkerStartError(f"a parse worker could not start (exit code {self.process.poll()}):"
+                                               " its error is in the log above") from exc
+                    self.started = True
+                try:
+                    _send(self.stdin, (name, args, budget))
+                    answer: tuple[str, Any] = _receive(self.stdout)
+                    return answer
+                except (BrokenPipeError, ValueError, OSError) as exc:
+                    raise EOFError(f"the worker is gone ({exc})") from exc
+            except BaseException:
+                self._close()
+                raise
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def _close(self) -> None:
+        for stream in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                if stream is not None:
+                    stream.close()
+
     def kill(self) -> None:
+        """Stop the process (SIGKILL); its pipes are closed here unless a thread is reading them (that thread closes
+        them when the read ends, which the kill makes it do at once)."""
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
-        for stream in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError, ValueError):
-                if stream is not None:
-                    stream.close()
+        if self.lock.acquire(blocking=False):
+            try:
+                self._close()
+            finally:
+                self.lock.release()
 
 
 def _outcome(answer: tuple[str, Any]) -> Any:
@@ -354,11 +370,15 @@ class ParsePool:
         try:
             answer = worker.call(name, args, budget)
         except EOFError:
+            worker.kill()
             self.stats.killed += 1
             if time.monotonic() - t0 >= self._wall_s(budget) - 0.5:
                 raise ParseRefused(f"took over {self._wall_s(budget):g} s (its CPU budget {budget:g} s): "
                                    "stopped") from None
             raise ParseRefused("its reader stopped (over the memory a reader may use, or a crash)") from None
+        except BaseException:
+            worker.kill()  # whatever else happened, this worker reads no more: its process and pipes go
+            raise
         finally:
             timer.cancel()
         self._give_back(worker)
@@ -390,7 +410,7 @@ class ParsePool:
                 worker = await asyncio.shield(taking)
             except asyncio.CancelledError:  # cancelled while its worker starts: that worker is killed once there
                 taking.add_done_callback(lambda done: None if done.cancelled() or done.exception() is not None
-                                         else self._io.submit(done.result().kill))
+                                         else done.result().kill())
                 raise
             future = loop.run_in_executor(self._io, self._call, worker, name, args, budget)
             try:
