@@ -8,8 +8,6 @@ with `build` this service builds it itself in a child process (`plugsearch-index
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import logging
@@ -19,10 +17,9 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request, Response
-from pydantic import TypeAdapter, ValidationError
+from fastapi import FastAPI, Query, Request, Response
 
 from plugsearch.common import tracing
 from plugsearch.common.admission import CALLER_STATE, COST_STATE, Caller
@@ -32,17 +29,19 @@ from plugsearch.common.errors import (
     Conflict,
     Forbidden,
     NotReady,
+    ServiceError,
     ValidationFailed,
     error_responses,
 )
 from plugsearch.common.schemas.retriever import (
-    MAX_PUT_PASSAGES,
     ChangeResponse,
     DeleteDocumentsRequest,
-    DocumentId,
     DocumentIn,
-    FileIn,
+    DocumentList,
     FileResult,
+    IndexState,
+    ListDocumentsQuery,
+    ListedDocument,
     PutDocumentsRequest,
     PutFilesRequest,
     PutFilesResponse,
@@ -53,9 +52,11 @@ from plugsearch.common.schemas.retriever import (
     SearchR1Request,
     SearchR1Response,
 )
-from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.ingest.passages import DEFAULT_WORDS, Passage
+from plugsearch.retriever.ingest.pool import ParsePool
 from plugsearch.retriever.live.changelog import Change
-from plugsearch.retriever.live.overlay import LiveIndex, doc_id_of
+from plugsearch.retriever.live.listing import DocumentListing
+from plugsearch.retriever.live.overlay import LiveIndex
 from plugsearch.retriever.serving import (
     IndexCheck,
     RetrieverService,
@@ -128,14 +129,17 @@ async def sample_passages(body: SampleRequest, request: Request) -> Response:
     return Response(await asyncio.to_thread(svc.sample, body.n, body.seed), media_type=JSON)
 
 
+CUT_ERRORS = error_responses({
+    422: "a bad request, or a document's text over the parse pool's CPU budget (RETRIEVER_PARSE__CPU_S)",
+    429: "more texts wait to be cut than RETRIEVER_PARSE__QUEUE: retry after Retry-After"})
 CHANGE_ERRORS = error_responses({
     403: "the caller may not change documents (the internal token or a RETRIEVER_ADMIN_KEYS key may; a search key "
          "never)", 409: "documents cannot change on this retriever (RETRIEVER_CHANGES=off, or a backend that cannot)",
     503: "indexes still loading, or the change log cannot be written (nothing changed); retry after Retry-After"})
 
 
-def _changing(request: Request) -> LiveIndex:
-    """The live index of a caller who may change documents: the internal token, or an admin key."""
+def _may_change(request: Request) -> None:
+    """Refuse (403) a caller who may not change documents: neither the internal token nor an admin key."""
     caller = getattr(request.state, CALLER_STATE, None)
     settings: RetrieverSettings = request.app.state.settings
     allowed = isinstance(caller, Caller) and (caller.kind == "internal"
@@ -144,32 +148,42 @@ def _changing(request: Request) -> LiveIndex:
         raise Forbidden("changing documents needs the internal token or an admin key (RETRIEVER_ADMIN_KEYS); "
                         + ("a search key may only search" if isinstance(caller, Caller) and caller.kind == "key"
                            else "this retriever has none configured"))
+
+
+def _changing(request: Request) -> LiveIndex:
+    """The live index of a caller who may change documents: the internal token, or an admin key."""
+    _may_change(request)
     svc = _service(request)
     if svc.live is None:
         raise Conflict(f"documents cannot change on this retriever: {svc.changes_off}")
     return svc.live
 
 
-def passages_of(documents: list[DocumentIn]) -> list[Passage]:
-    """Each document's passages, `<id>#0`, `<id>#1`, ...: as given, or its text read and cut as `plugsearch-index
-    ingest` reads and cuts a text file (paragraphs, then sentences packed to about 100 words: `cut_file`)."""
-    from plugsearch.retriever.ingest.formats import SkipFile
-    from plugsearch.retriever.ingest.passages import numbered
-    from plugsearch.retriever.ingest.run import cut_file
+def _pool(request: Request) -> ParsePool:
+    pool: ParsePool = request.app.state.parse_pool
+    return pool
 
-    out: list[Passage] = []
-    for doc in documents:
-        if doc.passages is not None:
-            passages = numbered(doc.id, [(p.title or doc.title, p.text) for p in doc.passages])
-        else:
-            try:
-                passages = cut_file("text", (doc.text or "").encode(), name=doc.title, doc_id=doc.id, source=doc.id)
-            except SkipFile as exc:
-                raise BadRequest(f"document {doc.id!r}: {exc}", param="documents") from exc
+
+async def passages_of(pool: ParsePool, documents: list[DocumentIn]) -> list[Passage]:
+    """Each document's passages, `<id>#0`, `<id>#1`, ...: as given (normalised as every reader's text is), or its
+    text read and cut as `plugsearch-index ingest` reads and cuts a text file (paragraphs, then sentences packed to
+    about 100 words: `cut_file`), by a worker of the parse pool, never on the event loop."""
+    from plugsearch.retriever.ingest.formats import SkipFile
+    from plugsearch.retriever.ingest.pool import ParseRefused
+
+    jobs = [(d.id, d.title, d.text, None if d.passages is None else [(p.title, p.text) for p in d.passages])
+            for d in documents]
+    size = sum(len(d.text or "") + sum(len(p.text) for p in d.passages or ()) for d in documents)
+    try:
+        cut: list[list[Passage]] = await pool.run("documents", jobs, DEFAULT_WORDS, size=size)
+    except SkipFile as exc:
+        raise BadRequest(exc.reason, param="documents") from exc
+    except ParseRefused as exc:
+        raise ValidationFailed(f"the documents' text was not cut: {exc.reason}", param="documents") from exc
+    for doc, passages in zip(documents, cut, strict=True):
         if not passages:
             raise BadRequest(f"document {doc.id!r} has no text", param="documents")
-        out.extend(passages)
-    return out
+    return [p for passages in cut for p in passages]
 
 
 async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Change:
@@ -183,110 +197,115 @@ async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Chan
                        "changed") from exc
 
 
-@router.put("/documents", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})
+@router.put("/documents", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS, **CUT_ERRORS})
 async def put_documents(body: PutDocumentsRequest, request: Request) -> ChangeResponse:
     """Add documents, or replace them whole (every passage of a document already served, by its id): durable
-    before this answers, searched by every worker within RETRIEVER_CHANGES_POLL_S (this one at once)."""
+    before this answers, searched by every worker within RETRIEVER_CHANGES_POLL_S (this one at once). A document's
+    text is cut by a worker process of the parse pool (RETRIEVER_PARSE__*), under its CPU budget."""
     live = _changing(request)
-    passages = passages_of(body.documents)
-    setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
     t0 = time.perf_counter()
+    passages = await passages_of(_pool(request), body.documents)
+    setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
     change = await _write(live, passages, [])
     return ChangeResponse(seq=change.seq, documents=len(body.documents), passages=len(passages),
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
 
 
-_DOCUMENT_ID: TypeAdapter[str] = TypeAdapter(DocumentId)
-
-
-def _read_one(file: FileIn, words: int, max_bytes: int) -> list[Passage]:
-    """One file's passages, read and cut as `plugsearch-index ingest` does (`ingest.run.read_data`); SkipFile
-    when it is refused. A .jsonl file's rows are grouped into documents by their ids (`<doc>#<n>`), each
-    document's passages numbered again from 0, as `plugsearch-index put` sends them."""
-    from plugsearch.retriever.ingest.formats import FORMATS, SkipFile
-    from plugsearch.retriever.ingest.passages import numbered
-    from plugsearch.retriever.ingest.run import kind_of, read_data
-
-    jsonl = FORMATS[kind_of(file.name)].is_corpus
-    if jsonl and (file.id is not None or file.title is not None):
-        raise SkipFile("a .jsonl file's rows name their own documents and titles: give it no `id` or `title`")
-    try:
-        data = base64.b64decode("".join(file.content_base64.split()), validate=True)
-    except binascii.Error as exc:
-        raise SkipFile(f"content_base64 is not valid base64 ({exc})") from exc
-    doc_id = file.id or file.name
-    _, read = read_data(file.name, data, doc_id=doc_id, words=words, max_bytes=max_bytes, title=file.title)
-    documents: dict[str, list[tuple[str, str]]] = {}
-    for p in read:
-        documents.setdefault(doc_id_of(p.id) if jsonl else doc_id, []).append((p.title, p.text))
-    for doc, parts in documents.items():
-        try:
-            _DOCUMENT_ID.validate_python(doc)
-        except ValidationError as exc:
-            raise SkipFile(f"{doc!r} is not a document id (1 to 512 characters, no spaces, not starting with "
-                           "'#')" + ("" if jsonl else ": give the file an `id`")) from exc
-        if len(parts) > MAX_PUT_PASSAGES:
-            raise SkipFile(f"document {doc!r} has {len(parts):,} passages, over the limit of {MAX_PUT_PASSAGES:,}")
-    return [passage for doc, parts in documents.items() for passage in numbered(doc, parts)]
-
-
-def files_of(body: PutFilesRequest) -> tuple[list[Passage], list[FileResult]]:
+async def files_of(pool: ParsePool, body: PutFilesRequest) -> tuple[list[Passage], list[FileResult]]:
     """The passages of the files that read fine, and each file's outcome: a file refused (bad base64, an
-    extension no reader takes, not what its extension says, a PDF with no text layer, over the size limit, a
-    document id another file of the request took first, ...) is skipped with its reason, the others go on."""
+    extension no reader takes, not what its extension says, a PDF with no text layer, over the size limit or its
+    CPU budget, a document id another file of the request took first, ...) is skipped with its reason, the others
+    go on. Each file is read by a worker of the parse pool (`plugsearch.retriever.ingest.pool`), several at once."""
     from plugsearch.retriever.ingest.formats import FORMATS, SkipFile, format_of
-    from plugsearch.retriever.ingest.passages import DEFAULT_WORDS
+    from plugsearch.retriever.ingest.pool import ParseRefused
     from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, MB
 
     words, max_bytes = body.words or DEFAULT_WORDS, int(DEFAULT_MAX_MB * MB)
-    taken: dict[str, str] = {}  # document id -> the file that put it
-    passages: list[Passage] = []
     results: list[FileResult] = []
+    claimed: dict[str, str] = {}  # document id -> the file that claims it first (a later one is never read)
+    jobs: list[Any] = []
     for file in body.files:
         kind = format_of(PurePosixPath(file.name))
         corpus = kind is not None and FORMATS[kind].is_corpus  # its rows name their documents
         result = FileResult(name=file.name, id=None if corpus else file.id or file.name, status="skipped",
                             format=kind)
+        results.append(result)
+        if result.id is not None and result.id in claimed:
+            result.reason = f"duplicate document id {result.id!r}: already taken by {claimed[result.id]}"
+            jobs.append(None)
+            continue
+        if result.id is not None:
+            claimed[result.id] = file.name
+        jobs.append(pool.run("upload", file.name, file.content_base64, file.id, file.title, words, max_bytes,
+                             size=len(file.content_base64) * 3 // 4))
+    outcomes = iter(await _all_read([job for job in jobs if job is not None]))
+    taken: dict[str, str] = {}  # document id -> the file that put it
+    passages: list[Passage] = []
+    for result, job in zip(results, jobs, strict=True):
+        if job is None:
+            continue
+        outcome = next(outcomes)
         try:
-            if result.id is not None and result.id in taken:  # before reading it
-                raise SkipFile(f"duplicate document id {result.id!r}: already taken by {taken[result.id]}")
-            read = _read_one(file, words, max_bytes)
-            documents = list(dict.fromkeys(p.doc_id for p in read))
+            if isinstance(outcome, Exception):
+                raise outcome
+            found, hashes = outcome
+            documents = list(hashes)
             if clash := next((d for d in documents if d in taken), None):
                 raise SkipFile(f"duplicate document id {clash!r}: already taken by {taken[clash]}")
-        except SkipFile as exc:
+        except (SkipFile, ParseRefused) as exc:
             result.reason = exc.reason
         except Exception as exc:  # a reader's failure on one file never fails the others
-            logger.warning("file %r could not be read", file.name, exc_info=True)
+            logger.warning("file %r could not be read", result.name, exc_info=exc)
             result.reason = f"could not be read ({type(exc).__name__}); the retriever's log has the details"
         else:
-            taken.update(dict.fromkeys(documents, file.name))
-            passages += read
-            result.status, result.documents, result.passages = "put", len(documents), len(read)
-        results.append(result)
+            taken.update(dict.fromkeys(documents, result.name))
+            passages += found
+            result.status, result.documents, result.passages = "put", len(documents), len(found)
+            result.sha256 = hashes[result.id] if result.id is not None else None
     return passages, results
+
+
+async def _all_read(jobs: list[Any]) -> list[Any]:
+    """Each job's result, or the exception that refused its file; a refusal of the whole request (the pool's queue
+    full: 429) stops the request's other jobs, their workers killed."""
+    async def one(job: Any) -> Any:
+        try:
+            return await job
+        except ServiceError:
+            raise
+        except Exception as exc:  # this file's: the others go on
+            return exc
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(job)) for job in jobs]
+    except* ServiceError as refused:
+        raise refused.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 FILE_ERRORS = error_responses({
     413: "the request body is over RETRIEVER_MAX_BODY_BYTES (2 MiB by default): send fewer files per request, "
          "raise the limit, or use `plugsearch-index ingest` then `plugsearch-index put`",
-    422: "a bad request, or no file could be read (every file's reason in the message; nothing changed)"})
+    422: "a bad request, or no file could be read (every file's reason in the message; nothing changed)",
+    429: "more files wait to be read than RETRIEVER_PARSE__QUEUE: retry after Retry-After"})
 
 
 @router.post("/documents/files", response_model=PutFilesResponse, responses={**ERRORS, **CHANGE_ERRORS, **FILE_ERRORS})
 async def put_files(body: PutFilesRequest, request: Request) -> PutFilesResponse:
     """Add or replace documents given as files (base64 in JSON): each read by the reader its name's extension
-    asks for (text, Markdown, HTML, PDF's text layer, JSONL passages) and cut into passages of about `words`
-    words, exactly as `plugsearch-index ingest` reads and cuts them; a document's id is the file's `id`, else
-    its `name`. The files that read fine are put in one change (durable before this answers, applied whole or
-    not at all); each file refused is reported with its reason and the others are still put; when none reads
-    fine this answers 422 and nothing changes. A file may hold up to `plugsearch-index ingest`'s default
+    asks for (text, Markdown, HTML's main text, PDF's text layer, JSONL passages) and cut into passages of about
+    `words` words, exactly as `plugsearch-index ingest` reads and cuts them, by a worker process of the parse pool
+    under its CPU budget (RETRIEVER_PARSE__*; a request that ends stops its files' workers); a document's id is the
+    file's `id`, else its `name`. The files that read fine are put in one change (durable before this answers,
+    applied whole or not at all); each file refused is reported with its reason and the others are still put; when
+    none reads fine this answers 422 and nothing changes. A file may hold up to `plugsearch-index ingest`'s default
     --max-mb once decoded, but the whole request must fit the retriever's request body limit
     (RETRIEVER_MAX_BODY_BYTES, 2 MiB by default; base64 adds a third): for large files raise it, or ingest
     them with `plugsearch-index ingest` and send the corpus with `plugsearch-index put`."""
     live = _changing(request)
     t0 = time.perf_counter()
-    passages, results = await asyncio.to_thread(files_of, body)  # parsing PDFs and HTML is CPU work
+    passages, results = await files_of(_pool(request), body)
     setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
     if not passages:
         raise ValidationFailed("no file could be read (nothing changed): "
@@ -297,14 +316,58 @@ async def put_files(body: PutFilesRequest, request: Request) -> PutFilesResponse
                             took_ms=round((time.perf_counter() - t0) * 1000, 3), files=results)
 
 
+def _listing(request: Request) -> DocumentListing:
+    svc = _service(request)
+    listing: DocumentListing | None = getattr(request.app.state, "listing", None)
+    if listing is None:
+        store = svc.live.store if svc.live is not None else svc.corpus
+        listing = request.app.state.listing = DocumentListing(store, svc.live)
+    return listing
+
+
 @router.post("/documents/delete", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> ChangeResponse:
-    """Delete documents (every passage of each); durable before this answers."""
+    """Delete documents (every passage of each); durable before this answers. `passages`: how many passages the
+    documents had when the change was applied here (those it removed)."""
     live = _changing(request)
     t0 = time.perf_counter()
-    change = await _write(live, [], list(dict.fromkeys(body.ids)))
-    return ChangeResponse(seq=change.seq, documents=len(change.delete), passages=0,
+    ids = list(dict.fromkeys(body.ids))
+    listing = _listing(request)
+    removed = await asyncio.to_thread(listing.served_passages, ids)
+    change = await _write(live, [], ids)
+    return ChangeResponse(seq=change.seq, documents=len(change.delete), passages=removed,
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
+
+
+@router.get("/documents", response_model=DocumentList, responses={**ERRORS, **CHANGE_ERRORS})
+async def list_documents(query: Annotated[ListDocumentsQuery, Query()], request: Request) -> DocumentList:
+    """The documents served, in id order, each with its passage count and its content hash (`sha256` over its
+    passages: what `plugsearch-index sync` compares a folder's files with); `prefix` keeps the ids that start with
+    it, a page holds `limit` (at most 10,000), `next` is the `after` of the next page (null: the last page). The
+    first listing reads the built corpus once. Needs the internal token or an admin key."""
+    _may_change(request)
+    await _catch_up(request)
+    listing = _listing(request)
+    found, following = await asyncio.to_thread(listing.page, after=query.after, prefix=query.prefix,
+                                               limit=query.limit)
+    return DocumentList(documents=[ListedDocument(id=d.id, passages=d.passages, sha256=d.sha256) for d in found],
+                        next=following, index_id=_service(request).index_id)
+
+
+async def _catch_up(request: Request) -> None:
+    svc = _service(request)
+    if svc.live is not None:
+        await svc.catch_up()
+
+
+@router.get("/index", response_model=IndexState, responses=ERRORS)
+async def index_state(request: Request) -> IndexState:
+    """The served index's identity now (`index_id`; `seq`, the last change applied), every change acknowledged
+    by any worker before this request applied first: what the searcher reads before it answers from its cache,
+    so no cached result from before an acknowledged change is served."""
+    await _catch_up(request)
+    svc = _service(request)
+    return IndexState(index_id=svc.index_id, seq=svc.live.seq if svc.live is not None else 0)
 
 
 async def follow_changes(service: RetrieverService, poll_s: float) -> None:
@@ -431,9 +494,11 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
             return {"indexes": app.state.startup_error or "loading"}
 
         app.state.readiness = ready
+        app.state.parse_pool = ParsePool(settings.parse)
         try:
             yield
         finally:
+            app.state.parse_pool.close()
             if not loading.done() and app.state.retriever is not None:
                 loading.cancel()  # following the change log, or waiting for (or building) the dense index:
                 # stops (a build resumes at the next start)

@@ -11,7 +11,8 @@ prints which backend serves and why; `--require-onnx` exits 1 where it would fal
 build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
 `plugsearch.retriever.ingest`), `put` / `upload` / `delete` (a running retriever's documents changed through its
-API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.live.changes_cli`).
+API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.live.changes_cli`),
+`sync` (a folder kept in step with a running retriever: `plugsearch.retriever.ingest.sync`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def _ingest_parser(sub: Any) -> None:
                          description="Read the files under PATH... (folders recursively), cut them into passages, "
                          "write the corpus (one passage per line) and a JSON report of what was skipped and why.")
     ing.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files and folders to ingest")
+    ing.add_argument("--root", type=Path, default=Path("."), metavar="DIR", help="document ids are the files' "
+                     "paths inside DIR (default: the current folder); `upload` and `sync` with the same root give "
+                     "a file the same id")
     out = ing.add_mutually_exclusive_group(required=True)
     out.add_argument("--corpus", dest="corpus_name", metavar="NAME",
                      help="write <var-dir>/corpora/NAME.jsonl (and NAME.report.json beside it)")
@@ -116,6 +120,8 @@ def _ingest_parser(sub: Any) -> None:
                      help=f"about this many words per passage, cut at sentences (default {DEFAULT_WORDS})")
     ing.add_argument("--max-mb", type=float, default=DEFAULT_MAX_MB,
                      help=f"skip larger files without reading them (default {DEFAULT_MAX_MB:g})")
+    ing.add_argument("--workers", type=int, default=2, help="files read at once, each in a worker process with "
+                     "its CPU budget (default 2)")
     ing.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -130,8 +136,11 @@ def run_ingest(args: argparse.Namespace) -> int:
         return 2
     out = args.out or args.var_dir / "corpora" / f"{args.corpus_name}.jsonl"
     try:
+        if not 1 <= args.workers <= 64:
+            raise IngestError("--workers: between 1 and 64")
         options = IngestOptions(paths=tuple(args.paths), out=out, allow=tuple(args.allow), words=args.words,
-                                max_mb=args.max_mb, show_progress=not args.quiet)
+                                max_mb=args.max_mb, show_progress=not args.quiet, root=args.root,
+                                workers=args.workers)
         report = ingest(options)
     except IngestError as exc:
         if exc.report is not None:
@@ -179,16 +188,20 @@ def main(argv: list[str] | None = None) -> None:
     enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
     _ingest_parser(sub)
+    from plugsearch.retriever.ingest import sync
     from plugsearch.retriever.live import changes_cli
 
     changes_cli.add_parsers(sub)
+    sync.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command in ("put", "upload", "delete"):  # a running retriever's documents, through its API
         configure_logging("WARNING", service="plugsearch-index")
         sys.exit(changes_cli.run(args))
+    if args.command == "sync":  # a folder kept in step with a running retriever
+        configure_logging("WARNING", service="plugsearch-index")
+        sys.exit(sync.run(args))
     if args.command == "ingest":  # reads no RETRIEVER_* setting
         configure_logging("INFO", service="plugsearch-index")
-        logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged PDF's reason is in the report, by name
         sys.exit(run_ingest(args))
 
     overrides = {name: value for name in ("corpus", "index_dir") if (value := getattr(args, name, None))}

@@ -2,6 +2,12 @@
 checksum against every manifest), `RetrieverService.load` (the heavy part), searches through one
 `MicroBatcher` per backend (hybrid fuses the BM25 and dense results), response bodies (documents read from
 the document store, `plugsearch.retriever.store.docstore`).
+
+Every query is normalised as every reader normalises the text it reads (`plugsearch.common.text.normalize`: NFKC,
+ligatures, control characters, whitespace; ASCII text is only whitespace-normalised), so `ﬁle` finds `file` and
+the other way round; a query that normalises to nothing gets no hits. With several workers, a search first applies
+the changes other workers acknowledged (`catch_up`), so no search sees the corpus from before a change that was
+acknowledged before it began.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from plugsearch.common.errors import BadRequest
 from plugsearch.common.schemas.retriever import check_results
+from plugsearch.common.text import normalize
 from plugsearch.retriever.backends import registry
 from plugsearch.retriever.backends.base import Hits, Retriever
 from plugsearch.retriever.backends.dense import DenseRetriever
@@ -137,6 +144,22 @@ class RetrieverService:
         self.dense_status: str | None = None
         """While the dense index is pending: `waiting` for it, `building` it, or why its build failed."""
         self.batchers = {name: self._batcher(name, r) for name, r in retrievers.items()}
+        self._polls = 0
+        self._poll_lock: asyncio.Lock | None = None
+
+    async def catch_up(self) -> None:
+        """Apply the changes any worker acknowledged before this call (`LiveIndex.poll`, in a thread). Calls that
+        arrive while a read runs share the next one: a read that began after they arrived, one at a time."""
+        if self.live is None:
+            return
+        if self._poll_lock is None:
+            self._poll_lock = asyncio.Lock()
+        wanted = self._polls + 1
+        async with self._poll_lock:
+            if self._polls >= wanted:  # a read that began after this call arrived has finished meanwhile
+                return
+            self._polls += 1
+            await asyncio.to_thread(self.live.poll)
 
     @staticmethod
     def _check_count(name: str, retriever: Retriever, corpus: DocumentStore) -> None:
@@ -224,20 +247,29 @@ class RetrieverService:
             raise BadRequest(str(exc), param="k") from exc
 
     async def search(self, queries: Sequence[str], k: int, method: str | None) -> tuple[str, Hits]:
+        """The top `k` of each query (normalised first: module docstring)."""
         method = method or self.settings.default_method
         self._check_size(len(queries), k)
+        queries = [normalize(q) for q in queries]
+        if not all(q.strip() for q in queries):  # nothing searchable left (only invisible characters): no hits
+            return method, await self.search_skipping_blank(queries, k, method)
+        if self.settings.workers > 1:
+            await self.catch_up()
+        return method, await self._search(queries, k, method)
+
+    async def _search(self, queries: list[str], k: int, method: str) -> Hits:
         if method == "hybrid" and "hybrid" in self.methods:
             depth = max(k, self.settings.fusion_depth)
             sparse, dense = await asyncio.gather(self.batchers["bm25"].submit(queries, depth),
                                                  self.batchers["dense"].submit(queries, depth))
-            return method, await asyncio.to_thread(rrf_fuse, [sparse, dense], k, self.settings.rrf_k)
+            return await asyncio.to_thread(rrf_fuse, [sparse, dense], k, self.settings.rrf_k)
         if method not in self.batchers:
             raise BadRequest(f"method {method!r} is not served here (available: {', '.join(self.methods)})",
                              param="method")
         batcher = self.batchers[method]
         if self.metrics is not None:
             self.metrics.queued.labels(method).set(batcher.queued)
-        return method, await batcher.submit(queries, k)
+        return await batcher.submit(queries, k)
 
     async def search_each(self, queries: Sequence[str], k: int, methods: Sequence[str | None]
                           ) -> tuple[list[str], Hits]:
@@ -269,6 +301,7 @@ class RetrieverService:
         """`search`, where a blank query gets no hits instead of failing the batch (Search-R1's server
         answers a `<search> </search>` with an empty list; a training run must not die on one)."""
         self._check_size(len(queries), k)
+        queries = [normalize(q) for q in queries]
         live = [i for i, q in enumerate(queries) if q.strip()]
         if len(live) == len(queries):
             return (await self.search(queries, k, method))[1]

@@ -13,6 +13,7 @@ from pydantic_settings import SettingsConfigDict
 
 from plugsearch.common.paths import default_data_dir
 from plugsearch.common.settings import AdminKeySettings
+from plugsearch.retriever.ingest.pool import ParseLimits
 
 Bm25Backend = Literal["bm25s", "pyserini"]
 DenseBackend = Literal["faiss", "milvus"]
@@ -220,7 +221,11 @@ class RetrieverSettings(AdminKeySettings):
         "where the change log is kept (default RETRIEVER_INDEX_DIR/changes); one log per corpus checksum, so a "
         "rebuild from another corpus file starts a new one"))
     changes_poll_s: float = Field(0.5, gt=0, le=60, description=(
-        "how often each worker reads the changes other workers acknowledged"))
+        "how often each worker reads the changes other workers acknowledged (a search on a service of several "
+        "workers reads them first as well: none sees the corpus from before a change acknowledged earlier)"))
+    parse: ParseLimits = Field(default_factory=ParseLimits, description=(  # type: ignore[arg-type]
+        "the parse pool that reads files (POST /documents/files) and cuts text (PUT /documents): worker processes, "
+        "each job under a CPU budget (plugsearch/retriever/ingest/pool.py)"))
 
     @model_validator(mode="after")
     def _check_combination(self) -> RetrieverSettings:

@@ -1,8 +1,14 @@
 """The identity of the index the retriever serves, for the searcher's cache keys.
 
-After a re-index a shared Redis would otherwise serve documents of the old corpus for the cache's whole TTL.
-The retriever reports `index_id` in `GET /version`; the searcher reads it at most every `ttl_s` seconds and
-puts it in every key. While no identity is known, searches bypass the cache instead of guessing.
+After a re-index a shared Redis would otherwise serve documents of the old corpus for the cache's whole TTL, and
+after a document is deleted a cached answer would still hold it. The retriever's `index_id` moves with every
+change (a re-index, every change acknowledged while it serves). Before the searcher answers from its cache it reads
+the identity as it is now (`fresh`: `GET /index`, which applies every change any retriever worker acknowledged
+first), and the key holds it: a search that starts after a change was acknowledged never gets an answer cached
+before it. One read serves every search that arrived before it began (one read at a time, a few hundred
+microseconds on one machine). The rest of what the retriever says of its index (methods, encoder, corpus, changes)
+is read from `GET /version` at most every `ttl_s` seconds. While no identity is known, searches bypass the cache
+instead of guessing.
 """
 
 from __future__ import annotations
@@ -32,6 +38,38 @@ class IndexIdentity:
         self._details: dict[str, object] = {}
         self._checked = float("-inf")
         self._lock = asyncio.Lock()
+        self._reads = 0
+        self._read_lock = asyncio.Lock()
+        self._fresh: str | None = None
+        self._no_route = False
+        """An older retriever without `GET /index`: `fresh` is `current`."""
+
+    async def fresh(self) -> str | None:
+        """The retriever's `index_id` now, from a read that began after this call (calls that arrive while one runs
+        share the next); None when the retriever cannot say (the caller then bypasses the cache)."""
+        if self._no_route:
+            return await self.current()
+        wanted = self._reads + 1
+        async with self._read_lock:
+            if self._reads >= wanted:  # a read that began after this call arrived has finished meanwhile
+                return self._fresh
+            self._reads += 1
+            try:
+                response = await self.client.request("GET", "/index", timeout=self.timeout_s, retries=0)
+                value = response.json().get("index_id")
+                self._fresh = value if isinstance(value, str) else None
+            except ServiceError as exc:
+                if exc.upstream_status in (404, 405):
+                    self._no_route = True
+                    return await self.current()
+                logger.warning("cannot read the retriever's index identity (%s): this search bypasses the cache",
+                               exc.message)
+                self._fresh = None
+            except (ValueError, AttributeError):
+                self._fresh = None
+            if self._fresh is not None and self._fresh != self._value:
+                self._value = self._fresh
+            return self._fresh
 
     async def current(self) -> str | None:
         if time.monotonic() - self._checked < self.ttl_s:

@@ -298,7 +298,9 @@ class SearchService:
         params = await self._pool(self._params(request))
         cost = self._cost(params, request.question)
         cache, index_id = self.cache, None
-        if self.index_identity is not None and (cache is not None or self.corpus_gate is not None):
+        if self.index_identity is not None and cache is not None:  # the identity now: no answer from before a change
+            index_id = await self.index_identity.fresh()
+        elif self.index_identity is not None and self.corpus_gate is not None:
             index_id = await self.index_identity.current()
         if cache is not None and self.index_identity is not None and index_id is None:
             cache = None  # which index would answer is unknown: no cache

@@ -119,8 +119,9 @@ class SearcherSettings(AdminKeySettings):
         "address), when no API keys are configured"))
     cache_enabled: bool = True
     index_id_ttl_s: float = Field(10.0, ge=0, description=(
-        "how often the retriever's index identity (part of every cache key) is read again: after a "
-        "re-index, cached searches of the old index stop being served within this time"))
+        "how often what the retriever says of its index (methods, encoder, corpus, changes: GET /version) is read "
+        "again; the index identity in every cache key is read before each cached answer (GET /index), so no "
+        "answer cached before a change the retriever acknowledged is served"))
     chat: ChatProxySettings | None = Field(None, description=(
         "the OpenAI-compatible answering proxy (POST /v1/chat/completions); off unless configured"))
     ui: bool = Field(False, description=(

@@ -19,6 +19,11 @@ Once every readiness check passes, it prints the URL and a ready-to-copy `curl` 
     plugsearch-stack --corpus my.jsonl       # any JSONL corpus (id + title/text, or id + contents)
     plugsearch-stack --chat                  # + llama.cpp, generator, judge and POST /v1/chat/completions
     plugsearch-stack --corpus my.jsonl --policy var/runs/mine/policy   # a compact policy trained on it
+    plugsearch-stack --show-token            # the internal token of the stack running from this folder
+
+The internal token (what changing documents needs: `plugsearch-index upload`, `sync`, ...) is written, owner-only
+(0600), to `<--var-dir>/stack/internal-token` while the stack runs (`plugsearch-index` commands run from the same
+folder find it there; `--show-token` prints it), and removed when it stops.
 
 Default corpus: `$PLUGSEARCH_DATA/corpus/combined.jsonl` (PLUGSEARCH_DATA defaults to ../shared/data beside the
 repository), else FlashRAG's public 1,000-passage Wikipedia sample, downloaded once into `var/corpus/`.
@@ -38,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from plugsearch.common.files import atomic_write_json
+from plugsearch.common.files import atomic_write_json, atomic_write_text
 from plugsearch.common.llama_server import DEFAULT_PROMPT_CACHE_MB
 from plugsearch.common.paths import default_data_dir
 from plugsearch.common.procgroup import (
@@ -132,6 +137,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--internal-token", default=os.environ.get("PLUGSEARCH_INTERNAL_TOKEN") or None,
                         help="token the internal services require (env PLUGSEARCH_INTERNAL_TOKEN); "
                         "default: a random one for this run, written to --ready-file")
+    parser.add_argument("--show-token", action="store_true",
+                        help="print the internal token of the stack running from --var-dir (it is kept, owner-only, "
+                        "in <var-dir>/stack/internal-token while the stack runs) and exit")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     parser.add_argument("--ready-file", type=Path, default=None,
                         help="write the URLs as JSON here once ready (removed on exit)")
@@ -176,7 +184,7 @@ def _run_index_build(options: StackOptions, group: ProcessGroup) -> None:
 
 
 def _announce(options: StackOptions, specs: Sequence[ProcessSpec], ready_file: Path | None,
-              say: Callable[[str], None]) -> None:
+              say: Callable[[str], None], token_path: Path | str = "<var-dir>/stack/internal-token") -> None:
     """The ready file (URLs, ports, the internal token: owner-only) and the banner with a curl to copy."""
     info: dict[str, Any] = {"searcher": options.url("searcher"),
                             "urls": {s.name: options.url(s.name) for s in specs if s.name != "redis"},
@@ -191,9 +199,34 @@ def _announce(options: StackOptions, specs: Sequence[ProcessSpec], ready_file: P
     say(f"  {curl_example(options)}")
     say(f"  playground: {options.url('searcher')}/ui   (watch a search in your browser)")
     say(f"  internal services: {', '.join(f'{k} {v}' for k, v in info['urls'].items())}")
-    say("  internal services require the internal token (PLUGSEARCH_INTERNAL_TOKEN, or this "
-        "run's random one in --ready-file); secrets are never printed")
+    say("  internal services require the internal token (PLUGSEARCH_INTERNAL_TOKEN, or this run's random one: "
+        "plugsearch-index commands run from this folder read it from "
+        f"{token_path}, `plugsearch-stack --show-token` prints it); secrets are never printed")
     say("")
+
+
+def _show_token(var_dir: Path) -> int:
+    from plugsearch.retriever.ingest.remote import token_file
+
+    path = token_file(var_dir)
+    try:
+        sys.stdout.write(path.read_text().strip() + "\n")
+    except OSError:
+        sys.stderr.write(f"no stack is running from {var_dir} ({path} is not there): start one with "
+                         "plugsearch-stack, or pass its --var-dir\n")
+        return 1
+    return 0
+
+
+def _write_token(var_dir: Path, token: str) -> Path:
+    """The internal token where its user's commands find it (`plugsearch.retriever.ingest.remote.token_file`):
+    owner-only, written before the services start."""
+    from plugsearch.retriever.ingest.remote import token_file
+
+    path = token_file(var_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, token + "\n", mode=0o600)
+    return path
 
 
 def _exit_code(code: int) -> int:
@@ -202,6 +235,8 @@ def _exit_code(code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.show_token:
+        return _show_token(args.var_dir)
     width = max(len(name) for name in (*DEFAULT_PORTS, "index", "stack"))
     group = ProcessGroup(output=Output(sys.stdout, colour=not args.no_color, width=width), label="stack")
     say = group.say
@@ -246,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     specs = build_specs(options, redis_server=redis_server)
     group.add(*specs)
+    token_path = _write_token(var_dir, options.internal_token)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda _sig, _frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -262,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _exit_code(exc.returncode or 0)
         if stop.is_set():
             return 0
-        _announce(options, specs, args.ready_file, say)
+        _announce(options, specs, args.ready_file, say, token_path)
         gone = group.supervise(stop, restart=RestartPolicy(max_restarts=args.max_restarts) if args.max_restarts
                                else None)
         if gone is None:
@@ -275,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(sig, handler)
         if args.ready_file is not None:
             args.ready_file.unlink(missing_ok=True)
+        token_path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

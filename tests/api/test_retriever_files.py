@@ -118,11 +118,17 @@ async def test_a_mixed_batch_puts_the_good_files_in_one_change_and_says_why_each
         given_id = await client.post("/documents/files", headers=ADMIN, json={"files": [dict(files[9], id="x")]})
         assert given_id.status_code == 422 and "rows name their own documents" in given_id.json()["error"]["message"]
         for wrong in ({"files": []}, {"files": [{"name": "a.txt"}]}, {"files": files[:1], "words": 5},
-                      {"files": [{"name": "a.txt", "content_base64": "", "id": "has space"}]}):
+                      {"files": [{"name": "a.txt", "content_base64": "", "id": " leading space"}]},
+                      {"files": [{"name": "a.txt", "content_base64": "", "id": "line\nbreak"}]}):
             assert (await client.post("/documents/files", json=wrong, headers=ADMIN)).status_code == 422
-        spaced = await client.post("/documents/files", headers=ADMIN,
-                                   json={"files": [{"name": "my notes.txt", "content_base64": b64("Some text.")}]})
-        assert spaced.status_code == 422 and "give the file an `id`" in spaced.json()["error"]["message"]
+        # any name a file system allows is an id (ingest %-encodes what an id cannot hold): put, then deleted
+        spaced = await client.post("/documents/files", headers=ADMIN, json={"files": [
+            {"name": "my notes/été 2024.txt", "content_base64": b64("The spacious wembleton note.")}]})
+        assert spaced.status_code == 200 and spaced.json()["files"][0]["id"] == "my notes/été 2024.txt"
+        assert await top_ids(client, "spacious wembleton") == ["my notes/été 2024.txt#0"]
+        gone = await client.post("/documents/delete", headers=ADMIN, json={"ids": ["my notes/été 2024.txt"]})
+        assert gone.status_code == 200 and gone.json()["passages"] == 1
+        assert await top_ids(client, "spacious wembleton") != ["my notes/été 2024.txt#0"]
 
 
 async def test_uploading_a_document_again_replaces_all_its_passages(tiny: tuple[Path, Path], tmp_path: Path) -> None:
@@ -176,7 +182,8 @@ def test_the_upload_command_sends_a_folder_in_batches_and_reports_what_was_skipp
                 break
             time.sleep(0.05)
         with pytest.raises(SystemExit) as done:
-            main(["upload", str(docs), "--url", url, "--token", TOKEN, "--batch", "3", "--batch-mb", "1", "--quiet"])
+            main(["upload", str(docs), "--url", url, "--token", TOKEN, "--batch", "3", "--batch-mb", "1", "--quiet",
+                  "--root", str(docs)])
         assert done.value.code == 1  # some files refused
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         skipped = {Path(s["path"]).name: (s["kind"], s["reason"]) for s in summary["skipped"]}
@@ -190,5 +197,6 @@ def test_the_upload_command_sends_a_folder_in_batches_and_reports_what_was_skipp
                            headers={"Authorization": f"Bearer {TOKEN}"}).json()
         assert found["results"][0][0]["id"] == "report.pdf#0"
         with pytest.raises(SystemExit) as done:
-            main(["upload", str(docs / "notes.txt"), "--url", url, "--token", "wrong-token-123", "--quiet"])
+            main(["upload", str(docs / "notes.txt"), "--url", url, "--token", "wrong-token-123", "--quiet",
+                  "--root", str(docs)])
         assert done.value.code == 1 and "answered 401" in capsys.readouterr().err

@@ -107,9 +107,12 @@ async def test_the_shipped_policy_is_checked_and_served_when_it_holds_up(retriev
 
 
 class UnknownIndex(IndexIdentity):
-    """A retriever whose `/version` has not said what it serves yet."""
+    """A retriever whose `/version` (and `/index`) has not said what it serves yet."""
 
     async def current(self) -> str | None:
+        return None
+
+    async def fresh(self) -> str | None:
         return None
 
 

@@ -82,8 +82,8 @@ def write_scanned_pdf(path: Path) -> None:
 
 @pytest.fixture
 def folders(tmp_path: Path) -> dict[str, Path]:
-    """docs/: one good file of each format and every kind of bad file; more/: a second root whose notes.txt takes
-    docs/notes.txt's id; outside/: a folder a link in docs/ points into."""
+    """docs/: one good file of each format and every kind of bad file; more/: a second folder with a notes.txt of
+    its own; outside/: a folder a link in docs/ points into."""
     docs, more, outside = tmp_path / "docs", tmp_path / "more", tmp_path / "outside"
     for folder in (docs / "guide", more, outside):
         folder.mkdir(parents=True)
@@ -116,14 +116,19 @@ def test_a_mixed_folder_gives_passages_with_titles_headings_sources_and_a_report
         folders: dict[str, Path], tmp_path: Path) -> None:
     docs, more = folders["docs"], folders["more"]
     out = tmp_path / "var" / "corpora" / "mine.jsonl"
-    report = ingest(IngestOptions(paths=(docs, more), out=out, max_mb=1, show_progress=False))
+    report = ingest(IngestOptions(paths=(docs, more), out=out, max_mb=1, show_progress=False, root=docs))
+    reasons = {Path(s.path).relative_to(tmp_path).as_posix(): (s.kind, s.reason) for s in report.skipped}
+    assert reasons["more/notes.txt"][1].startswith(f"outside the root {docs} (document ids are paths inside it)")
+    report = ingest(IngestOptions(paths=(docs, more), out=out, max_mb=1, show_progress=False, root=tmp_path))
 
     passages = rows(out)
     by_doc: dict[str, list[dict[str, Any]]] = {}
     for row in passages:
-        by_doc.setdefault(row["doc_id"], []).append(row)
-    assert list(by_doc) == ["guide/setup.md", "notes.txt", "page.html", "faq-1", "faq-2", "report.pdf"]
-    for doc_id, doc_rows in by_doc.items():
+        by_doc.setdefault(row["doc_id"].removeprefix("docs/"), []).append(row)
+    assert list(by_doc) == ["guide/setup.md", "notes.txt", "page.html", "faq-1", "faq-2", "report.pdf",
+                            "more/notes.txt"]
+    for doc_rows in by_doc.values():
+        doc_id = doc_rows[0]["doc_id"]
         if "#" in doc_rows[0]["id"]:
             assert [r["id"] for r in doc_rows] == [f"{doc_id}#{n}" for n in range(len(doc_rows))]
             assert [r["position"] for r in doc_rows] == list(range(len(doc_rows)))
@@ -138,8 +143,8 @@ def test_a_mixed_folder_gives_passages_with_titles_headings_sources_and_a_report
         (["Setup guide", "Configure"], "Edit the settings file before the first start."),
     ]
     assert by_doc["notes.txt"] == [{
-        "id": "notes.txt#0", "title": "notes", "text": " ".join(NOTES.split()), "doc_id": "notes.txt",
-        "headings": [], "source": "notes.txt", "position": 0}]  # no title in a text file: its name
+        "id": "docs/notes.txt#0", "title": "notes", "text": " ".join(NOTES.split()), "doc_id": "docs/notes.txt",
+        "headings": [], "source": "docs/notes.txt", "position": 0}]  # no title in a text file: its name
 
     page = by_doc["page.html"]
     assert {r["title"] for r in page} == {"Field notes"}
@@ -156,13 +161,13 @@ def test_a_mixed_folder_gives_passages_with_titles_headings_sources_and_a_report
     assert pdf[0]["text"] == f"{PDF_PAGE_1} {PDF_PAGE_2}"  # one passage: the pages' 31 words fit in one
 
     assert [(r["id"], r["title"], r["text"], r["source"]) for r in by_doc["faq-1"] + by_doc["faq-2"]] == [
-        ("faq-1", "FAQ", "Refunds take five days.", "passages.jsonl"),
-        ("faq-2", "FAQ", "Shipping is free over fifty euros.", "passages.jsonl")]
+        ("faq-1", "FAQ", "Refunds take five days.", "docs/passages.jsonl"),
+        ("faq-2", "FAQ", "Shipping is free over fifty euros.", "docs/passages.jsonl")]
 
     reasons = {Path(s.path).relative_to(tmp_path).as_posix(): (s.kind, s.reason) for s in report.skipped}
     assert reasons.keys() == {"docs/.DS_Store", "docs/binary.txt", "docs/corrupt.pdf", "docs/empty.md",
                               "docs/escape.txt", "docs/huge.txt", "docs/image.png", "docs/scan.pdf",
-                              "docs/truncated.pdf", "more/notes.txt"}
+                              "docs/truncated.pdf"}
     assert reasons["docs/scan.pdf"] == ("error", NO_TEXT_LAYER)
     assert reasons["docs/corrupt.pdf"][1].startswith("not a PDF: no %PDF- header")
     assert reasons["docs/truncated.pdf"][1].startswith("not a readable PDF")
@@ -170,26 +175,26 @@ def test_a_mixed_folder_gives_passages_with_titles_headings_sources_and_a_report
     assert reasons["docs/empty.md"][1] == "empty file"
     assert reasons["docs/huge.txt"][1] == "too large: 2.4 MB, over the limit of 1 MB (--max-mb)"
     assert reasons["docs/escape.txt"][1].startswith("outside the allowed folders")
-    assert reasons["more/notes.txt"][1] == f"duplicate document id 'notes.txt': already taken by {docs / 'notes.txt'}"
     assert reasons["docs/image.png"][0] == reasons["docs/.DS_Store"][0] == "ignored"
     assert reasons["docs/image.png"][1].startswith("unknown extension '.png'")
     assert "Nothing from here" not in out.read_text()
 
-    assert (report.files, report.documents, report.passages) == (5, 6, len(passages))
-    assert (len(report.errors), len(report.skipped)) == (8, 10)
+    assert (report.files, report.documents, report.passages) == (6, 7, len(passages))
+    assert (len(report.errors), len(report.skipped)) == (7, 9)
     written = orjson.loads((tmp_path / "var" / "corpora" / "mine.report.json").read_bytes())
     assert written == orjson.loads(orjson.dumps(report.to_json()))
-    assert written["formats"] == {"html": 1, "jsonl": 1, "markdown": 1, "pdf": 1, "text": 1}
+    assert written["formats"] == {"html": 1, "jsonl": 1, "markdown": 1, "pdf": 1, "text": 2}
 
     corpus = Corpus.load(out)  # the retriever's own reader takes the extra fields
     assert corpus.ids == [r["id"] for r in passages]
-    assert corpus.titles[corpus.ids.index("report.pdf#0")] == "Zyxolite annual report"
+    assert corpus.titles[corpus.ids.index("docs/report.pdf#0")] == "Zyxolite annual report"
 
 
 def test_the_command_writes_var_corpora_name_the_same_bytes_twice_and_bm25_finds_the_pdf(
         folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     var = tmp_path / "var"
-    argv = ["ingest", str(folders["docs"]), "--corpus", "mine", "--var-dir", str(var), "--max-mb", "1", "--quiet"]
+    argv = ["ingest", str(folders["docs"]), "--corpus", "mine", "--var-dir", str(var), "--max-mb", "1", "--quiet",
+            "--root", str(folders["docs"])]
     outputs = []
     for _ in range(2):
         with pytest.raises(SystemExit) as exit_info:
@@ -220,7 +225,8 @@ def test_a_refused_corpus_name_and_a_batch_with_nothing_to_ingest(tmp_path: Path
     out = tmp_path / "c.jsonl"
     out.write_text("kept\n")
     with pytest.raises(IngestError, match="no passage to write") as raised:
-        ingest(IngestOptions(paths=(tmp_path / "in", tmp_path / "missing"), out=out, show_progress=False))
+        ingest(IngestOptions(paths=(tmp_path / "in", tmp_path / "missing"), out=out, show_progress=False,
+                             root=tmp_path))
     assert raised.value.report is not None
     assert [s.reason for s in raised.value.report.skipped] == ["no such file or folder", "empty document: no text"]
     assert out.read_text() == "kept\n"  # left as it was
@@ -236,7 +242,7 @@ def test_allowed_folders_jsonl_checks_and_ids_taken_twice(tmp_path: Path) -> Non
     (a / "row.jsonl").write_text('{"id": "p2", "text": "ok"}\n{"title": "no id"}\n')
     (a / "clash.jsonl").write_text('{"id": "y#0", "doc_id": "x.txt", "text": "Claims the text file\'s id."}\n')
     (b / "y.txt").write_text("Outside the allowed folder.")
-    report = ingest(IngestOptions(paths=(a, b), out=tmp_path / "c.jsonl", allow=(a,), show_progress=False))
+    report = ingest(IngestOptions(paths=(a, b), out=tmp_path / "c.jsonl", allow=(a,), show_progress=False, root=a))
     reasons = {Path(s.path).name: s.reason for s in report.skipped}
     assert reasons["bad.jsonl"] == "line 2: passage id 'p1' is used again (first at line 1)"
     assert reasons["row.jsonl"].endswith(":2: missing 'id'")
@@ -286,7 +292,8 @@ def test_each_format_is_one_entry_and_a_new_one_needs_nothing_else(tmp_path: Pat
     with pytest.raises(SkipFile, match="not a CSV file: it is gzip data"):
         read_data("x.csv", b"\x1f\x8b rest", doc_id="x", words=100, max_bytes=1000)
     (tmp_path / "prices.csv").write_text("Tea,3 euros.\n")
-    report = ingest(IngestOptions(paths=(tmp_path / "prices.csv",), out=tmp_path / "c.jsonl", show_progress=False))
+    report = ingest(IngestOptions(paths=(tmp_path / "prices.csv",), out=tmp_path / "c.jsonl", show_progress=False,
+                                  root=tmp_path, workers=0))  # read here: the format was added in this process
     assert report.formats == {"csv": 1} and report.passages == 1
 
 

@@ -202,7 +202,7 @@ def test_the_command_line_puts_an_ingested_corpus_and_deletes_through_the_api(
     (folder / "memo.md").write_text("# Brintel memo\n\nThe brintel rollout starts in March. It needs two teams.\n")
     (folder / "note.txt").write_text("Kaporite samples were shipped to the lab on Friday.\n")
     with pytest.raises(SystemExit) as done:
-        main(["ingest", str(folder), "--out", str(tmp_path / "docs.jsonl"), "--quiet"])
+        main(["ingest", str(folder), "--out", str(tmp_path / "docs.jsonl"), "--quiet", "--root", str(folder)])
     assert done.value.code == 0
     token = "internal-token-12345"
     settings = tiny_settings(*tiny, dense=False, changes_dir=tmp_path / "changes", internal_token=token)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from plugsearch.common.schemas.base import Document, StrictModel, bounded_text, no_nul
 
@@ -91,9 +91,13 @@ MAX_PUT_DOCUMENTS = 1000
 MAX_PUT_PASSAGES = 20_000
 MAX_DELETE = 10_000
 MAX_DOCUMENT_CHARS = 2_000_000
-DocumentId = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^#\s][^\s]*$"),
+ID_CHARS = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]"
+DocumentId = Annotated[str, StringConstraints(min_length=1, max_length=512,
+                                              pattern=rf"^[^#\s\x00-\x1f\x7f-\x9f\u2028\u2029](?:{ID_CHARS}*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029])?$"),
                        AfterValidator(no_nul)]
-"""A document's id: no spaces, not starting with `#`; its passages are `<id>#0`, `<id>#1`, ..."""
+"""A document's id: 1 to 512 characters, no control characters or line separators, not starting with `#`, no space
+at either end (spaces inside are fine: a file's path, as `plugsearch-index ingest` makes ids, is one); its passages
+are `<id>#0`, `<id>#1`, ..."""
 
 
 DocumentText = Annotated[str, AfterValidator(no_nul)]
@@ -146,7 +150,7 @@ class DeleteDocumentsRequest(StrictModel):
 class ChangeResponse(BaseModel):
     seq: int = Field(..., description="the change's number in the log: acknowledged, durable")
     documents: int = Field(..., description="documents put or deleted")
-    passages: int = Field(..., description="passages put")
+    passages: int = Field(..., description="passages put; for a delete, the passages it removed")
     index_id: str = Field(..., description="the served index's identity after the change (this worker)")
     took_ms: float
 
@@ -186,6 +190,8 @@ class FileResult(BaseModel):
     documents: int = Field(0, description="documents put from this file")
     passages: int = Field(0, description="passages put from this file")
     reason: str | None = Field(None, description="why the file was skipped")
+    sha256: str | None = Field(None, description=(
+        "the content hash of the document put (what `GET /documents` lists for it; null for a .jsonl file)"))
 
 
 class PutFilesResponse(BaseModel):
@@ -195,6 +201,37 @@ class PutFilesResponse(BaseModel):
     passages: int = Field(..., description="passages put")
     took_ms: float
     files: list[FileResult] = Field(..., description="each file, in the request's order")
+
+
+MAX_LIST = 10_000
+
+
+class ListDocumentsQuery(StrictModel):
+    """A query string's parameters: text, so `limit=5` is read as a number (not strict), unknown ones refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    prefix: str = Field("", max_length=1024, description="only the documents whose ids start with it")
+    after: str | None = Field(None, max_length=1024, description="the page after this id (the `next` of the last)")
+    limit: int = Field(1000, ge=1, le=MAX_LIST, description="documents per page")
+
+
+class ListedDocument(BaseModel):
+    id: str
+    passages: int = Field(..., description="passages served")
+    sha256: str = Field(..., description="the document's content hash: sha256 over its passages' digests in order "
+                        "(plugsearch/retriever/ingest/passages.py document_hash)")
+
+
+class DocumentList(BaseModel):
+    documents: list[ListedDocument]
+    next: str | None = Field(None, description="pass it as `after` for the next page (null: this is the last)")
+    index_id: str = Field(..., description="the served index's identity the page was read from")
+
+
+class IndexState(BaseModel):
+    index_id: str = Field(..., description="the served index's identity (the built indexes and the last change)")
+    seq: int = Field(..., description="the last change applied (0: none since the build)")
 
 
 # Search-R1 / veRL search-tool compatible shapes (POST /retrieve in Search-R1's retrieval_server.py).

@@ -14,10 +14,22 @@ list items, table rows, a PDF page), each a sentence boundary. Readers:
   a front matter `title:`, else the first heading, else the file name. Code blocks are kept as text; HTML blocks
   are read as HTML.
 - HTML (`.html`, `.htm`, `.xhtml`): BeautifulSoup with the standard library's parser (the encoding from the file's
-  declaration, else detected); scripts, styles, templates, `<head>` and SVG dropped; h1..h6 give the heading path;
-  title = `<title>`, else the first `<h1>`, else the file name.
-- PDF (`.pdf`): pypdf's text layer, a block per page (`Block.page`); title = the PDF's metadata title, else the
-  file name; no heading path. No text on any page: skipped as scanned.
+  declaration, else detected), main text only (`main_element`, `strip_furniture`): the page's main element (the
+  first of `MAIN_SELECTORS` found, else `<body>`) without its furniture (navigation, footers, forms, buttons, a
+  header without a heading, elements whose class is a furniture name: sidebar, breadcrumbs, related, headerlink,
+  toc, ...); scripts, styles, templates, `<head>` and SVG dropped; h1..h6 give the heading path; `<pre>` kept as a
+  code block (its lines stay lines); permalink marks (the pilcrow, private-use icon glyphs) removed; title =
+  `<title>`, else the first `<h1>`, else the file name. A redirect page (`<meta http-equiv="refresh">` and next
+  to no text) is ignored.
+- PDF (`.pdf`): PDFium's text layer (pypdfium2; one call at a time per process: `plugsearch.retriever.ingest.pool`
+  runs readers in worker processes), a block per page (`Block.page`); a line repeated at the top or bottom of most
+  pages (a running header or footer, with its page number) and a line that is only a page number are removed;
+  title = the PDF's metadata title, else the first page's text in its largest font, else the file name; no
+  heading path. No text on any page: skipped as scanned.
+
+Every reader's text goes through `plugsearch.common.text.normalize` (NFKC, ligatures, soft hyphens, control
+characters, words broken at a line end joined where the document knows the joined word, whitespace), with the
+document's own words, so a word in a file is found by the word a person types.
 - JSONL passages (`.jsonl`, the corpus format the retriever reads): every row checked as the retriever loads it
   and passed through (`read_jsonl`); one bad row skips the file.
 
@@ -28,24 +40,24 @@ order mark excepted).
 
 from __future__ import annotations
 
-import io
 import re
+import threading
 import unicodedata
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 import orjson
+import regex
 from bs4 import BeautifulSoup, MarkupResemblesLocatorWarning, XMLParsedAsHTMLWarning
 from bs4.element import NavigableString, PreformattedString, Tag
 from charset_normalizer import from_bytes
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
-from pypdf import PdfReader
-from pypdf.errors import PyPdfError
 
-from plugsearch.common.text import ws
+from plugsearch.common.text import normalize, vocabulary, ws
 from plugsearch.retriever.ingest.passages import Passage
 from plugsearch.retriever.store.corpus import CorpusError, parse_line
 
@@ -75,10 +87,12 @@ class SkipFile(Exception):
 
 @dataclass(frozen=True)
 class Block:
-    """A run of text that ends a sentence where it ends (a paragraph, list item, table row, PDF page)."""
+    """A run of text that ends a sentence where it ends (a paragraph, list item, table row, PDF page); `code`: a
+    code block, whose lines stay lines (never cut into sentences)."""
 
     text: str
     page: int | None = None
+    code: bool = False
 
 
 @dataclass
@@ -152,7 +166,8 @@ def decode_text(data: bytes, label: str) -> str:
 
 
 class _Outline:
-    """Sections as headings arrive: a heading of level L closes every open heading of level >= L."""
+    """Sections as headings arrive: a heading of level L closes every open heading of level >= L. Blocks are kept as
+    read; `document` normalises them all with the document's own words (`plugsearch.common.text.normalize`)."""
 
     def __init__(self) -> None:
         self.open: list[tuple[int, str]] = []
@@ -160,7 +175,7 @@ class _Outline:
         self.first_heading = ""
 
     def heading(self, level: int, text: str) -> None:
-        text = ws(text)
+        text = ws(normalize(text))
         if not text:
             return
         while self.open and self.open[-1][0] >= level:
@@ -169,12 +184,19 @@ class _Outline:
         self.first_heading = self.first_heading or text
         self.sections.append(Section(tuple(t for _, t in self.open)))
 
-    def add(self, text: str, page: int | None = None) -> None:
+    def add(self, text: str, page: int | None = None, *, code: bool = False) -> None:
         if text.strip():
-            self.sections[-1].blocks.append(Block(text, page))
+            self.sections[-1].blocks.append(Block(text, page, code))
 
     def document(self, title: str) -> ParsedDocument:
-        return ParsedDocument(title=ws(title), sections=[s for s in self.sections if s.blocks])
+        words = vocabulary(b.text for s in self.sections for b in s.blocks)
+        sections = []
+        for section in self.sections:
+            blocks = [Block(text, b.page, b.code) for b in section.blocks
+                      if (text := normalize(b.text, words)).strip()]
+            if blocks:
+                sections.append(Section(section.headings, blocks))
+        return ParsedDocument(title=ws(normalize(title)), sections=sections)
 
 
 # ---------------------------------------------------------------------------------------------------- plain text
@@ -231,12 +253,12 @@ def read_markdown(data: bytes, name: str) -> ParsedDocument:
             buffer.append(_inline_text(token.children))
         elif token.type in ("fence", "code_block"):
             flush()
-            outline.add(token.content)
+            outline.add(token.content.strip("\n"), code=True)
         elif token.type == "html_block":
             flush()
             for block in _html_blocks(_soup(token.content.encode()), _Outline()).sections:
                 for piece in block.blocks:
-                    outline.add(piece.text)
+                    outline.add(piece.text, code=piece.code)
         elif token.type in _MD_FLUSH:
             flush()
     flush()
@@ -262,13 +284,56 @@ def _soup(data: bytes) -> BeautifulSoup:
         return BeautifulSoup(data, "html.parser")
 
 
+MAIN_SELECTORS = ("[role=main]", "[itemprop=articleBody]", "div.body", "article", "main", "div#content",
+                  "div.content", "div.document")
+"""Where a page's main text is, first found first (Sphinx's `div.body` / `[role=main]`, MkDocs' `[role=main]` and
+`article`, most sites' `<main>`); none: `<body>`, whose furniture is then removed by name alone."""
+FURNITURE_CLASS = re.compile(r"(sphinx|md-|wy-|bs-)?(sidebar|related|breadcrumbs?|footer|headerlink|navbar|navheader|"
+                             r"navfooter|nav|navigation|skip-?link|prev-?next|searchbox|search|toc)(-.*)?", re.I)
+"""A class token (matched whole: never a substring of an id, which Sphinx makes of headings) that names page
+furniture."""
+FURNITURE_IDS = frozenset({"sidebar", "related", "breadcrumbs", "breadcrumb", "footer", "navigation", "nav",
+                           "searchbox", "toc", "skip-link"})
+_FURNITURE_TAGS = {"nav", "footer", "form", "button", "input", "select"}  # <aside> stays: docutils' footnotes
+_FURNITURE_HOLDERS = {"div", "span", "a", "p", "ul", "section", "table", "td", "li", "aside"}
+_MARKS = re.compile("[\u00b6\ue000-\uf8ff]")
+"""Permalink marks: the pilcrow (Sphinx) and private-use glyphs (icon fonts: MkDocs' U+F0C1)."""
+
+
+def main_element(soup: BeautifulSoup) -> Tag:
+    """The page's main element: the largest match of the first of `MAIN_SELECTORS` found, else `<body>`."""
+    body = soup.body or soup
+    for selector in MAIN_SELECTORS:
+        if found := body.select(selector):
+            return max(found, key=lambda t: len(t.get_text()))
+    return body
+
+
+def strip_furniture(root: Tag) -> None:
+    """Remove navigation, footers, forms, buttons, a header without a heading, and every element whose class
+    token or id names page furniture (`FURNITURE_CLASS`, `FURNITURE_IDS`)."""
+    for tag in list(root.find_all(True)):
+        if tag.decomposed:
+            continue
+        classes: list[str] = list(tag.get("class") or [])
+        if tag.name in _FURNITURE_TAGS or (tag.name == "table" and "nav" in classes) \
+                or (tag.name == "header" and tag.find(list(_HTML_HEADINGS)) is None) \
+                or (tag.name in _FURNITURE_HOLDERS and (any(FURNITURE_CLASS.fullmatch(c) for c in classes)
+                                                        or str(tag.get("id") or "").lower() in FURNITURE_IDS)):
+            tag.decompose()
+
+
+def _unmarked(text: str) -> str:
+    return _MARKS.sub(" ", text)
+
+
 def _html_blocks(root: Tag, outline: _Outline) -> _Outline:
     """Walk the tree in document order (iteratively: deep nesting is no recursion), a block at each block-level
-    element, a section at each heading."""
+    element, a section at each heading, a code block at each `<pre>` (its lines kept)."""
     buffer: list[str] = []
 
     def flush() -> None:
-        outline.add("".join(buffer))
+        outline.add(_unmarked("".join(buffer)))
         buffer.clear()
 
     stack: list[tuple[Iterator[object], bool]] = [(iter(root.children), False)]
@@ -285,7 +350,11 @@ def _html_blocks(root: Tag, outline: _Outline) -> _Outline:
         elif isinstance(child, Tag) and child.name not in _HTML_DROP:
             if child.name in _HTML_HEADINGS:
                 flush()
-                outline.heading(_HTML_HEADINGS[child.name], child.get_text(" "))
+                outline.heading(_HTML_HEADINGS[child.name], _unmarked(child.get_text(" ")))
+                continue
+            if child.name == "pre":
+                flush()
+                outline.add(child.get_text().strip("\n"), code=True)
                 continue
             block = child.name in _HTML_BLOCKS
             if block:
@@ -297,39 +366,193 @@ def _html_blocks(root: Tag, outline: _Outline) -> _Outline:
     return outline
 
 
+REDIRECT_MAX_WORDS = 40
+"""A page with a `<meta http-equiv="refresh">` and at most this many words is a redirect stub (MkDocs writes one
+per moved page), not a document."""
+
+
+def _redirect(soup: BeautifulSoup) -> str | None:
+    """Where a redirect stub sends the reader (None: not a stub)."""
+    meta = soup.find("meta", attrs={"http-equiv": re.compile("^refresh$", re.I)})
+    if not isinstance(meta, Tag):
+        return None
+    body = soup.body or soup
+    if len(body.get_text(" ").split()) > REDIRECT_MAX_WORDS:
+        return None
+    content = str(meta.get("content") or "")
+    return content.partition("url=")[2].strip(" '\"") or content.partition("URL=")[2].strip(" '\"") or "?"
+
+
 def read_html(data: bytes, name: str) -> ParsedDocument:
     if not data.startswith(_UNICODE_BOMS):
         decode_text(data[:65536], "HTML")  # binary data refused before it is parsed
     soup = _soup(data)
+    if (target := _redirect(soup)) is not None:
+        raise SkipFile(f"a redirect page (to {target[:200]}), no document", ignored=True)
     title = soup.title.get_text(" ") if soup.title is not None else ""
-    if not ws(title) and (h1 := soup.find("h1")) is not None:
+    if not ws(_unmarked(title)) and (h1 := soup.find("h1")) is not None:
         title = h1.get_text(" ")
-    outline = _html_blocks(soup, _Outline())
-    return outline.document(title if ws(title) else name)
+    root = main_element(soup)
+    had_text = bool(root.get_text().strip())
+    strip_furniture(root)
+    outline = _html_blocks(root, _Outline())
+    title = ws(_unmarked(title))
+    document = outline.document(title if title else name)
+    if not document.sections and had_text:
+        raise SkipFile("no main text: the page holds only navigation (a table of contents, links)", ignored=True)
+    return document
 
 
 # ----------------------------------------------------------------------------------------------------------- PDF
 
+_PDFIUM = threading.Lock()
+"""PDFium is not thread-safe: one call at a time in a process (the service and `ingest` read files in worker
+processes, `plugsearch.retriever.ingest.pool`; this lock keeps threads of one process apart all the same)."""
+_ROMAN = r"(?=[ivxlcdm])m{0,3}(?:cm|cd|d?c{0,3})(?:xc|xl|l?x{0,3})(?:ix|iv|v?i{0,3})"
+_PAGE_NUMBER = re.compile(rf"(?:page\s*)?(?:\d+|{_ROMAN})(?:\s*(?:/|of)\s*\d+)?", re.I)
+"""A line that is only a page number: `12`, `xiv`, `3 / 92`, `Page 3 of 40`."""
+_KEY_ENDS = re.compile(rf"^(?:#|{_ROMAN})\s+|\s+(?:#|{_ROMAN})$")
+EDGE_LINES = 2
+"""Lines at the top and at the bottom of each page that may be a running header or footer."""
+EDGE_MAX_WORDS = 20
+"""A longer line is text, never a running header or footer."""
+REPEATED_SHARE = 0.5
+"""A top or bottom line is a running header or footer when its key (lowercased, digits as #, a page number at
+either end dropped: even and odd pages put it on opposite sides) is on at least this share of the pages, and on 3."""
+
+
+def _edge_key(line: str) -> str:
+    """What a running line is recognised by: lowercased, digit runs `#`, a page number at either end dropped."""
+    return _KEY_ENDS.sub("", re.sub(r"\d+", "#", ws(line).lower()))
+
+
+def remove_running_lines(pages: list[str]) -> tuple[list[str], int]:
+    """Each page without its running header and footer lines and its page-number lines (module docstring);
+    returns the pages and how many lines were removed."""
+    edges: list[list[int]] = []
+    counts: Counter[str] = Counter()
+    page_lines = [page.split("\n") for page in pages]
+    for lines in page_lines:
+        filled = [i for i, line in enumerate(lines) if line.strip()]
+        candidates = sorted(i for i in set(filled[:EDGE_LINES] + filled[-EDGE_LINES:])
+                            if len(lines[i].split()) <= EDGE_MAX_WORDS)
+        edges.append(candidates)
+        counts.update({_edge_key(lines[i]) for i in candidates})
+    threshold = max(3, REPEATED_SHARE * len(pages))
+    removed = 0
+    out = []
+    for lines, candidates in zip(page_lines, edges, strict=True):
+        drop = {i for i in candidates if _PAGE_NUMBER.fullmatch(ws(lines[i]))
+                or (len(pages) >= 3 and (key := _edge_key(lines[i])) and counts[key] >= threshold)}
+        removed += len(drop)
+        out.append("\n".join(line for i, line in enumerate(lines) if i not in drop))
+    return out, removed
+
+
+TITLE_MAX_WORDS, TITLE_MAX_CHARS, TITLE_SIZE_TOLERANCE = 15, 120, 0.6
+
+
+def _largest_text(lines: list[tuple[float, str]]) -> str:
+    """The first run of consecutive lines set in the page's largest font (letters required; a line repeated for a
+    shadow effect once), capped at `TITLE_MAX_WORDS` words and `TITLE_MAX_CHARS` characters (else its first
+    line)."""
+    lettered = [(size, text) for size, text in lines if re.search(r"[^\W\d_]{2}", text)]
+    if not lettered:
+        return ""
+    top = max(size for size, _ in lettered)
+    run: list[str] = []
+    for size, text in lines:
+        if size >= top - TITLE_SIZE_TOLERANCE and text.strip():
+            if text.strip() not in run:
+                run.append(text.strip())
+        elif run and text.strip():
+            break
+    title = ws(" ".join(run))
+    if len(title.split()) > TITLE_MAX_WORDS or len(title) > TITLE_MAX_CHARS:
+        first = ws(run[0])
+        title = first if len(first) <= TITLE_MAX_CHARS else first[:TITLE_MAX_CHARS].rsplit(" ", 1)[0]
+    return title
+
+
+def _sized_lines(textpage: object, text: str) -> list[tuple[float, str]]:
+    """The page's lines (PDFium's line breaks), each with its largest glyph's font size."""
+    import pypdfium2.raw as pdfium_c
+
+    raw = textpage.raw  # type: ignore[attr-defined]
+    lines: list[tuple[float, str]] = []
+    current: list[str] = []
+    size = 0.0
+    for i in range(min(len(text), textpage.count_chars())):  # type: ignore[attr-defined]
+        ch = text[i]
+        if ch in "\r\n":
+            if current:
+                lines.append((size, "".join(current)))
+            current, size = [], 0.0
+            continue
+        current.append(ch)
+        if not ch.isspace():
+            size = max(size, round(float(pdfium_c.FPDFText_GetFontSize(raw, i)), 1))
+    if current:
+        lines.append((size, "".join(current)))
+    return lines
+
+
+_PAGE_END_BREAK = regex.compile(r"\p{L}(?:-|\ufffe)\s*$")
+_PAGE_START_WORD = regex.compile(r"\s*(\p{L}+)")
+_DOT_LEADERS = re.compile(r"(?:[ \t]*\.){4,}")
+
+
+def _across_pages(pages: list[str]) -> list[str]:
+    """A word broken at the end of a page brought back whole (its second half moved up: `normalize` then joins
+    it or keeps the hyphen), and a table of contents' dot leaders one space."""
+    pages = [_DOT_LEADERS.sub(" ", page) for page in pages]
+    for i in range(len(pages) - 1):
+        if _PAGE_END_BREAK.search(pages[i]) and (m := _PAGE_START_WORD.match(pages[i + 1])):
+            pages[i] = pages[i].rstrip() + "\n" + m[1]
+            pages[i + 1] = pages[i + 1][m.end():]
+    return pages
+
+
 def read_pdf(data: bytes, name: str) -> ParsedDocument:
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise SkipFile("an encrypted PDF (it needs a password): decrypt it first")
-        pages = list(reader.pages)
-    except PyPdfError as exc:
-        raise SkipFile(f"not a readable PDF: {exc}") from exc
-    if not pages:
-        raise SkipFile("empty document: a PDF without pages")
+    import pypdfium2 as pdfium
+
+    pages: list[str] = []
+    with _PDFIUM:
+        try:
+            document = pdfium.PdfDocument(data)
+        except pdfium.PdfiumError as exc:
+            if "password" in str(exc).lower():
+                raise SkipFile("an encrypted PDF (it needs a password): decrypt it first") from exc
+            raise SkipFile(f"not a readable PDF: {exc}") from exc
+        try:
+            if len(document) == 0:
+                raise SkipFile("empty document: a PDF without pages")
+            first: list[tuple[float, str]] = []
+            for number in range(len(document)):
+                page = document[number]
+                textpage = page.get_textpage()
+                try:
+                    text = textpage.get_text_range()
+                    if number == 0:
+                        first = _sized_lines(textpage, text)
+                finally:
+                    textpage.close()
+                    page.close()
+                pages.append(text.replace("\r\n", "\n").replace("\r", "\n"))
+            metadata = ws(normalize(str(document.get_metadata_value("Title") or "")))
+        except pdfium.PdfiumError as exc:
+            raise SkipFile(f"not a readable PDF: {exc}") from exc
+        finally:
+            document.close()
+    pages = _across_pages(remove_running_lines(pages)[0])
     outline = _Outline()
-    for number, page in enumerate(pages, start=1):
-        outline.add(page.extract_text() or "", page=number)
-    document = outline.document(name)
-    if not document.sections:
+    for number, text in enumerate(pages, start=1):
+        outline.add(text, page=number)
+    document_read = outline.document(name)
+    if not document_read.sections:
         raise SkipFile(NO_TEXT_LAYER)
-    metadata = reader.metadata
-    if metadata is not None and metadata.title and ws(str(metadata.title)):
-        document.title = ws(str(metadata.title))
-    return document
+    document_read.title = metadata or ws(normalize(_largest_text(first))) or document_read.title
+    return document_read
 
 
 def read_document(kind: str, data: bytes, name: str) -> ParsedDocument:

@@ -1,14 +1,19 @@
 """Walking the given paths into one corpus file: the checks, the progress bar, the report, the atomic writes.
 
 Files are taken in a stable order (each path as given, a folder's files sorted by their path within it, depth
-first). A file's document id is its path relative to the path it was found under, with `/` separators
-(`guides/install.md`; a file given itself: its name), so ingesting the same folder again gives the same ids.
-Each file is read whole (up to the size limit) and cut before any of it is written; any failure, a check that
-refuses it or an exception from its reader, skips that file with the reason in the report, and the batch goes
-on. Refused: a path that resolves (links followed) outside the allowed folders, a broken link, a file over the
-size limit (by its size on disk: it is never read), an empty file, an extension no reader takes (ignored, not an
-error), a hidden file or folder (ignored), content that is not what the extension says, a PDF with no text layer,
-a document with no text, and a document id or passage id already taken in this batch (the first keeps it).
+first). A file's document id is its path relative to one declared root (`--root`, default the current folder),
+with `/` separators (`docs/guides/install.md`): `ingest`, `upload` and `sync` give a file the same id whatever
+path was typed, so uploading one file of an ingested folder replaces its document (`document_id`: characters an
+id cannot hold are %-encoded, so any name a file system allows has an id). Each file is read whole (up to the
+size limit) and cut by a worker process of the parse pool (`plugsearch.retriever.ingest.pool`: a CPU budget per
+file, several files at once) before any of it is written; any failure, a check that refuses it or an exception
+from its reader, skips that file with the reason in the report, and the batch goes on. Refused: a path outside
+the root, a path that resolves (links followed) outside the allowed folders, a broken link, a file over the size
+limit (by its size on disk: it is never read), an empty file, a file over its CPU budget, an extension no reader
+takes (ignored, not an error), a hidden file or folder (ignored), what a documentation generator writes beside the
+pages (Sphinx's `_sources/`, `_static/`, `genindex`, `search` and `py-modindex` pages, a site's `404.html`:
+ignored), a redirect page (ignored), content that is not what the extension says, a PDF with no text layer, a
+document with no text, and a document id or passage id already taken in this batch (the first keeps it).
 
 The corpus goes to a temporary file beside the output, renamed over it once complete (never half-written); with
 no passage at all nothing is written there. The report (`<out stem>.report.json`) is written the same way.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,6 +67,10 @@ class IngestOptions:
     words: int = DEFAULT_WORDS
     max_mb: float = DEFAULT_MAX_MB
     show_progress: bool = True
+    root: Path = Path(".")
+    """Document ids are paths relative to it (`document_id`)."""
+    workers: int = 2
+    """Files read at once (worker processes of the parse pool); 0: in this process, with no CPU budget."""
 
     def __post_init__(self) -> None:
         if not self.paths:
@@ -85,7 +95,60 @@ class Skipped:
 @dataclass(frozen=True)
 class _File:
     path: Path  # as found: the given path joined with its path inside it
-    rel: str  # relative to the given path, `/`-separated: the document id and `source`
+    rel: str  # relative to the root, `/`-separated and encoded (`document_id`): the document id and `source`
+
+
+MAX_ID_CHARS = 512
+
+
+def _escape(ch: str) -> str:
+    return "".join(f"%{b:02X}" for b in os.fsencode(ch))
+
+
+def document_id(path: Path, root: Path) -> str:
+    """The document id of the file at `path`: its path relative to `root` (both made absolute, links not
+    followed), `/`-separated, with what an id cannot hold %-encoded as its bytes: `%` itself, control and
+    line-separator characters, bytes that are not UTF-8 (a name the file system stores as raw bytes), a leading
+    `#` and spaces at either end. Spaces inside, accents and other scripts stay as they are (`My notes/été.md`).
+    Raises SkipFile when the file is not under `root`."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir or os.path.isabs(rel):
+        raise SkipFile(f"outside the root {root} (document ids are paths inside it): pass --root with a folder "
+                       "that holds it")
+    out = []
+    for part in rel.split(os.sep):
+        chars = ["%25" if ch == "%" else _escape(ch) if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
+                 else ch for ch in part]
+        out.append("".join(chars))
+    doc_id = "/".join(out)
+    if doc_id.startswith("#"):
+        doc_id = "%23" + doc_id[1:]
+    if doc_id[:1].isspace():
+        doc_id = _escape(doc_id[0]) + doc_id[1:]
+    if doc_id[-1:].isspace():
+        doc_id = doc_id[:-1] + _escape(doc_id[-1])
+    if len(doc_id) > MAX_ID_CHARS:
+        raise SkipFile(f"its path inside the root is {len(doc_id):,} characters long, over the {MAX_ID_CHARS} a "
+                       "document id may have: pass a --root closer to it")
+    return doc_id
+
+
+GENERATED_SITE_MARKERS = ("objects.inv", "searchindex.js", "search/search_index.json")
+"""Files at the top of a site a documentation generator built (Sphinx, MkDocs)."""
+GENERATED_SITE_EXTRAS = {"_sources": "Sphinx's copies of the pages' sources",
+                         "_static": "Sphinx's theme files", "_modules": "Sphinx's highlighted module sources",
+                         "genindex.html": "Sphinx's general index", "search.html": "a search page",
+                         "py-modindex.html": "Sphinx's module index", "404.html": "the site's not-found page"}
+"""What such a generator writes beside the pages, which is no document (ignored, with the reason)."""
+
+
+def _generated_extra(folder: Path, name: str) -> str | None:
+    """Why `name` in `folder` is a generated site's furniture, not a page (None: it is not)."""
+    what = GENERATED_SITE_EXTRAS.get(name) or ("Sphinx's general index" if name.startswith("genindex-") and
+                                               name.endswith(".html") else None)
+    if what is None or not any((folder / marker).is_file() for marker in GENERATED_SITE_MARKERS):
+        return None
+    return f"{what}, written by the site's generator: not a document"
 
 
 @dataclass
@@ -126,16 +189,26 @@ def _inside(path: Path, allowed: list[Path]) -> bool:
     return any(path == a or path.is_relative_to(a) for a in allowed)
 
 
-def _walk_folder(folder: Path, rel: str, allowed: list[Path], seen: set[Path]) -> Iterator[_File | Skipped]:
+def _found(path: Path, root: Path) -> _File | Skipped:
+    try:
+        return _File(path, document_id(path, root))
+    except SkipFile as exc:
+        return Skipped(str(path), exc.reason)
+
+
+def _walk_folder(folder: Path, root: Path, allowed: list[Path], seen: set[Path]) -> Iterator[_File | Skipped]:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         yield Skipped(str(folder), f"cannot list the folder: {exc.strerror or exc}")
         return
     for entry in entries:
-        path, name = Path(entry.path), f"{rel}{entry.name}"
+        path = Path(entry.path)
         if entry.name.startswith("."):
             yield Skipped(str(path), "hidden file or folder", "ignored")
+            continue
+        if (why := _generated_extra(folder, entry.name)) is not None:
+            yield Skipped(str(path), why, "ignored")
             continue
         real = path.resolve()
         if not _inside(real, allowed):
@@ -146,17 +219,18 @@ def _walk_folder(folder: Path, rel: str, allowed: list[Path], seen: set[Path]) -
                 yield Skipped(str(path), f"a link to a folder already walked ({real})", "ignored")
             else:
                 seen.add(real)
-                yield from _walk_folder(path, f"{name}/", allowed, seen)
+                yield from _walk_folder(path, root, allowed, seen)
         elif real.is_file():
-            yield _File(path, name)
+            yield _found(path, root)
         elif not real.exists():
             yield Skipped(str(path), f"a broken link (to {real})")
         else:
             yield Skipped(str(path), "not a regular file", "ignored")
 
 
-def walk(paths: tuple[Path, ...], allowed: list[Path]) -> Iterator[_File | Skipped]:
-    """The files under `paths` in a stable order, and what was refused on the way."""
+def walk(paths: tuple[Path, ...], allowed: list[Path], root: Path = Path(".")) -> Iterator[_File | Skipped]:
+    """The files under `paths` in a stable order, each with its document id relative to `root`, and what was
+    refused on the way."""
     seen: set[Path] = set()
     for given in paths:
         real = given.resolve()
@@ -167,9 +241,9 @@ def walk(paths: tuple[Path, ...], allowed: list[Path]) -> Iterator[_File | Skipp
         elif real.is_dir():
             if real not in seen:
                 seen.add(real)
-                yield from _walk_folder(given, "", allowed, seen)
+                yield from _walk_folder(given, root, allowed, seen)
         elif real.is_file():
-            yield _File(given, given.name)
+            yield _found(given, root)
         else:
             yield Skipped(str(given), "not a regular file, or a broken link")
 
@@ -217,19 +291,65 @@ def cut_file(kind: str, data: bytes, *, name: str, doc_id: str, source: str, wor
     return cut(document, doc_id=doc_id, source=source, words=words)
 
 
-def read_file(file: _File, *, words: int, max_bytes: int) -> tuple[str, list[Passage]]:
-    """(format, passages) of one file found on disk (`read_data`), its size checked before it is read."""
+def read_upload(name: str, content_base64: str, *, doc_id: str | None, title: str | None, words: int,
+                max_bytes: int) -> tuple[list[Passage], dict[str, str]]:
+    """A file sent to the retriever (`POST /documents/files`): its passages, read and cut as `ingest` does
+    (`read_data`), and each document's content hash (`passages_hash`); SkipFile when it is refused. A .jsonl
+    file's rows are grouped into documents by their ids (`<doc>#<n>`), each document's passages numbered again
+    from 0, as `plugsearch-index put` sends them."""
+    import base64
+    import binascii
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from plugsearch.common.schemas.retriever import MAX_PUT_PASSAGES, DocumentId
+    from plugsearch.retriever.ingest.passages import numbered, passages_hash
+    from plugsearch.retriever.live.overlay import doc_id_of
+
+    jsonl = FORMATS[kind_of(name)].is_corpus
+    if jsonl and (doc_id is not None or title is not None):
+        raise SkipFile("a .jsonl file's rows name their own documents and titles: give it no `id` or `title`")
+    try:
+        data = base64.b64decode("".join(content_base64.split()), validate=True)
+    except binascii.Error as exc:
+        raise SkipFile(f"content_base64 is not valid base64 ({exc})") from exc
+    doc_id = doc_id or name
+    _, read = read_data(name, data, doc_id=doc_id, words=words, max_bytes=max_bytes, title=title)
+    documents: dict[str, list[tuple[str, str]]] = {}
+    for p in read:
+        documents.setdefault(doc_id_of(p.id) if jsonl else doc_id, []).append((p.title, p.text))
+    check: TypeAdapter[str] = TypeAdapter(DocumentId)
+    for doc, parts in documents.items():
+        try:
+            check.validate_python(doc)
+        except ValidationError as exc:
+            raise SkipFile(f"{doc!r} is not a document id ({ID_RULE})"
+                           + ("" if jsonl else ": give the file an `id`")) from exc
+        if len(parts) > MAX_PUT_PASSAGES:
+            raise SkipFile(f"document {doc!r} has {len(parts):,} passages, over the limit of {MAX_PUT_PASSAGES:,}")
+    passages = [passage for doc, parts in documents.items() for passage in numbered(doc, parts)]
+    if not jsonl:  # the file's own passages keep where they came from (its headings, page)
+        passages = read
+    grouped: dict[str, list[Passage]] = {}
+    for passage in passages:
+        grouped.setdefault(passage.doc_id, []).append(passage)
+    return passages, {doc: passages_hash(group) for doc, group in grouped.items()}
+
+
+ID_RULE = ("1 to 512 characters, no control characters, not starting with '#' nor starting or ending with a "
+           "space")
+
+
+def check_file(file: _File, *, max_bytes: int) -> int:
+    """Its size, after the checks made before a file is read (an extension a reader takes, not empty, not over
+    `max_bytes`); SkipFile when one refuses it."""
     kind_of(file.rel)
     size = file.path.stat().st_size
     if size > max_bytes:
         raise SkipFile(f"too large: {size / MB:,.1f} MB, over the limit of {max_bytes / MB:g} MB (--max-mb)")
     if size == 0:
         raise SkipFile("empty file")
-    with file.path.open("rb") as fh:
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:  # grew since it was measured
-        raise SkipFile(f"too large: over the limit of {max_bytes / MB:g} MB (--max-mb)")
-    return read_data(file.rel, data, doc_id=file.rel, words=words, max_bytes=max_bytes)
+    return size
 
 
 class _Ids:
@@ -260,31 +380,81 @@ class _NothingToWrite(Exception):
     """No passage came out: the corpus file is not replaced."""
 
 
+def read_files(files: list[_File], *, words: int, max_bytes: int, workers: int = 2
+               ) -> Iterator[tuple[_File, tuple[str, list[Passage], str] | Exception]]:
+    """Each file with its (format, passages, sha256 of its bytes), or the SkipFile / ParsePool refusal that stopped
+    it, in order; read `workers` at a time by the parse pool's worker processes (`check_file` first: a file it
+    refuses is never sent). `workers` 0: read here, one after the other, with no CPU budget (what a test that adds
+    a format to `FORMATS` in its own process needs)."""
+    from plugsearch.retriever.ingest.pool import JOBS, ParseLimits, ParsePool
+
+    checked: list[SkipFile | int] = []
+    for file in files:
+        try:
+            checked.append(check_file(file, max_bytes=max_bytes))
+        except SkipFile as exc:
+            checked.append(exc)
+        except OSError as exc:
+            checked.append(SkipFile(f"cannot be read: {exc.strerror or exc}"))
+    jobs = (("read_path", (str(f.path), f.rel, f.rel, words, max_bytes), size)
+            for f, size in zip(files, checked, strict=True) if isinstance(size, int))
+    if workers == 0:
+        for file, size in zip(files, checked, strict=True):
+            if isinstance(size, SkipFile):
+                yield file, size
+                continue
+            try:
+                yield file, JOBS["read_path"](str(file.path), file.rel, file.rel, words, max_bytes)
+            except SkipFile as exc:
+                yield file, exc
+        return
+    with ParsePool(ParseLimits(workers=workers)) as pool:
+        results = pool.map(jobs)
+        for file, size in zip(files, checked, strict=True):
+            yield file, size if isinstance(size, SkipFile) else next(results)
+
+
 def ingest(options: IngestOptions) -> IngestReport:
     """Ingest `options.paths` into `options.out`; return (and write beside it) the report. Raises IngestError
     when no passage came out (the report is written all the same, the corpus file is left as it was)."""
     from tqdm import tqdm
 
+    from plugsearch.retriever.ingest.pool import ParseRefused
+
     allowed = [p.resolve() for p in (options.allow or options.paths)]
     max_bytes = int(options.max_mb * MB)
     report = IngestReport(corpus=str(options.out), options={
-        "paths": [str(p) for p in options.paths], "allow": [str(p) for p in allowed], "words": options.words,
-        "max_mb": options.max_mb})
-    found = list(walk(options.paths, allowed))
+        "paths": [str(p) for p in options.paths], "root": str(options.root), "allow": [str(p) for p in allowed],
+        "words": options.words, "max_mb": options.max_mb})
+    found = list(walk(options.paths, allowed, options.root))
     files = [f for f in found if isinstance(f, _File)]
     report.skipped += [s for s in found if isinstance(s, Skipped)]
     ids = _Ids()
     options.out.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     bar = tqdm(total=len(files), unit="doc", desc="ingest", disable=not options.show_progress, dynamic_ncols=True)
+    unique: list[_File] = []
+    for file in files:  # a document id twice: the first keeps it, the second is never read
+        if file.rel in ids.documents:
+            report.skipped.append(Skipped(str(file.path), f"duplicate document id {file.rel!r}: already taken by "
+                                          f"{ids.documents[file.rel]}"))
+            bar.update(1)
+        else:
+            ids.documents[file.rel] = str(file.path)
+            unique.append(file)
+    ids.documents.clear()
     try:
         with atomic_writer(options.out) as fh:
-            for file in files:
+            for file, outcome in read_files(unique, words=options.words, max_bytes=max_bytes,
+                                            workers=options.workers):
                 try:
-                    if file.rel in ids.documents:  # before reading it
-                        raise SkipFile(f"duplicate document id {file.rel!r}: already taken by "
-                                       f"{ids.documents[file.rel]}")
-                    kind, passages = read_file(file, words=options.words, max_bytes=max_bytes)
+                    if isinstance(outcome, SkipFile):
+                        raise outcome
+                    if isinstance(outcome, ParseRefused):
+                        raise SkipFile(outcome.reason)
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                    kind, passages, _ = outcome
                     ids.check(passages)
                 except SkipFile as exc:
                     report.skipped.append(Skipped(str(file.path), exc.reason, "ignored" if exc.ignored else "error"))
