@@ -110,6 +110,9 @@ class LiveIndex:
         self.wait_s = wait_s
         self.error = error
         """Why the log is not followed any more (a bad record, a log that cannot be opened or written); None: it is."""
+        self.partial = error is not None and log is None
+        """Whether acknowledged changes are left out (a bad record, a log that could not be read): the index id says
+        so. A log that can be read but not written is served whole."""
         self.corpus_checksum = base.store.checksum if base.generation.gen == 0 else \
             str(base.generation.body.get("built_checksum", base.store.checksum))
         """The built corpus's checksum: what the changes are changes of, in every generation."""
@@ -211,12 +214,12 @@ class LiveIndex:
     @property
     def tag(self) -> str:
         """What the index identity adds for the changes: the log's epoch and the last change applied ('' with no
-        change: the built indexes as they are); `-partial` while changes acknowledged after a bad record are not
-        served."""
+        change: the built indexes as they are); `-partial` while acknowledged changes are left out (a bad record, a
+        log that could not be read)."""
         seq = self.view.state.seq
         if not seq:
-            return "partial" if self.error else ""
-        return f"{self.epoch[:8]}-c{seq}" + ("-partial" if self.error else "")
+            return "partial" if self.partial else ""
+        return f"{self.epoch[:8]}-c{seq}" + ("-partial" if self.partial else "")
 
     # ------------------------------------------------------------------------------------------- following
     def poll(self) -> int:
@@ -250,6 +253,7 @@ class LiveIndex:
 
     def _freeze(self, exc: ChangeLogDamaged) -> None:
         self._publish(self.view, exc.changes)
+        self.partial = True
         self.error = (f"{exc.reason}; serving the {self.view.state.seq} changes before it, read-only"
                       if self.on_error == "read-only" else exc.reason)
         logger.error("the change log is damaged: %s. Changes are not followed or taken any more; see "
