@@ -28,7 +28,13 @@ from plugsearch.retriever.backends.fusion import rrf_fuse
 from plugsearch.retriever.batching import MicroBatcher
 from plugsearch.retriever.encoders.encoder import Encoder
 from plugsearch.retriever.live import carry
-from plugsearch.retriever.live.changelog import NO_GENERATION, ChangeLog, ChangeLogError, Generation
+from plugsearch.retriever.live.changelog import (
+    NO_GENERATION,
+    ChangeLog,
+    ChangeLogDamaged,
+    ChangeLogError,
+    Generation,
+)
 from plugsearch.retriever.live.generations import Base, generation_settings
 from plugsearch.retriever.live.overlay import LiveCorpus, LiveIndex
 from plugsearch.retriever.settings import RetrieverSettings
@@ -426,9 +432,11 @@ class ChangesRefused(RuntimeError):
 
 def refused_reason(exc: ChangeLogError) -> str:
     where = f" (record {exc.record})" if exc.record is not None else ""
+    served = (f"the {len(exc.changes)} changes read before it" if isinstance(exc, ChangeLogDamaged)
+              else "what it holds")
     return (f"{exc.reason}{where}. Not serving the built corpus as if no change had been acknowledged: repair or "
-            "restore the log (docs/operations.md, 'Changes: durability and recovery'), or serve the "
-            f"{len(exc.changes)} changes read before it read-only (RETRIEVER_CHANGES_ON_ERROR=read-only)")
+            f"restore the log (docs/operations.md, 'Changes: durability and recovery'), or serve {served} read-only "
+            "(RETRIEVER_CHANGES_ON_ERROR=read-only)")
 
 
 def change_log_folder(settings: RetrieverSettings, checksum: str) -> Path:

@@ -225,6 +225,7 @@ class ChangeLog:
         try:
             if writable:
                 private_folder(folder)
+                _probe_write(folder)
                 if not self.path.exists():
                     with self._locked():
                         if not self.path.exists():
@@ -233,7 +234,7 @@ class ChangeLog:
             elif not self.path.exists():
                 raise ChangeLogUnavailable(f"no change log at {self.path}")
         except OSError as exc:
-            raise ChangeLogUnavailable(f"the change log in {folder} cannot be opened: "
+            raise ChangeLogUnavailable(f"the change log in {folder} cannot be written: "
                                        f"{exc.strerror or exc}") from exc
         self._conn = self._connect()
         meta = self._meta()
@@ -611,6 +612,19 @@ class ChangeLog:
         """Fold the write-ahead log into the main file (compaction's deletes leave it large)."""
         with contextlib.suppress(sqlite3.Error), self._lock:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _probe_write(folder: Path) -> None:
+    """A file written, synced and removed in `folder`: a read-only or failing file system says so here, by its own
+    words (`Read-only file system`), before SQLite's `unable to open database file`."""
+    probe = folder / f".write-probe.{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.write(fd, b"probe")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -126,7 +126,7 @@ class LiveIndex:
         self.view = self._fresh(base)
         if changes:
             self._publish(self.view, list(changes))
-        if log is not None and error is None:
+        if log is not None:  # also a log open for reading only: every change it holds is served
             try:
                 self._replay()
             except ChangeLogDamaged as exc:
