@@ -489,12 +489,14 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
                 logger.exception("loading the indexes failed")
                 app.state.startup_error = f"loading failed: {type(exc).__name__}: {exc}"
                 return
-            if checked.dense_pending is not None:
+            pending = checked.dense_pending is not None and "dense" not in service.retrievers  # (a generation
+            # compaction built holds its own)
+            if pending:
                 service.dense_status = "building" if settings.dense_missing == "build" else "waiting"
             app.state.retriever = service
             following = asyncio.create_task(follow_changes(service, settings))
             try:
-                if checked.dense_pending is not None:
+                if pending:
                     await pending_dense(service, settings, checked)
                 await following
             finally:

@@ -29,11 +29,13 @@ from plugsearch.retriever.batching import MicroBatcher
 from plugsearch.retriever.encoders.encoder import Encoder
 from plugsearch.retriever.live import carry
 from plugsearch.retriever.live.changelog import (
+    LEGACY_FILE,
     NO_GENERATION,
     ChangeLog,
     ChangeLogDamaged,
     ChangeLogError,
     Generation,
+    read_legacy,
 )
 from plugsearch.retriever.live.generations import Base, generation_settings
 from plugsearch.retriever.live.overlay import LiveCorpus, LiveIndex
@@ -474,9 +476,28 @@ def open_change_log(settings: RetrieverSettings, corpus: DocumentStore
         try:
             return ChangeLog(folder, writable=False), exc
         except ChangeLogError as unreadable:
-            logger.error("the change log cannot be read either (%s): serving the built corpus read-only, its index "
-                         "id marked partial", unreadable.reason)
-            return None, exc
+            return None, _legacy_read_only(folder, exc, unreadable)
+
+
+def _legacy_read_only(folder: Path, exc: ChangeLogError, unreadable: ChangeLogError) -> ChangeLogError:
+    """Why a log cannot be read either, with the changes of a legacy JSONL log that could not be migrated (a
+    read-only file system at the first start after the upgrade): those are served."""
+    legacy = folder / LEGACY_FILE
+    changes = []
+    if legacy.is_file():
+        try:
+            changes = [change for change, _ in read_legacy(legacy)[0]]
+        except ChangeLogDamaged as damaged:
+            changes = damaged.changes
+        except OSError:
+            changes = []
+    if changes:
+        logger.error("the change log cannot be migrated (%s): serving the %d changes of %s read-only", exc.reason,
+                     len(changes), legacy)
+        return type(exc)(exc.reason, record=exc.record, changes=changes)
+    logger.error("the change log cannot be read either (%s): serving the built corpus read-only, its index id marked "
+                 "partial", unreadable.reason)
+    return exc
 
 
 def _generation(log: ChangeLog | None, settings: RetrieverSettings) -> Generation:

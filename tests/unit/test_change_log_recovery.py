@@ -193,7 +193,7 @@ def test_a_log_that_cannot_be_opened_stops_start_up_and_is_never_the_built_corpu
     base_id = good.index_id
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the change log's folder should be")
-    with pytest.raises(ChangesRefused, match="cannot be opened"):
+    with pytest.raises(ChangesRefused, match="cannot be written: Not a directory"):
         load(tiny, blocked / "changes")
     served = load(tiny, blocked / "changes", changes_on_error="read-only")
     assert served.live is not None and served.live.log is None and served.live.error is not None
@@ -249,3 +249,46 @@ def test_a_rebuilt_corpus_is_refused_until_the_changes_before_it_are_carried_or_
     assert ids_for(second, "quillifax memo", 1) == ["api-note#0"]
     assert victim not in ids_for(second, "Big Stone Gap", 50)
     assert ids_for(second, "file added to the folder", 1) == ["added-file#0"]
+
+
+def test_the_command_line_reports_repairs_compacts_and_carries(
+        tiny: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plugsearch-index changes status` names the damaged record, `changes repair --drop-from` drops it and what
+    followed (numbers go on after the last one given), `compact` folds the rest, `changes carry` / `retire` have
+    nothing to do on a corpus never rebuilt."""
+    import json
+
+    from plugsearch.retriever.cli import main
+
+    corpus, index_dir = tiny
+    monkeypatch.setenv("RETRIEVER_CORPUS", str(corpus))
+    monkeypatch.setenv("RETRIEVER_INDEX_DIR", str(index_dir))
+    monkeypatch.setenv("RETRIEVER_CHANGES_DIR", str(tmp_path))
+    monkeypatch.setenv("RETRIEVER_DENSE", "false")
+    svc = load(tiny, tmp_path)
+    assert svc.live is not None
+    for n in range(1, 6):
+        svc.live.write([passage(f"doc-{n}", 0, f"record number {n} marker-{n:03d}-text about zyrtonic{n}")], [])
+    folder = svc.live.log.folder  # type: ignore[union-attr]
+    svc.live.close()
+    flip_byte(folder / LOG_FILE, b"marker-004")
+
+    def run(*argv: str) -> dict[str, object]:
+        with pytest.raises(SystemExit) as done:
+            main(list(argv))
+        assert done.value.code == 0, capsys.readouterr().err
+        answer: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return answer
+
+    status = run("changes", "status")
+    assert status["readable"] is False and status["bad_record"] == 4 and status["changes_before_it"] == 3
+    assert run("changes", "repair", "--drop-from", "4")["next_seq"] == 6
+    assert run("changes", "status")["readable"] is True
+    compacted = run("compact", "--quiet")
+    assert compacted["generation"] == 1 and compacted["folded"] == 3 and compacted["passages"] == 303
+    assert run("changes", "carry")["carried"] == [] and run("changes", "retire")["retired"] == []
+    again = load(tiny, tmp_path)
+    assert again.live is not None and again.live.generation == 1 and ids_for(again, "zyrtonic3", 1) == ["doc-3#0"]
+    assert again.live.write([passage("doc-9", 0, "after the repair")], []).seq == 6  # type: ignore[union-attr]
+    assert ids_for(again, "zyrtonic4") == []

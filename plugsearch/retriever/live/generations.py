@@ -51,9 +51,15 @@ class Base:
     def origin(self) -> int:
         return self.generation.gen << ORIGIN_BITS
 
-    def close(self) -> None:
+    def close(self, *, keep: Encoder | None = None) -> None:
+        """Close its indexes and documents (`keep`: an encoder the next generation goes on using)."""
+        from plugsearch.retriever.backends.dense import DenseRetriever
+
         for retriever in self.retrievers.values():
-            retriever.close()
+            if isinstance(retriever, DenseRetriever) and keep is not None and retriever.encoder is keep:
+                retriever.index.close()
+            else:
+                retriever.close()
         self.store.close()
 
 

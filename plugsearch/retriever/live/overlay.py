@@ -133,7 +133,7 @@ class LiveIndex:
                 if on_error == "refuse":
                     raise
                 self._freeze(exc)
-        if base.mirror is not None:
+        if base.mirror is not None and self.writable:
             self._mirror_on(base.mirror)
         self._start_catch_up()
 
@@ -293,7 +293,7 @@ class LiveIndex:
         keep = []
         for deadline, view in self._retired:
             if deadline <= now:
-                view.base.close()
+                view.base.close(keep=self.view.base.encoder)
             else:
                 keep.append((deadline, view))
         self._retired = keep
@@ -395,7 +395,7 @@ class LiveIndex:
             base.encoder = encoder
             base.mirror = mirror
             base.retrievers["dense"] = dense
-        if mirror is not None:
+        if mirror is not None and self.writable:
             self._mirror_on(mirror)
         self._start_catch_up()
 
@@ -485,7 +485,7 @@ class LiveIndex:
             self._catch_up.stop()
             self._catch_up.join(timeout=30)
         for _, view in self._retired:
-            view.base.close()
+            view.base.close(keep=self.view.base.encoder)
         self._retired = []
         self.view.base.close()
         if self.log is not None:
