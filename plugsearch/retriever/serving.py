@@ -385,6 +385,7 @@ class RetrieverService:
                 "corpus_checksum": self.corpus.checksum, "index_id": self.index_id,
                 "changes": None if live is None or state is None else {
                     "seq": state.seq, **state.changed, "generation": live.generation,
+                    "built_index_id": self.base_index_id,
                     "overlay_passages": state.overlay_passages, "pending_vectors": live.pending_vectors(),
                     "writable": live.writable},
                 "changes_off": self.changes_off,
