@@ -35,6 +35,7 @@ from plugsearch.retriever.live.changelog import (
     ChangeLogDamaged,
     ChangeLogError,
     Generation,
+    log_folder,
     read_legacy,
 )
 from plugsearch.retriever.live.generations import Base, generation_settings
@@ -425,9 +426,6 @@ class RetrieverService:
         self.corpus.close()
 
 
-CHANGES_DIR = "changes"
-
-
 class ChangesRefused(RuntimeError):
     """The change log cannot be served as it is, and RETRIEVER_CHANGES_ON_ERROR=refuse: the retriever is not ready
     (the message says why, which record, and what to do)."""
@@ -444,7 +442,7 @@ def refused_reason(exc: ChangeLogError) -> str:
 
 def change_log_folder(settings: RetrieverSettings, checksum: str) -> Path:
     """One log per corpus checksum."""
-    return (settings.changes_dir or settings.index_dir / CHANGES_DIR) / checksum.split(":")[-1][:16]
+    return log_folder(settings.index_dir, settings.changes_dir, checksum)
 
 
 def changes_refusal(settings: RetrieverSettings) -> str | None:

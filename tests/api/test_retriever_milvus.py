@@ -316,8 +316,7 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
     only: the next start-up carries it into the collection before serving; a collection carrying changes its log
     does not hold is refused."""
     from plugsearch.retriever.ingest.passages import Passage
-    from plugsearch.retriever.live.changelog import ChangeLog
-    from plugsearch.retriever.serving import CHANGES_DIR
+    from plugsearch.retriever.live.changelog import CHANGES_DIR, ChangeLog
 
     encoder = Encoder(scratch.encoder)
     text = "Lighthouse keepers trimmed the lamp wicks every night on the rocky coast."

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from plugsearch.retriever.live import carry
-from plugsearch.retriever.live.changelog import ChangeLog, ChangeLogError, ChangeNotWritten
+from plugsearch.retriever.live.changelog import ChangeLog, ChangeLogError, ChangeNotWritten, log_folder
 
 
 def add_parsers(sub: Any, paths: argparse.ArgumentParser) -> None:
@@ -43,11 +43,10 @@ def add_parsers(sub: Any, paths: argparse.ArgumentParser) -> None:
 
 
 def _folder(settings: Any) -> tuple[Path, str]:
-    from plugsearch.retriever.serving import change_log_folder
     from plugsearch.retriever.store.docstore import corpus_checksum
 
     checksum = corpus_checksum(settings.corpus, settings.index_dir)
-    return change_log_folder(settings, checksum), checksum
+    return log_folder(settings.index_dir, settings.changes_dir, checksum), checksum
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:

@@ -82,6 +82,15 @@ corpus, its passages as of the last generation (or none: deleted), what carrying
 needs once their records are folded away."""
 
 
+CHANGES_DIR = "changes"
+
+
+def log_folder(index_dir: Path, changes_dir: Path | None, checksum: str) -> Path:
+    """The log of the corpus with `checksum`: one per corpus, under RETRIEVER_CHANGES_DIR (default
+    RETRIEVER_INDEX_DIR/changes)."""
+    return (changes_dir or index_dir / CHANGES_DIR) / checksum.split(":")[-1][:16]
+
+
 class ChangeLogError(RuntimeError):
     """The log cannot be used as it is: `reason` (what and where), `record` (the sequence number or line of the bad
     record, None when the log could not be opened at all), `changes` (those read before it, in order)."""
