@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -263,6 +264,7 @@ def main() -> None:
         version = httpx.get(f"{served.url}/version", headers=HEADERS, timeout=30).json()["details"]
     finally:
         served.__exit__(None, None, None)
+        shutil.rmtree(changes, ignore_errors=True)  # the log and its generations: hundreds of MB at 10,000
     result["settings"] = {"clients": args.clients, "baseline_seconds": args.seconds, "batch": args.batch,
                           "workers": args.workers, "poll_s": 0.5, "corpus_passages": 23652,
                           "served_after": version.get("documents"), "changes": version.get("changes"),
