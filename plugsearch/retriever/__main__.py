@@ -7,6 +7,7 @@ different corpus or configuration.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from fastapi import FastAPI
@@ -45,6 +46,7 @@ def worker_app() -> FastAPI:
 
     settings = RetrieverSettings()  # type: ignore[call-arg]
     configure_logging(settings.log_level, service="retriever")
+    os.umask(0o077)  # the change log, its generations and any index this process writes are the owner's alone
     tracing.setup_tracing("retriever")  # off unless OTEL_* variables switch it on
     return create_app(settings, check=check_indexes(settings))
 

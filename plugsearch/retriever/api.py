@@ -54,7 +54,7 @@ from plugsearch.common.schemas.retriever import (
 )
 from plugsearch.retriever.ingest.passages import DEFAULT_WORDS, Passage
 from plugsearch.retriever.ingest.pool import ParsePool
-from plugsearch.retriever.live.changelog import Change
+from plugsearch.retriever.live.changelog import Change, ChangeNotWritten
 from plugsearch.retriever.live.listing import DocumentListing
 from plugsearch.retriever.live.overlay import LiveIndex
 from plugsearch.retriever.serving import (
@@ -186,15 +186,21 @@ async def passages_of(pool: ParsePool, documents: list[DocumentIn]) -> list[Pass
     return [p for passages in cut for p in passages]
 
 
-async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Change:
-    """One change logged and applied; a log that cannot be written (a full or read-only disk) is a 503 with the
-    reason, the change not acknowledged (and never half there: `plugsearch.retriever.live.changelog`)."""
+WRITE_RETRY_AFTER_S = 30.0
+"""Retry-After of the 503 answered when the change log cannot take a change (a full or read-only disk)."""
+
+
+async def _write(live: LiveIndex, put: list[Passage], delete: list[str]) -> Change | None:
+    """One change logged and applied (None: nothing to change, nothing logged); a log that cannot be written (a full
+    or read-only disk, a damaged log) is a 503 with the reason and Retry-After, the change not acknowledged (and
+    never half there: `plugsearch.retriever.live.changelog`)."""
     try:
         return await asyncio.to_thread(live.write, put, delete)
-    except OSError as exc:
-        logger.error("the change log could not be written: %s", exc)
-        raise NotReady(f"the change could not be written to the change log ({exc.strerror or exc}); nothing was "
-                       "changed") from exc
+    except (ChangeNotWritten, OSError) as exc:
+        reason = exc.reason if isinstance(exc, ChangeNotWritten) else (exc.strerror or str(exc))
+        logger.error("the change log could not be written: %s", reason)
+        raise NotReady(f"the change could not be written to the change log ({reason}); nothing was changed",
+                       retry_after=WRITE_RETRY_AFTER_S) from exc
 
 
 @router.put("/documents", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS, **CUT_ERRORS})
@@ -207,7 +213,8 @@ async def put_documents(body: PutDocumentsRequest, request: Request) -> ChangeRe
     passages = await passages_of(_pool(request), body.documents)
     setattr(request.state, COST_STATE, float(max(1, len(passages) // 10)))
     change = await _write(live, passages, [])
-    return ChangeResponse(seq=change.seq, documents=len(body.documents), passages=len(passages),
+    return ChangeResponse(seq=change.seq if change is not None else live.seq, documents=len(body.documents),
+                          passages=len(passages),
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
 
 
@@ -311,7 +318,7 @@ async def put_files(body: PutFilesRequest, request: Request) -> PutFilesResponse
         raise ValidationFailed("no file could be read (nothing changed): "
                                + "; ".join(f"{r.name}: {r.reason}" for r in results), param="files")
     change = await _write(live, passages, [])
-    return PutFilesResponse(seq=change.seq, index_id=_service(request).index_id,
+    return PutFilesResponse(seq=change.seq if change is not None else live.seq, index_id=_service(request).index_id,
                             documents=sum(r.documents for r in results), passages=len(passages),
                             took_ms=round((time.perf_counter() - t0) * 1000, 3), files=results)
 
@@ -320,22 +327,24 @@ def _listing(request: Request) -> DocumentListing:
     svc = _service(request)
     listing: DocumentListing | None = getattr(request.app.state, "listing", None)
     if listing is None:
-        store = svc.live.store if svc.live is not None else svc.corpus
-        listing = request.app.state.listing = DocumentListing(store, svc.live)
+        listing = request.app.state.listing = DocumentListing(svc.corpus, svc.live)
     return listing
 
 
 @router.post("/documents/delete", response_model=ChangeResponse, responses={**ERRORS, **CHANGE_ERRORS})
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> ChangeResponse:
-    """Delete documents (every passage of each); durable before this answers. `passages`: how many passages the
-    documents had when the change was applied here (those it removed)."""
+    """Delete documents (every passage of each); durable before this answers. `documents` and `passages`: those
+    deleted (ids not served change nothing: no change is logged and the index id stays)."""
     live = _changing(request)
     t0 = time.perf_counter()
     ids = list(dict.fromkeys(body.ids))
     listing = _listing(request)
     removed = await asyncio.to_thread(listing.served_passages, ids)
     change = await _write(live, [], ids)
-    return ChangeResponse(seq=change.seq, documents=len(change.delete), passages=removed,
+    if change is None:
+        removed = 0
+    return ChangeResponse(seq=change.seq if change is not None else live.seq,
+                          documents=len(change.delete) if change is not None else 0, passages=removed,
                           index_id=_service(request).index_id, took_ms=round((time.perf_counter() - t0) * 1000, 3))
 
 
@@ -370,17 +379,83 @@ async def index_state(request: Request) -> IndexState:
     return IndexState(index_id=svc.index_id, seq=svc.live.seq if svc.live is not None else 0)
 
 
-async def follow_changes(service: RetrieverService, poll_s: float) -> None:
-    """Apply the changes other workers acknowledge, every `poll_s` (each worker follows the log)."""
+async def follow_changes(service: RetrieverService, settings: RetrieverSettings) -> None:
+    """Apply the changes other workers acknowledge, every RETRIEVER_CHANGES_POLL_S (each worker follows the log, and
+    moves to a generation compaction made); start a compaction when the overlay has grown past
+    RETRIEVER_COMPACT_AFTER."""
     live = service.live
     if live is None:
         return
-    while True:
-        await asyncio.sleep(poll_s)
-        try:
-            await asyncio.to_thread(live.poll)
-        except Exception:  # a bad read is retried at the next poll; the log keeps the trace
-            logger.exception("reading the change log failed")
+    compactor = Compactor(service, settings)
+    try:
+        while True:
+            await asyncio.sleep(settings.changes_poll_s)
+            try:
+                await asyncio.to_thread(live.poll)
+            except Exception:  # a bad read is retried at the next poll; the log keeps the trace
+                logger.exception("reading the change log failed")
+            await compactor.check()
+    finally:
+        await compactor.stop()
+
+
+COMPACT_RETRY_S = 60.0
+"""How long after a compaction child ended (or found another running) before this worker may start another."""
+COMPACT_REFUSED_S = 600.0
+"""How long after a compaction was refused (exit 3: the reason is in the log) before it is tried again."""
+COMPACT_NICE = 5
+"""CPU priority of the compaction child: it is background work beside the searches."""
+
+
+class Compactor:
+    """Starts `plugsearch-index compact` in a child process when the overlay holds RETRIEVER_COMPACT_AFTER passages or
+    more (one at a time per log: a second child finds the first's lock and exits); every worker moves to the new
+    generation at its next poll."""
+
+    def __init__(self, service: RetrieverService, settings: RetrieverSettings) -> None:
+        self.service, self.settings = service, settings
+        self.child: asyncio.subprocess.Process | None = None
+        self.next_try = 0.0
+
+    def due(self) -> bool:
+        live, threshold = self.service.live, self.settings.compact_after
+        if live is None or not threshold or not live.writable or time.monotonic() < self.next_try:
+            return False
+        if self.settings.dense and "dense" not in self.service.retrievers:
+            return False  # the dense index is still pending: compaction needs its vectors
+        return live.state.overlay_passages >= threshold
+
+    async def check(self) -> None:
+        child = self.child
+        if child is not None:
+            if child.returncode is None:
+                return
+            self.child = None
+            refused = child.returncode == 3
+            self.next_try = time.monotonic() + (COMPACT_REFUSED_S if refused else COMPACT_RETRY_S)
+            if child.returncode:
+                logger.error("the compaction child exited with %s (its reason is in the lines above): tried again "
+                             "in %.0f s", child.returncode, COMPACT_REFUSED_S if refused else COMPACT_RETRY_S)
+            return
+        if not self.due():
+            return
+        live = self.service.live
+        assert live is not None
+        argv = [sys.executable, "-m", "plugsearch.retriever.cli", "compact", "--quiet", "--nice", str(COMPACT_NICE)]
+        self.child = await asyncio.create_subprocess_exec(
+            *argv, env={**os.environ, **build_env(self.settings, COMPACT_SETTINGS)}, stdin=asyncio.subprocess.DEVNULL)
+        logger.info("the changes hold %d passages beside the indexes (RETRIEVER_COMPACT_AFTER=%d): compacting in the "
+                    "background (pid %s)", live.state.overlay_passages, self.settings.compact_after, self.child.pid)
+
+    async def stop(self) -> None:
+        child = self.child
+        if child is not None and child.returncode is None:
+            child.terminate()  # its temporary folder is removed by the next compaction
+            try:
+                await asyncio.wait_for(child.wait(), BUILDER_STOP_S)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
 
 
 BUILDER_STOP_S = 10.0
@@ -390,11 +465,14 @@ disk and the next build resumes from them."""
 
 BUILD_SETTINGS = {"corpus", "index_dir", "dense_backend", "encoder", "faiss", "milvus", "log_level"}
 """The settings a dense build reads (`plugsearch-index build`), handed to the build child as RETRIEVER_* variables."""
+COMPACT_SETTINGS = BUILD_SETTINGS | {"bm25", "bm25_backend", "bm25_k1", "bm25_b", "dense", "changes_dir"}
+"""The settings compaction reads (`plugsearch-index compact`)."""
 
 
-def build_env(settings: RetrieverSettings) -> dict[str, str]:
-    """`settings`' index settings as the environment `RetrieverSettings` reads (RETRIEVER_ENCODER__NAME, ...), so
-    the build child builds exactly the index this service waits for, however the service got its settings."""
+def build_env(settings: RetrieverSettings, keys: set[str] = BUILD_SETTINGS) -> dict[str, str]:
+    """`settings`' index settings (`keys`) as the environment `RetrieverSettings` reads (RETRIEVER_ENCODER__NAME,
+    ...), so a child builds exactly the index this service serves or waits for, however the service got its
+    settings."""
     env: dict[str, str] = {}
 
     def put(name: str, value: Any) -> None:
@@ -404,7 +482,7 @@ def build_env(settings: RetrieverSettings) -> dict[str, str]:
         elif value is not None:
             env[name] = value if isinstance(value, str) else json.dumps(value)
 
-    for key, value in settings.model_dump(mode="json", include=BUILD_SETTINGS).items():
+    for key, value in settings.model_dump(mode="json", include=keys).items():
         put(f"RETRIEVER_{key.upper()}", value)
     token = settings.milvus.token
     env.pop("RETRIEVER_MILVUS__TOKEN", None)  # dumped masked
@@ -445,7 +523,7 @@ async def pending_dense(service: RetrieverService, settings: RetrieverSettings, 
                 continue
             t0 = time.perf_counter()
             dense = await asyncio.to_thread(load_dense, settings)
-            service.add_dense(dense, manifest)
+            await asyncio.to_thread(service.add_dense, dense, manifest)
             logger.info("dense index loaded in %.1f s: serving %s (index_id %s)", time.perf_counter() - t0,
                         ", ".join(service.methods), service.index_id)
             return
@@ -474,12 +552,14 @@ def create_app(settings: RetrieverSettings, *, check: IndexCheck | None = None) 
                 logger.exception("loading the indexes failed")
                 app.state.startup_error = f"loading failed: {type(exc).__name__}: {exc}"
                 return
-            if checked.dense_pending is not None:
+            pending = checked.dense_pending is not None and "dense" not in service.retrievers  # (a generation
+            # compaction built holds its own)
+            if pending:
                 service.dense_status = "building" if settings.dense_missing == "build" else "waiting"
             app.state.retriever = service
-            following = asyncio.create_task(follow_changes(service, settings.changes_poll_s))
+            following = asyncio.create_task(follow_changes(service, settings))
             try:
-                if checked.dense_pending is not None:
+                if pending:
                     await pending_dense(service, settings, checked)
                 await following
             finally:

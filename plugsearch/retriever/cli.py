@@ -12,7 +12,8 @@ build prepares the default model's export this way), `ingest` (documents as file
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
 `plugsearch.retriever.ingest`), `put` / `upload` / `delete` (a running retriever's documents changed through its
 API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.live.changes_cli`),
-`sync` (a folder kept in step with a running retriever: `plugsearch.retriever.ingest.sync`).
+`sync` (a folder kept in step with a running retriever: `plugsearch.retriever.ingest.sync`), `compact` and `changes
+status|carry|retire|repair` (the change log: `plugsearch.retriever.live.admin_cli`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shlex
 import sys
@@ -189,10 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     _import_parser(sub)
     _ingest_parser(sub)
     from plugsearch.retriever.ingest import sync
-    from plugsearch.retriever.live import changes_cli
+    from plugsearch.retriever.live import admin_cli, changes_cli
 
     changes_cli.add_parsers(sub)
     sync.add_parser(sub)
+    admin_cli.add_parsers(sub, paths)
     args = parser.parse_args(argv)
     if args.command in ("put", "upload", "delete"):  # a running retriever's documents, through its API
         configure_logging("WARNING", service="plugsearch-index")
@@ -213,8 +216,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         sys.exit(2)
     configure_logging(settings.log_level, service="plugsearch-index")
+    os.umask(0o077)  # what the index folders and the change log hold is the owner's alone
 
     try:
+        if args.command in ("compact", "changes"):
+            sys.exit(admin_cli.run(args, settings))
         if args.command == "import":
             run_import(args, settings)
         elif args.command == "build":

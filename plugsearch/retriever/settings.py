@@ -218,14 +218,24 @@ class RetrieverSettings(AdminKeySettings):
         "(plugsearch/retriever/live/overlay.py); needs the bm25s BM25 backend where BM25 is served. off: the corpus is "
         "fixed while serving"))
     changes_dir: Path | None = Field(None, description=(
-        "where the change log is kept (default RETRIEVER_INDEX_DIR/changes); one log per corpus checksum, so a "
-        "rebuild from another corpus file starts a new one"))
+        "where the change log is kept (default RETRIEVER_INDEX_DIR/changes); one log per corpus checksum. A rebuilt "
+        "corpus (another checksum at the same path) is refused while changes acknowledged against the one before are "
+        "neither carried to it nor retired (`plugsearch-index changes carry` / `retire`)"))
     changes_poll_s: float = Field(0.5, gt=0, le=60, description=(
         "how often each worker reads the changes other workers acknowledged (a search on a service of several "
         "workers reads them first as well: none sees the corpus from before a change acknowledged earlier)"))
     parse: ParseLimits = Field(default_factory=ParseLimits, description=(  # type: ignore[arg-type]
         "the parse pool that reads files (POST /documents/files) and cuts text (PUT /documents): worker processes, "
         "each job under a CPU budget (plugsearch/retriever/ingest/pool.py)"))
+    changes_on_error: Literal["refuse", "read-only"] = Field("refuse", description=(
+        "a change log that cannot be opened for writing (a read-only or failing file system), or that holds a bad "
+        "record other than a torn last write: refuse = the retriever is not ready, and says why and which record "
+        "(default); read-only = it serves the changes it could read, says so in /version (`changes_error`) and "
+        "refuses changes (503). Never the built corpus as if nothing had been acknowledged"))
+    compact_after: int = Field(50_000, ge=0, description=(
+        "passages the changes may hold beside the built indexes (passages put plus base passages left out) before "
+        "the retriever folds them into new indexes in the background (`plugsearch-index compact` in a child "
+        "process, one per change log); 0 = only when `plugsearch-index compact` is run"))
 
     @model_validator(mode="after")
     def _check_combination(self) -> RetrieverSettings:

@@ -288,8 +288,11 @@ def evaluation_figures(manifest: Mapping[str, Any], key: str = "compact_rl", bud
 
 
 def base_index(index_id: str, changes: Mapping[str, Any] | None) -> str:
-    """The retriever's index identity without its change suffix (`<base>-c<seq>`): the index a verdict belongs to
-    while documents are put and deleted."""
+    """The index a verdict belongs to while documents are put, deleted and compacted: the built indexes' identity
+    (`changes.built_index_id`), or from an older retriever its index id without the change suffix (`<base>-c<seq>`)."""
+    built = (changes or {}).get("built_index_id")
+    if isinstance(built, str) and built:
+        return built
     seq = (changes or {}).get("seq")
     suffix = f"-c{seq}" if isinstance(seq, int) and seq else None
     return index_id[:-len(suffix)] if suffix and index_id.endswith(suffix) else index_id

@@ -316,8 +316,7 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
     only: the next start-up carries it into the collection before serving; a collection carrying changes its log
     does not hold is refused."""
     from plugsearch.retriever.ingest.passages import Passage
-    from plugsearch.retriever.live.changelog import ChangeLog
-    from plugsearch.retriever.serving import CHANGES_DIR
+    from plugsearch.retriever.live.changelog import CHANGES_DIR, ChangeLog
 
     encoder = Encoder(scratch.encoder)
     text = "Lighthouse keepers trimmed the lamp wicks every night on the rocky coast."
@@ -335,7 +334,8 @@ async def test_a_change_logged_but_not_carried_is_carried_at_start_up(scratch: R
         assert body["results"][0][0]["id"] == "keeper#0"
     ids, carried = _rows(scratch)
     assert carried == "3" and 300 not in ids and 301 in ids and len(ids) == 301
-    (folder / "changes.jsonl").write_bytes(b"")  # the log lost: the collection carries changes it does not hold
+    for lost in folder.glob("changes.sqlite3*"):  # the log lost: the collection carries changes it does not hold
+        lost.unlink()
     async with app_client(create_app(scratch)) as client:  # loading fails: readiness says why
         for _ in range(600):
             ready = await client.get("/health/ready")

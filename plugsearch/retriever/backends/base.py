@@ -117,6 +117,11 @@ class DenseMirror(Protocol):
 
     def mark(self, seq: int) -> None: ...
 
+    def search(self, vectors: npt.NDArray[np.float32], k: int, *, below: int, strong: bool) -> Hits:
+        """The `k` nearest rows under position `below` (what a live state knows); `strong`: after every write the
+        store acknowledged."""
+        ...
+
 
 class VectorIndex(ABC):
     """A dense store's loaded index, what `DenseRetriever` searches: the passages' vectors, row i = document number

@@ -383,7 +383,7 @@ class MilvusIndex(VectorIndex):
 
 class MilvusChanges:
     """A changing corpus's passages in the collection itself, through Milvus's upserts and deletes (called under the
-    change log's lock, so one writer at a time, in the log's order; see `plugsearch.retriever.live.overlay.LiveIndex`)."""
+    change log's lock, so one writer at a time, in the log's order; see `plugsearch.retriever.live.mirror`)."""
 
     def __init__(self, index: MilvusIndex) -> None:
         self.index = index
@@ -410,6 +410,10 @@ class MilvusChanges:
         """Record that every change up to `seq` is in the collection."""
         call(self.settings, "alter_collection_properties", self.index.client.alter_collection_properties,
              self.settings.collection, properties={CHANGES_PROPERTY: str(seq)})
+
+    def search(self, vectors: npt.NDArray[np.float32], k: int, *, below: int, strong: bool) -> Hits:
+        """The collection's nearest rows under `below` (the positions a live state knows)."""
+        return self.index.search(vectors, k, below=below, strong=strong)
 
 
 class Milvus(DenseStore):

@@ -1,2 +1,3 @@
-"""Documents changed while serving: the change log, the live overlay over the built indexes, and the
-`plugsearch-index put / upload / delete` commands."""
+"""Documents changed while serving: the change log (SQLite, its recovery rules), the changes applied over the built
+indexes and searched beside them (a module per job), compaction into new generations of index files, and the
+`plugsearch-index put / upload / delete / compact / changes` commands."""

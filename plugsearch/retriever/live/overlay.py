@@ -1,170 +1,381 @@
-"""The served corpus as it changes: the built indexes (the base) and the change log's changes over them.
+"""The served corpus as it changes: a base (the built indexes, or the newest generation compaction built from them:
+`plugsearch.retriever.live.generations`) and the change log's changes over it (`plugsearch.retriever.live.changelog`).
 
-A document is its passages: `<doc_id>` alone, or `<doc_id>#0`, `<doc_id>#1`, ... (what `plugsearch-index ingest`
-writes). Putting a document replaces all of its passages; deleting it removes them all. The base's passages
-that a change removed are left out of every result; the passages put are searched beside the base, in
-memory: BM25 with the base's statistics (its document frequencies, passage count and average length, so their
-scores rank with the base's) and the dense vectors the writer encoded (inner products, as a flat index scores).
-Each change applies whole: a new `LiveState` is built beside the one searches read, then swapped in (one
-reference assignment), so a search sees a change entirely or not at all.
+`LiveIndex` follows the log and writes to it; each other job has its own module: applying changes (`state`), the
+passages put searched by their words (`lexical`) and by their vectors (`vectors`, with the catch-up that encodes
+those put before the dense index was there), a dense store that takes the changes itself (`mirror`), folding the
+changes into new indexes (`compaction`). A search goes through `LiveRetriever`, a `Retriever` like every backend: it
+asks the base's retriever and the overlay's segment (both `Retriever`s, bound to one state), leaves out what the
+state no longer serves, and merges by score. A document is its passages: `<doc_id>` alone, or `<doc_id>#0`, `#1`,
+... (what `plugsearch-index ingest` writes); putting a document replaces all of its passages, deleting it removes
+them all.
 
-`LiveIndex.poll` reads the changes other workers acknowledged (each worker follows the log); the state's
-`seq` is part of the index identity, so a cache keyed on it never serves a result from before a change.
-On Milvus (`mirror`: `plugsearch.retriever.backends.milvus_index.MilvusChanges`) the passages put go into the collection itself: under
-the log's lock a writer upserts their vectors at their positions, logs the change, then deletes the positions it
-removed, and records the change as carried; a change logged but not carried (its writer died, or Milvus did not
-answer) is carried by the next writer or at the next start-up. Dense searches then ask Milvus alone, for the
-positions the state knows, leaving out the removed ones.
-
-Compaction (a rebuild with the changes folded into the base) is `plugsearch-index build` on a corpus file
-exported with the changes.
+Each change applies whole: its state is published by one reference assignment (`view`), so a search sees a change
+entirely or not at all. `poll` reads what other workers acknowledged, and moves to a newer generation when
+compaction made one (loaded beside the served one, then swapped in; the old one is closed once no search can still
+read it). The state's `seq` (and the log's `epoch`) are part of the index identity, so a cache keyed on it never
+serves a result from before a change.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from plugsearch.retriever.backends.base import DenseMirror, Hits, LexicalStats, Retriever
+from plugsearch.retriever.backends.base import DenseMirror, Hits, Retriever
+from plugsearch.retriever.encoders.encoder import Encoder
 from plugsearch.retriever.ingest.passages import Passage
-from plugsearch.retriever.live.changelog import Change, ChangeLog
+from plugsearch.retriever.live import mirror as mirroring
+from plugsearch.retriever.live.changelog import (
+    Change,
+    ChangeLog,
+    ChangeLogDamaged,
+    ChangeLogError,
+    ChangeNotWritten,
+    FoldedAway,
+    Generation,
+)
+from plugsearch.retriever.live.generations import ORIGIN_BITS, Base
+from plugsearch.retriever.live.lexical import LazyStats, LexicalSegment, Postings
+from plugsearch.retriever.live.state import LiveState, Overlay, base_positions, doc_id_of
+from plugsearch.retriever.live.vectors import ENCODE_LOCK, Batch, CatchUp, DenseSegment, VectorRows, missing
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore
 from plugsearch.retriever.store.manifest import IndexMismatch
 
+__all__ = ["LiveCorpus", "LiveIndex", "LiveRetriever", "View", "base_positions", "doc_id_of", "merge"]
+
 logger = logging.getLogger(__name__)
 
-MAX_PASSAGES_PER_DOCUMENT = 100_000
-"""How far `<doc_id>#<n>` is probed in the base for a document's passages (they are numbered from 0)."""
-REMOVED_SLACK = 64
-"""How many more base results a search asks for when the base has removed passages (they are left out)."""
-
-
-def doc_id_of(passage_id: str) -> str:
-    """The document of a passage: its id before the last `#` (the passage id itself when it has none)."""
-    head, sep, tail = passage_id.rpartition("#")
-    return head if sep and tail.isdigit() else passage_id
-
-
-def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
-    """The base's passages of `doc_id`: `<doc_id>` and `<doc_id>#0`, `#1`, ... while they are there."""
-    found = [int(p) for p in store.positions([doc_id]) if p >= 0]
-    n, step = 0, 16
-    while n < MAX_PASSAGES_PER_DOCUMENT:
-        ids = [f"{doc_id}#{i}" for i in range(n, n + step)]
-        hits = store.positions(ids)
-        found.extend(int(p) for p in hits if p >= 0)
-        if (hits < 0).any():
-            break
-        n, step = n + step, min(step * 4, 4096)
-    return found
+REMOVED_SLACK = mirroring.REMOVED_SLACK
+RETIRE_AFTER_S = 120.0
+"""How long a generation that was swapped out stays open (a search answered from it is still read) before it is
+closed."""
+SWITCH_RETRY_S = 60.0
+"""How long after a generation failed to load it is tried again."""
 
 
 @dataclass(frozen=True)
-class LiveState:
-    """One consistent view: the base positions removed, the passages put (position `base_n + i`), which of them
-    are still served, their vectors and their BM25 postings. Never changed once built (a change builds the
-    next one)."""
+class View:
+    """What searches read: a base, the overlay of its changes (`postings`, `vectors`: the overlay's passages by
+    their words and vectors) and the state they are at."""
 
-    seq: int
-    base_n: int
-    removed: frozenset[int] = frozenset()
-    added: tuple[Passage, ...] = ()
-    alive: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    documents: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Every document a change touched -> its served positions (none: deleted)."""
-    vectors: npt.NDArray[np.float32] | None = None
-    lengths: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
-    """Per passage put: its length in tokens."""
-    postings: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = field(default_factory=dict)
-    """term -> (the passages put that hold it, its frequency in each)"""
-    changed: dict[str, int] = field(default_factory=lambda: {"added": 0, "replaced": 0, "deleted": 0,
-                                                             "passages": 0})
-    """Documents added, replaced and deleted since the base, and `passages`: the passages put plus the passages
-    deleted (a document put again counts its new passages), what the searcher's corpus check measures drift by."""
+    base: Base
+    overlay: Overlay
+    postings: Postings | None
+    stats: LazyStats | None
+    vectors: VectorRows
+    state: LiveState
 
-    @property
-    def served(self) -> int:
-        return self.base_n - len(self.removed) + int(self.alive.sum())
+    def segment(self, method: str) -> Retriever | None:
+        """The overlay's passages as a `Retriever` for `method` (bm25 / dense), bound to this view's state."""
+        if method == "dense":
+            encoder = self.base.encoder
+            if self.base.mirror is not None and encoder is not None:
+                return mirroring.MirrorSearch(self.overlay, self.base.mirror, encoder, self.state)
+            return None if encoder is None else DenseSegment(self.overlay, self.vectors, encoder, self.state)
+        if self.postings is None or self.stats is None:
+            return None
+        return LexicalSegment(self.overlay, self.postings, self.stats.get(), self.state)
 
-    @property
-    def changes(self) -> bool:
-        return bool(self.removed) or bool(self.added)
-
-    def serves(self, position: int) -> bool:
-        """Whether `position` (a base passage, or a passage put) is served in this state."""
-        if position < self.base_n:
-            return position not in self.removed
-        return bool(self.alive[position - self.base_n])
+    def documents(self, positions: Sequence[int]) -> list[tuple[str, str, str]]:
+        """(id, title, text) of positions of this view's generation."""
+        return self.overlay.documents(self.state, [p - self.base.origin for p in positions])
 
 
 class LiveIndex:
-    """The base (its document store and the lexical statistics of its BM25 index) and the change log, applied
-    in order; `state` is what searches read."""
+    """The base and the change log, applied in order; `view` is what searches read.
 
-    def __init__(self, folder: Path, store: DocumentStore, *, stats: Callable[[], LexicalStats] | None,
-                 tokenize: Any = None, encode: Any = None, mirror: DenseMirror | None = None) -> None:
-        self.log = ChangeLog(folder)
-        self.store = store
-        self._stats = stats
-        """Reads the base's statistics (a sample of its passages) the first time passages put are searched, not at
-        start-up: a retriever whose documents never change never pays for it."""
-        self._stats_read: LexicalStats | None = None
-        self._stats_lock = threading.Lock()
-        self.tokenize = tokenize
-        """queries or texts -> their tokens, as the base's BM25 index tokenised (None: no BM25)."""
-        self.encode = encode
-        """passages -> their dense vectors, as the base's were encoded (None: no dense index)."""
-        self.state = LiveState(seq=0, base_n=len(store))
-        self._offset = 0
+    `log`: None when it could not be opened at all (served read-only, `error` says why, with `changes`: what could
+    be read of it). `loader`: a generation's indexes (from the generation and the encoder already loaded), to move
+    to the one compaction made.
+    `on_error`: `refuse` (a bad record in the log at start-up raises ChangeLogDamaged; later, `error` is set and
+    readiness fails) or `read-only` (the changes before it are served, writes are refused)."""
+
+    def __init__(self, log: ChangeLog | None, base: Base, *,
+                 loader: Callable[[Generation, Encoder | None], Base] | None = None,
+                 on_error: str = "refuse", wait_s: float = 0.5, error: str | None = None,
+                 changes: Sequence[Change] = ()) -> None:
+        self.log = log
+        self.loader = loader
+        self.on_error = on_error
+        self.wait_s = wait_s
+        self.error = error
+        """Why the log is not followed any more (a bad record, a log that cannot be opened or written); None: it is."""
+        self.partial = error is not None and log is None
+        """Whether acknowledged changes are left out (a bad record, a log that could not be read): the index id says
+        so. A log that can be read but not written is served whole."""
+        self.corpus_checksum = base.store.checksum if base.generation.gen == 0 else \
+            str(base.generation.body.get("built_checksum", base.store.checksum))
+        """The built corpus's checksum: what the changes are changes of, in every generation."""
+        self.epoch = log.epoch if log is not None else ""
         self._lock = threading.Lock()
-        self._base_of: dict[str, tuple[int, ...]] = {}
-        self.mirror: DenseMirror | None = mirror
-        """Where the dense vectors of the changes go (None: kept here, searched beside the base index)."""
-        self._moves: dict[int, tuple[int, tuple[int, ...]]] = {}
-        """seq -> (the first position its passages put took, the positions it removed)."""
-        self.poll()
-        if mirror is not None:
-            self._mirror_on(mirror)
+        self._vector_id = 0
+        self._retired: list[tuple[float, View]] = []
+        self._failed: tuple[int, float] | None = None
+        self._moves: mirroring.Moves = {}
+        self._catch_up: CatchUp | None = None
+        self.view = self._fresh(base)
+        if changes:
+            self._publish(self.view, list(changes))
+        if log is not None:  # also a log open for reading only: every change it holds is served
+            try:
+                self._replay()
+            except ChangeLogDamaged as exc:
+                if on_error == "refuse":
+                    raise
+                self._freeze(exc)
+        if base.mirror is not None and self.writable:
+            self._mirror_on(base.mirror)
+        self._start_catch_up()
+
+    # ------------------------------------------------------------------------------------------- views
+    def _fresh(self, base: Base) -> View:
+        postings = Postings(base.lexical.tokenize) if base.lexical is not None else None
+        vectors = VectorRows()
+
+        def on_put(first: int, passages: Sequence[Passage]) -> None:
+            if postings is not None:
+                postings.add(first, passages)
+            vectors.grow(first + len(passages))
+
+        lexical = base.lexical
+        stats = LazyStats(lambda: lexical.lexical_stats(base.store)) if lexical is not None else None
+        generation = base.generation
+        overlay = Overlay(base.store, seq=generation.folded, changed=generation.body.get("changed"), on_put=on_put)
+        self._vector_id = 0
+        return View(base, overlay, postings, stats, vectors, overlay.state)
+
+    def _publish(self, view: View, changes: Sequence[Change]) -> View:
+        """Apply `changes` to `view`'s overlay and make its new state the one searched."""
+        state = view.state
+        for change in changes:
+            if change.seq <= state.seq:
+                continue
+            start = view.overlay.base_n + state.size
+            state, gone = view.overlay.apply(change)
+            view.overlay.state = state
+            if view.base.generation.gen == 0:
+                self._moves[change.seq] = (start, tuple(gone))
+        view = replace(view, state=state)
+        self.view = view  # the swap: searches read the old state or the new one, whole
+        return view
+
+    def _replay(self) -> None:
+        assert self.log is not None
+        t0, view = time.perf_counter(), self.view
+        batch: list[Change] = []
+        for change in self.log.iter_after(view.state.seq):
+            batch.append(change)
+            if len(batch) >= 4096:
+                view = self._publish(view, batch)
+                batch = []
+        view = self._publish(view, batch)
+        self._read_vectors(view)
+        if view.state.seq:
+            logger.info("changes replayed up to %d in %.1f s (%d passages put, %d base passages left out)",
+                        view.state.seq, time.perf_counter() - t0, view.state.size, view.state.removed)
+
+    def _read_vectors(self, view: View) -> None:
+        """Apply the vectors logged since the last read (those of changes this view has applied)."""
+        assert self.log is not None
+        while True:
+            parts = self.log.vectors_after(self._vector_id)
+            for part in parts:
+                if part.seq > view.state.seq:
+                    return  # a change not applied yet: read again at the next poll
+                first = view.overlay.first_row.get(part.seq)
+                if first is not None:  # else folded into the base
+                    view.vectors.set(first + part.first, part.array)
+                self._vector_id = part.id
+            if len(parts) < 4096:
+                return
+
+    @property
+    def state(self) -> LiveState:
+        return self.view.state
 
     @property
     def seq(self) -> int:
-        return self.state.seq
+        return self.view.state.seq
 
     @property
-    def stats(self) -> LexicalStats | None:
-        if self._stats_read is None and self._stats is not None:
-            with self._stats_lock:  # read once, whichever search asks first
-                if self._stats_read is None:
-                    self._stats_read = self._stats()
-        return self._stats_read
+    def generation(self) -> int:
+        return self.view.base.generation.gen
 
-    def serve_dense(self, encode: Callable[[list[str]], npt.NDArray[np.float32]],
-                    mirror: DenseMirror | None = None) -> None:
-        """A dense index arrived after changes were applied: encode the passages put so far (or carry them into
-        `mirror`), then every new one."""
-        if mirror is not None:
-            self.encode = encode
-            self._mirror_on(mirror)
-            return
+    @property
+    def tag(self) -> str:
+        """What the index identity adds for the changes: the log's epoch and the last change applied ('' with no
+        change: the built indexes as they are); `-partial` while acknowledged changes are left out (a bad record, a
+        log that could not be read)."""
+        seq = self.view.state.seq
+        if not seq:
+            return "partial" if self.partial else ""
+        return f"{self.epoch[:8]}-c{seq}" + ("-partial" if self.partial else "")
+
+    # ------------------------------------------------------------------------------------------- following
+    def poll(self) -> int:
+        """Apply the changes acknowledged since the last poll (by any worker), after moving to a newer generation
+        when compaction made one; the number applied."""
         with self._lock:
-            state = self.state
-            vectors = encode([p.indexed for p in state.added]) if state.added else None
-            self.encode = encode
-            self.state = replace(state, vectors=vectors)
+            self._close_retired()
+            if self.log is None or self.error is not None:
+                return 0
+            try:
+                return self._poll()
+            except ChangeLogDamaged as exc:
+                self._freeze(exc)
+                return len(exc.changes)
+            except (ChangeLogError, FoldedAway) as exc:  # an I/O error, a generation not loaded yet: next poll
+                logger.warning("reading the change log failed (retried at the next poll): %s", exc)
+                return 0
+
+    def _poll(self) -> int:
+        assert self.log is not None
+        latest = self.log.generation()
+        if latest.gen > self.view.base.generation.gen and self.loader is not None:
+            self._switch(latest)
+        view = self.view
+        changes = self.log.read_after(view.state.seq)
+        view = self._publish(view, changes)
+        self._read_vectors(view)
+        if changes:
+            self._start_catch_up()
+        return len(changes)
+
+    def _freeze(self, exc: ChangeLogDamaged) -> None:
+        self._publish(self.view, exc.changes)
+        self.partial = True
+        self.error = (f"{exc.reason}; serving the {self.view.state.seq} changes before it, read-only"
+                      if self.on_error == "read-only" else exc.reason)
+        logger.error("the change log is damaged: %s. Changes are not followed or taken any more; see "
+                     "docs/operations.md, 'Changes: durability and recovery'", exc.reason)
+
+    def _switch(self, generation: Generation) -> None:
+        """Load `generation` beside the served one, replay the changes after it, then swap it in."""
+        assert self.loader is not None and self.log is not None
+        if self._failed is not None and self._failed[0] == generation.gen and time.monotonic() < self._failed[1]:
+            return
+        t0 = time.perf_counter()
+        try:
+            base = self.loader(generation, self.view.base.encoder)
+        except Exception:
+            self._failed = (generation.gen, time.monotonic() + SWITCH_RETRY_S)
+            logger.exception("generation %d could not be loaded: serving generation %d meanwhile (tried again in "
+                             "%.0f s)", generation.gen, self.generation, SWITCH_RETRY_S)
+            return
+        old = self.view
+        view = self._fresh(base)
+        self._moves.clear()
+        vector_id = self._vector_id
+        try:
+            self._publish(view, list(self.log.iter_after(generation.folded)))
+        except Exception:
+            self.view, self._vector_id = old, vector_id
+            base.close()
+            raise
+        self._read_vectors(self.view)
+        self._retired.append((time.monotonic() + RETIRE_AFTER_S, old))
+        logger.info("serving generation %d (changes up to %d folded into its indexes) in %.1f s: %d passages put "
+                    "since, %d left out", generation.gen, generation.folded, time.perf_counter() - t0,
+                    self.view.state.size, self.view.state.removed)
+
+    def _close_retired(self, *, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        keep = []
+        for deadline, view in self._retired:
+            if deadline <= now:
+                view.base.close(keep=self.view.base.encoder)
+            else:
+                keep.append((deadline, view))
+        self._retired = keep
+
+    def resolve(self, generation: int) -> View:
+        """The view that serves positions of `generation` (the current one, or one swapped out a moment ago)."""
+        view = self.view
+        if view.base.generation.gen == generation:
+            return view
+        for _, old in reversed(self._retired):
+            if old.base.generation.gen == generation:
+                return old
+        raise IndexError(f"positions of generation {generation} are no longer served")
+
+    # ------------------------------------------------------------------------------------------- writing
+    @property
+    def writable(self) -> bool:
+        return self.log is not None and self.log.writable and self.error is None
+
+    def write(self, put: Sequence[Passage], delete: Sequence[str]) -> Change | None:
+        """Encode, log (durable: acknowledged once this returns) and apply one change here. None when there is
+        nothing to change (documents to delete that are not served): nothing logged. ChangeNotWritten when the
+        log cannot take it."""
+        if not self.writable or self.log is None:
+            raise ChangeNotWritten(self.error or "the change log is open for reading only")
+        base = self.view.base
+        encoder = base.encoder if "dense" in base.retrievers else None
+        vectors = encoder.encode_passages([p.indexed for p in put]) if encoder is not None and put else None
+        with self.log.hold():  # one writer at a time across the workers: what is served is known while it writes
+            if not put:
+                self.poll()
+                delete = self.served_documents(delete)
+                if not delete:
+                    return None
+            if base.mirror is not None:
+                return self._write_mirrored(base.mirror, put, delete, vectors)
+            change = self.log.append(put, delete, vectors)
+        self.poll()
+        return change
+
+    def served_documents(self, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` served now (each once, in order)."""
+        view = self.view
+        out = []
+        for doc_id in dict.fromkeys(ids):
+            positions = view.overlay.positions_of(doc_id, remember=False)
+            if any(view.overlay.serves(view.state, p) for p in positions):
+                out.append(doc_id)
+        return out
+
+    def _write_mirrored(self, mirror: DenseMirror, put: Sequence[Passage], delete: Sequence[str],
+                        vectors: npt.NDArray[np.float32] | None) -> Change:
+        """Under the log's lock: positions are taken, and carried, in the log's order."""
+        assert self.log is not None
+        self.poll()
+        self._carry(mirror, mirror.seq())
+        if vectors is not None:  # past every position a state knows: no search sees them before the log does
+            state = self.view.state
+            mirror.upsert(state.base_n + state.size, vectors)
+        change = self.log.append(put, delete, vectors)
+        self.poll()
+        try:
+            mirror.delete(list(self._moves[change.seq][1]))
+            mirror.mark(change.seq)
+        except Exception:  # acknowledged all the same: searches leave the removed positions out, and the next
+            # writer (or the next start-up) carries the rest
+            logger.warning("change %d is logged but not yet carried into the dense collection", change.seq,
+                           exc_info=True)
+        return change
+
+    def _carry(self, mirror: DenseMirror, carried: int) -> None:
+        if self.log is None or carried >= self.seq:
+            return
+        todo = [c for c in self.log.iter_after(carried) if c.seq <= self.seq]
+        encoder = self.view.base.encoder
+        mirroring.carry(mirror, self.log, todo, self._moves, encoder.encode_passages if encoder else None)
 
     def _mirror_on(self, mirror: DenseMirror) -> None:
         """Searches' vectors in `mirror` from now on: the changes it lacks carried into it first (refused when it
         carries changes this log does not hold)."""
+        if self.log is None:
+            return
         with self.log.hold():
             self.poll()
             carried = mirror.seq()
@@ -173,226 +384,120 @@ class LiveIndex:
                                     f"{self.log.folder} only up to {self.seq}: it is not this log's collection; "
                                     "rebuild it with `plugsearch-index build --force`, or point RETRIEVER_CHANGES_DIR "
                                     "at its log")
-            self.mirror = mirror
-            self._carry(carried)
-            with self._lock:
-                self.state = replace(self.state, vectors=None)
+            self._carry(mirror, carried)
 
-    def poll(self) -> int:
-        """Apply the changes acknowledged since the last poll (by any worker); the number applied."""
+    # ------------------------------------------------------------------------------------------- the dense index
+    def add_dense(self, dense: Retriever, encoder: Encoder, mirror: DenseMirror | None) -> None:
+        """The dense index arrived (it was pending): searched from now on, with the vectors the log holds; those it
+        lacks are encoded by the catch-up, in batches, off the event loop (never here)."""
         with self._lock:
-            changes, offset = self.log.read_from(self._offset)
-            state = self.state
-            for change in changes:
-                if change.seq > state.seq:
-                    start = state.base_n + len(state.added)
-                    state, gone = self._apply(state, change)
-                    self._moves[change.seq] = (start, tuple(gone))
-            self._offset = offset
-            self.state = state  # the swap: searches read the old state or the new one, whole
-            return len(changes)
+            base = self.view.base
+            base.encoder = encoder
+            base.mirror = mirror
+            base.retrievers["dense"] = dense
+        if mirror is not None and self.writable:
+            self._mirror_on(mirror)
+        self._start_catch_up()
 
-    def write(self, put: Sequence[Passage], delete: Sequence[str]) -> Change:
-        """Encode, log (durable: acknowledged once this returns) and apply one change here."""
-        vectors = self.encode([p.indexed for p in put]) if self.encode is not None and put else None
-        mirror = self.mirror
-        if mirror is None:
-            change = self.log.append(put, delete, vectors)
-            self.poll()
-            return change
-        with self.log.hold():  # one writer at a time: positions are taken, and carried, in the log's order
-            self.poll()
-            self._carry(mirror.seq())
-            if vectors is not None:  # past every position a state knows: no search sees them before the log does
-                state = self.state
-                mirror.upsert(state.base_n + len(state.added), vectors)
-            change = self.log.append(put, delete, vectors)
-            self.poll()
-            try:
-                mirror.delete(list(self._moves[change.seq][1]))
-                mirror.mark(change.seq)
-            except Exception:  # acknowledged all the same: searches leave the removed positions out, and the next
-                # writer (or the next start-up) carries the rest
-                logger.warning("change %d is logged but not yet carried into the dense collection", change.seq,
-                               exc_info=True)
-            return change
+    def pending_vectors(self) -> int:
+        """Served passages put that have no vectors yet (the catch-up encodes them)."""
+        view = self.view
+        if "dense" not in view.base.retrievers or view.base.mirror is not None:
+            return 0
+        return sum(b.rows for b in missing(view.overlay, view.vectors, view.state))
 
-    def _carry(self, carried: int) -> None:
-        """Carry the logged changes after `carried` into the mirror, in order (under the log's lock)."""
-        if self.mirror is None or carried >= self.seq:
+    def _start_catch_up(self) -> None:
+        view = self.view
+        if "dense" not in view.base.retrievers or view.base.mirror is not None or view.base.encoder is None:
             return
-        changes, _ = self.log.read_from(0)
-        todo = [c for c in changes if carried < c.seq <= self.seq]
-        logger.info("carrying %d logged changes into the dense collection", len(todo))
-        for change in todo:
-            start, gone = self._moves[change.seq]
-            if change.put:
-                vectors = self.log.vectors(change)
-                if vectors is None and self.encode is not None:
-                    vectors = self.encode([p.indexed for p in change.put])
-                if vectors is not None:
-                    self.mirror.upsert(start, vectors)
-            self.mirror.delete(list(gone))
-            self.mirror.mark(change.seq)
+        if self._catch_up is not None and self._catch_up.is_alive():
+            return
+        if not missing(view.overlay, view.vectors, view.state, batch=1):
+            return
+        encoder = view.base.encoder
+        log = self.log if self.writable else None
 
-    def _base(self, doc_id: str) -> tuple[int, ...]:
-        known = self._base_of.get(doc_id)
-        if known is None:
-            known = self._base_of[doc_id] = tuple(base_positions(self.store, doc_id))
-        return known
+        def todo() -> list[Batch]:
+            current = self.view
+            return missing(current.overlay, current.vectors, current.state)
 
-    def _apply(self, state: LiveState, change: Change) -> tuple[LiveState, list[int]]:
-        """The state after `change`, and the positions it stopped serving."""
-        removed = set(state.removed)
-        gone: list[int] = []
-        alive = state.alive.copy()
-        documents = dict(state.documents)
-        changed = dict(state.changed)
+        def encode(batch: Batch) -> npt.NDArray[np.float32]:
+            passages = self.view.overlay.passages[batch.row:batch.row + batch.rows]
+            return encoder.encode_passages([p.indexed for p in passages])
 
-        def drop(doc_id: str) -> int:
-            """Remove the document's served passages; how many it had."""
-            had = documents.get(doc_id)
-            if had is None:
-                had = self._base(doc_id)
-            for position in had:
-                if position < state.base_n:
-                    removed.add(position)
-                else:
-                    alive[position - state.base_n] = False
-                gone.append(position)
-            return len(had)
+        def store(batch: Batch, vectors: npt.NDArray[np.float32]) -> None:
+            if log is not None:
+                try:
+                    log.add_vectors(batch.seq, batch.first, vectors)
+                except ChangeNotWritten as exc:  # kept here, encoded again by the next start
+                    logger.warning("vectors of change %d could not be logged: %s", batch.seq, exc.reason)
+            current = self.view
+            first = current.overlay.first_row.get(batch.seq)
+            if first is not None and first + batch.first == batch.row:
+                current.vectors.set(batch.row, vectors)
 
-        for doc_id in change.delete:
-            dropped = drop(doc_id)
-            if dropped:
-                changed["deleted"] += 1
-                changed["passages"] = changed.get("passages", 0) + dropped
-            documents[doc_id] = ()
-        put_docs: dict[str, list[int]] = {}
-        for doc_id in change.documents_put:
-            changed["replaced" if drop(doc_id) else "added"] += 1
-            put_docs[doc_id] = []
-        changed["passages"] = changed.get("passages", 0) + len(change.put)
-        first = len(state.added)
-        texts = [p.indexed for p in change.put]
-        words = self.tokenize(texts) if self.tokenize is not None and texts else [[] for _ in texts]
-        new_postings: dict[str, tuple[list[int], list[float]]] = {}
-        for i, (passage, tokens) in enumerate(zip(change.put, words, strict=True)):
-            put_docs[passage.doc_id].append(state.base_n + first + i)
-            counts: dict[str, int] = {}
-            for w in tokens:
-                counts[w] = counts.get(w, 0) + 1
-            for term, tf in counts.items():
-                rows, tfs = new_postings.setdefault(term, ([], []))
-                rows.append(first + i)
-                tfs.append(float(tf))
-        postings = dict(state.postings)
-        for term, (rows, tfs) in new_postings.items():
-            old = postings.get(term)
-            new = (np.asarray(rows, dtype=np.int64), np.asarray(tfs, dtype=np.float32))
-            postings[term] = new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
-        documents.update({d: tuple(p) for d, p in put_docs.items()})
-        vectors = state.vectors
-        if self.encode is not None and self.mirror is None and change.put:  # a change logged without vectors (by
-            # a worker whose dense index was still pending) is encoded here: every passage put has its row, in order
-            new_vectors = self.log.vectors(change)
-            if new_vectors is None:
-                new_vectors = self.encode(texts)
-            vectors = new_vectors if vectors is None else np.concatenate([vectors, new_vectors])
-        lengths = np.concatenate([state.lengths, np.asarray([len(w) for w in words], dtype=np.float32)])
-        return LiveState(seq=change.seq, base_n=state.base_n, removed=frozenset(removed),
-                         added=(*state.added, *change.put),
-                         alive=np.concatenate([alive, np.ones(len(change.put), dtype=bool)]),
-                         documents=documents, vectors=vectors, lengths=lengths, postings=postings,
-                         changed=changed), gone
+        self._catch_up = CatchUp(todo=todo, encode=encode, store=store, refresh=self.poll,
+                                 lock=log.folder / ENCODE_LOCK if log is not None else None, wait_s=self.wait_s)
+        self._catch_up.start()
 
-    # ------------------------------------------------------------------------------- searching the overlay
-    def lexical(self, state: LiveState, queries: Sequence[str], k: int) -> Hits:
-        """BM25 over the passages put that are still served, with the base's statistics."""
-        hits = Hits.empty(len(queries), k)
-        if self.tokenize is None or not state.alive.any():
-            return hits
-        stats = self.stats
-        if stats is None:
-            return hits
-        n = stats.n - len(state.removed) + int(state.alive.sum())
-        norm = stats.k1 * (1 - stats.b + stats.b * state.lengths / stats.avgdl)
-        for row, words in enumerate(self.tokenize(list(queries))):
-            scores = np.zeros(len(state.added), dtype=np.float32)
-            for term in set(words):
-                posting = state.postings.get(term)
-                if posting is None:
-                    continue
-                rows, tfs = posting
-                served = state.alive[rows]
-                if not served.any():
-                    continue
-                rows, tfs = rows[served], tfs[served]
-                df = stats.df(term) + len(rows)
-                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-                scores[rows] += idf * tfs / (tfs + norm[rows])
-            _top(hits, row, scores, state.base_n, k)
-        return hits
+    # ------------------------------------------------------------------------------------------- reading
+    def retriever(self, method: str) -> LiveRetriever:
+        return LiveRetriever(self, method)
 
-    def dense(self, state: LiveState, vectors: npt.NDArray[np.float32], k: int) -> Hits:
-        """Inner products of the query vectors with the passages put that are still served."""
-        hits = Hits.empty(len(vectors), k)
-        if state.vectors is None or not state.alive.any():
-            return hits
-        scores = vectors @ state.vectors.T
-        scores[:, ~state.alive] = -np.inf
-        for row in range(len(vectors)):
-            _top(hits, row, scores[row], state.base_n, k, keep=np.isfinite)
-        return hits
+    def documents(self, positions: Sequence[int]) -> list[tuple[str, str, str]]:
+        """(id, title, text) of served positions (of any generation still open), in order."""
+        out: list[tuple[str, str, str] | None] = [None] * len(positions)
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(positions):
+            groups.setdefault(int(p) >> ORIGIN_BITS, []).append(i)
+        for generation, rows in groups.items():
+            found = self.resolve(generation).documents([int(positions[i]) for i in rows])
+            for i, doc in zip(rows, found, strict=True):
+                out[i] = doc
+        return [d for d in out if d is not None]
 
-    # ------------------------------------------------------------------------------- documents
-    def documents(self, state: LiveState, positions: Sequence[int]) -> list[tuple[str, str, str]]:
-        base = [p for p in positions if p < state.base_n]
-        found = iter(self.store.documents(base))
-        out = []
-        for p in positions:
-            if p < state.base_n:
-                out.append(next(found))
-            else:
-                passage = state.added[p - state.base_n]
-                out.append((passage.id, passage.title, passage.text))
-        return out
-
-    def sample(self, state: LiveState, n: int, seed: int) -> list[int]:
-        """`n` served positions drawn by `seed`, each once (the base's draw when nothing changed; else positions
-        drawn in turn, those not served passed over: uniform over the served ones, without a walk over them)."""
+    def sample(self, n: int, seed: int) -> tuple[list[int], int]:
+        """`n` served positions drawn by `seed`, each once, and how many are served (the base's draw when nothing
+        changed; else positions drawn in turn, those not served passed over: uniform over the served ones)."""
+        view = self.view
+        state, overlay, origin = view.state, view.overlay, view.base.origin
         rng = random.Random(seed)
         if not state.changes:
-            return rng.sample(range(state.base_n), min(n, state.base_n))
-        size, wanted = state.base_n + len(state.added), min(n, state.served)
+            return [origin + p for p in rng.sample(range(state.base_n), min(n, state.base_n))], state.served
+        size, wanted = state.base_n + state.size, min(n, state.served)
         drawn: dict[int, None] = {}
         while len(drawn) < wanted:
             p = rng.randrange(size)
-            if state.serves(p):
+            if overlay.serves(state, p):
                 drawn.setdefault(p)
-        return list(drawn)
+        return [origin + p for p in drawn], state.served
+
+    def iter_documents(self) -> Iterator[tuple[str, str, str]]:
+        view = self.view
+        state, overlay = view.state, view.overlay
+        end = state.base_n + state.size
+        for start in range(0, end, 4096):
+            chunk = [p for p in range(start, min(start + 4096, end)) if overlay.serves(state, p)]
+            yield from overlay.documents(state, chunk)
+
+    def close(self) -> None:
+        if self._catch_up is not None:
+            self._catch_up.stop()
+            self._catch_up.join(timeout=30)
+        for _, view in self._retired:
+            view.base.close(keep=self.view.base.encoder)
+        self._retired = []
+        self.view.base.close()
+        if self.log is not None:
+            self.log.close()
 
 
-def _top(hits: Hits, row: int, scores: npt.NDArray[np.float32], offset: int, k: int,
-         keep: Any = None) -> None:
-    """The best `k` of `scores` (positive, or where `keep` says) into `hits[row]`, as positions `offset + i`."""
-    mask = keep(scores) if keep is not None else scores > 0
-    candidates = np.flatnonzero(mask)
-    if not len(candidates):
-        return
-    if len(candidates) > k:  # the k best (a partition: sorting every passage put was most of a search's cost)
-        candidates = np.sort(candidates[np.argpartition(-scores[candidates], k - 1)[:k]])
-    order = candidates[np.argsort(-scores[candidates], kind="stable")]
-    hits.ids[row, :len(order)] = order + offset
-    hits.scores[row, :len(order)] = scores[order]
-
-
-def merge(base: Hits, overlay: Hits, removed: frozenset[int], k: int) -> Hits:
+def merge(base: Hits, overlay: Hits, removed: Callable[[int], bool], k: int) -> Hits:
     """Per query: the base's hits without the removed positions and the overlay's, by score, the best `k`."""
     out = Hits.empty(len(base), k)
     for row in range(len(base)):
         pairs = [(float(s), int(d)) for d, s in zip(base.ids[row], base.scores[row], strict=True)
-                 if d >= 0 and int(d) not in removed]
+                 if d >= 0 and not removed(int(d))]
         pairs += [(float(s), int(d)) for d, s in zip(overlay.ids[row], overlay.scores[row], strict=True) if d >= 0]
         pairs.sort(key=lambda sd: -sd[0])
         for r, (s, d) in enumerate(pairs[:k]):
@@ -402,90 +507,74 @@ def merge(base: Hits, overlay: Hits, removed: frozenset[int], k: int) -> Hits:
 
 
 class LiveRetriever(Retriever):
-    """A base retriever and the live overlay searched together (`kind` lexical: BM25, dense: the vectors)."""
+    """A method (`bm25`, `dense`) as the live corpus serves it: the base's retriever and the overlay's segment,
+    both searched through `batch_search`, over one state."""
 
-    def __init__(self, base: Retriever, live: LiveIndex, kind: str) -> None:
-        self.base = base
+    def __init__(self, live: LiveIndex, method: str) -> None:
         self.live = live
-        self.kind = kind
-        self.name = base.name
+        self.method = method
+        self.name = f"live-{method}"
 
     @property
     def doc_count(self) -> int:
-        return self.base.doc_count
+        return self.live.view.state.served
 
     def batch_search(self, queries: Sequence[str], k: int) -> Hits:
-        state = self.live.state  # one state for the whole search
-        if self.kind == "dense" and self.live.mirror is not None:  # the changes are in the collection itself
-            return self._mirrored(state, queries, k)
-        if not state.changes:
-            return self.base.batch_search(queries, k)
-        depth = k + min(len(state.removed), max(k, REMOVED_SLACK))
-        if self.kind == "dense":
-            vectors = self.base.encoder.encode_queries(queries)  # type: ignore[attr-defined]
-            base = self.base.index.search(vectors, depth)  # type: ignore[attr-defined]
-            overlay = self.live.dense(state, vectors, k)
+        view = self.live.view  # one view for the whole search
+        state, base = view.state, view.base.retrievers[self.method]
+        segment = view.segment(self.method)
+        if isinstance(segment, mirroring.MirrorSearch):  # the collection holds the changes itself
+            hits = segment.batch_search(queries, k)
+        elif not state.changes or segment is None:
+            hits = base.batch_search(queries, k)
         else:
-            base = self.base.batch_search(queries, depth)
-            overlay = self.live.lexical(state, queries, k)
-        return merge(base, overlay, state.removed, k)
-
-    def _mirrored(self, state: LiveState, queries: Sequence[str], k: int) -> Hits:
-        """Milvus holds the changes: ask it for the positions this state knows, then leave out what the state no
-        longer serves (a delete Milvus has not done yet)."""
-        end = state.base_n + len(state.added)
-        dead = len(state.removed) + int(len(state.alive) - state.alive.sum())
-        vectors = self.base.encoder.encode_queries(queries)  # type: ignore[attr-defined]
-        found = self.base.index.search(vectors, k + min(dead, max(k, REMOVED_SLACK)),  # type: ignore[attr-defined]
-                                       below=end, strong=state.changes)
-        out = Hits.empty(len(queries), k)
-        for row in range(len(queries)):
-            ids = found.ids[row]
-            keep = [i for i, d in enumerate(ids.tolist()) if d >= 0 and state.serves(d)][:k]
-            out.ids[row, :len(keep)] = ids[keep]
-            out.scores[row, :len(keep)] = found.scores[row, keep]
-        return out
+            depth = k + min(state.removed, max(k, REMOVED_SLACK))
+            hits = merge(base.batch_search(queries, depth), segment.batch_search(queries, k),
+                         view.overlay.removed_in(state), k)
+        if view.base.origin:
+            hits = Hits(np.where(hits.ids >= 0, hits.ids + view.base.origin, -1), hits.scores)
+        return hits
 
     def close(self) -> None:
-        self.base.close()
+        """The live index closes the bases."""
 
 
 @dataclass
 class LiveCorpus:
-    """The document store as the live state serves it: positions past the base are the passages put."""
+    """The document store as the live index serves it: positions of any open generation, the passages put."""
 
     live: LiveIndex
 
     @property
     def base(self) -> DocumentStore:
-        return self.live.store
+        return self.live.view.base.store
 
     @property
     def path(self) -> Path:
-        return self.base.path  # type: ignore[attr-defined,no-any-return]
+        return self.base.path
 
     @property
     def checksum(self) -> str:
-        return self.base.checksum  # type: ignore[attr-defined,no-any-return]
+        """The built corpus's: what the changes (and the policy trained on it) are bound to."""
+        return self.live.corpus_checksum
 
     def __len__(self) -> int:
-        return len(self.base)
+        return self.live.view.state.served
 
     def documents(self, positions: Sequence[int]) -> list[tuple[str, str, str]]:
-        return self.live.documents(self.live.state, positions)
+        return self.live.documents(positions)
 
     def positions(self, ids: Sequence[str]) -> npt.NDArray[np.int64]:
-        return self.base.positions(ids)
+        found = self.base.positions(ids)
+        origin = self.live.view.base.origin
+        return np.where(found >= 0, found + origin, -1)
 
     def passage(self, i: int) -> str:
         _, title, text = self.documents([i])[0]
         return indexed_text(title, text)
 
     def iter_documents(self) -> Iterator[tuple[str, str, str]]:
-        state = self.live.state
-        for start in range(0, state.base_n + len(state.added), 4096):
-            chunk = [p for p in range(start, min(start + 4096, state.base_n + len(state.added))) if state.serves(p)]
-            yield from self.live.documents(state, chunk)
+        return self.live.iter_documents()
 
     def close(self) -> None:
-        self.base.close()
+        """The live index closes the stores."""
