@@ -6,6 +6,7 @@ served."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -51,7 +52,8 @@ def start(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]
 
 
 def power_cut(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # a group already gone (its process exited) is cut already
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
 
 

@@ -104,6 +104,28 @@ def start(env: dict[str, str], log: Path, port: int | None = None) -> tuple[subp
     raise AssertionError(f"the retriever did not get ready: {log.read_text()[-3000:]}")
 
 
+def start_refused(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The retriever started on a rebuilt corpus with changes acknowledged against the one before: alive, not
+    ready, and saying how to carry or retire them."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.retriever"], cwd=REPO, start_new_session=True,
+                                env={**os.environ, **env, "RETRIEVER_PORT": str(port)}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    for _ in range(600):
+        try:
+            ready = httpx.get(f"{url}/health/ready", timeout=2)
+            if ready.status_code == 503 and "changes carry" in ready.text:
+                return proc, url
+            assert ready.status_code != 200, "a rebuilt corpus was served as if no change had been acknowledged"
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"the retriever did not say why it refuses: {log.read_text()[-3000:]}")
+
+
 def build(env: dict[str, str]) -> None:
     done = subprocess.run([sys.executable, "-m", "plugsearch.retriever.cli", "build", "--quiet"], cwd=REPO,
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
@@ -222,8 +244,9 @@ def test_a_synced_folder_is_what_the_retriever_serves_through_changes_restarts_r
         assert "did not answer" in err and "trying again" in err, err  # it met the dead retriever, and waited
         in_step(root, url)
 
-        # a rebuild from the folder re-ingested (one file added that was never synced): the served corpus is the
-        # new build (with or without the change log carried over, as the retriever decides); sync converges
+        # a rebuild from the folder re-ingested (one file added that was never synced): the retriever refuses to
+        # serve the new build while the changes acknowledged against the old one are neither carried nor retired
+        # (never dropped in silence); carried, the served corpus is the new build with them, and sync converges
         (docs / "after-rebuild.txt").write_text(note(77))
         (docs / "note-03.txt").write_text(note(3, version=9))
         done = index("ingest", "docs", "--root", ".", "--out", str(corpus), "--quiet", cwd=root)
@@ -231,6 +254,11 @@ def test_a_synced_folder_is_what_the_retriever_serves_through_changes_restarts_r
         (docs / "note-04.txt").unlink()  # and one gone since
         power_cut(proc)
         build(env)
+        proc, url = start_refused(env, log)
+        power_cut(proc)
+        carried = subprocess.run([sys.executable, "-m", "plugsearch.retriever.cli", "changes", "carry"], cwd=REPO,
+                                 env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+        assert carried.returncode == 0, carried.stderr
         proc, url = start(env, log)
         sync(root, url)
         in_step(root, url)
