@@ -175,7 +175,9 @@ def learn(train: Sequence[LabeledItem], retriever: RetrieverBackend, config: Com
         else PullChoice(pull, "given")
     if math.isinf(choice.pull):
         policy = CompactPolicy(dict(start.weights), name="compact-warmstart")
-        info = {"start": start.model, "pull": "keep", "distance_to_start": 0.0}
+        scorers = {s for d in demos for s in d.pools}
+        info = {"start": start.model, "pull": "keep", "distance_to_start": 0.0, "negative_weight": negative_weight,
+                "marked_negatives": {s: int(sum(d.pools[s][2].sum() for d in demos if s in d.pools)) for s in scorers}}
     else:
         policy, info = fit(demos, config, start=start, pull=choice.pull, negative_weight=negative_weight,
                            progress=progress, query_steps=QUERY_STEPS)
