@@ -128,3 +128,25 @@ def test_fewer_than_two_questions_of_the_users_keep_the_start() -> None:
     train = labeled([*items(1, "labelled", "r"), *items(8, "shipped", "w")])
     choice = finetune.choose_pull(train, list(range(9)), start_policy(), None, CompactConfig())  # type: ignore[arg-type]
     assert math.isinf(choice.pull) and "fewer than 2" in choice.how
+
+
+def test_a_run_on_made_up_questions_alone_judges_on_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    train = labeled([*items(10, "pseudo", "x"), *items(4, "shipped", "w")])
+    monkeypatch.setattr(finetune, "fit", lambda demos, config, *, start, pull, **_: (
+        CompactPolicy(dict(start.weights), name=f"pull-{pull:g}"), {}))
+    monkeypatch.setattr(finetune, "greedy_hits", lambda policy, part, *_: [float(policy.name == "pull-0")] * len(part))
+    choice = finetune.choose_pull(train, list(range(14)), start_policy(), None, CompactConfig())  # type: ignore[arg-type]
+    assert choice.pull == 0.0 and choice.how == "5-fold over 10 training questions made from the corpus"
+
+
+def test_marked_questions_are_judged_on_the_passages_users_marked() -> None:
+    from plugsearch.common.schemas.base import Document
+
+    item = QAItem(id="s1", question="refunds?", passage_ids=["good"], negative_ids=["bad"], source="feedback")
+
+    def docs(*ids: str) -> list[Document]:
+        return [Document(id=i, title="", text="") for i in ids]
+
+    assert finetune.judged_hit(docs("unseen", "good", "bad"), item) == 1.0  # unmarked passages are skipped
+    assert finetune.judged_hit(docs("bad", "good"), item) == 0.0
+    assert finetune.judged_hit(docs("unseen", "other"), item) == 0.0

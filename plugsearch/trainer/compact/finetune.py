@@ -26,7 +26,7 @@ from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.compact import CompactPolicy, TextCache
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.loop import run_search
-from plugsearch.trainer.common.data import MADE_UP, found
+from plugsearch.trainer.common.data import MADE_UP, QAItem, found
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.data import LabeledItem
 from plugsearch.trainer.compact.warmstart import Demonstration, demonstrations, fit
@@ -76,10 +76,23 @@ def with_setting(policy: CompactPolicy, config: CompactConfig, retriever: Any) -
     return policy
 
 
+def judged_hit(ranked: Sequence[Any], item: QAItem) -> float:
+    """A question labelled by users' marks, judged on the passages they judged only (a condensed list, as for
+    incomplete relevance judgments): 1 when the first of the ranked passages that a user marked (helpful or not)
+    is a helpful one. Marks exist only for the passages a searcher showed; counting every unmarked passage as a
+    miss would rank the searcher that showed them first whatever the others find."""
+    judged = {*item.passage_ids, *item.negative_ids}
+    for doc in ranked:
+        if doc.id in judged:
+            return float(doc.id in item.passage_ids)
+    return 0.0
+
+
 def greedy_hits(policy: CompactPolicy, items: Sequence[LabeledItem], retriever: RetrieverBackend,
                 params: SearchParams, texts: TextCache | None = None) -> list[float]:
-    """For each question, whether the policy's greedy search (as served, `select_k` documents) finds it
-    (`texts`: the documents' texts as read by an earlier policy, shared)."""
+    """For each question, whether the policy's greedy search (as served, `select_k` documents) finds it; a
+    question from users' marks with passages marked as not helpful is judged on the marked passages of the
+    policy's whole ranking (`judged_hit`). `texts`: the documents' texts as read by an earlier policy, shared."""
     if texts is not None:
         policy.text_cache = texts
 
@@ -87,8 +100,13 @@ def greedy_hits(policy: CompactPolicy, items: Sequence[LabeledItem], retriever: 
         out = []
         for it in items:
             backend = it.retriever or retriever
-            outcome = await run_search(it.item.question, served_params(policy, backend, params), policy=policy,
-                                       retriever=backend)
+            served = served_params(policy, backend, params)
+            if it.item.source == "feedback" and it.item.negative_ids:
+                ranked = await run_search(it.item.question, served.model_copy(update={"select_k": served.retrieve_k}),
+                                          policy=policy, retriever=backend)
+                out.append(judged_hit(ranked.documents, it.item))
+                continue
+            outcome = await run_search(it.item.question, served, policy=policy, retriever=backend)
             out.append(float(found(outcome.documents, it.item)))
         return out
 
@@ -133,10 +151,14 @@ def choose_pull(train: Sequence[LabeledItem], demos: Sequence[Demonstration], st
                 retriever: RetrieverBackend, config: CompactConfig, *, pulls: Sequence[float] = PULLS,
                 negative_weight: float = 1.0) -> PullChoice:
     """The pull whose fits find the most answers on dev parts of the training questions (`dev_parts`; each fit
-    on the rest, shipped and made-up questions always in it); ties go to the stronger pull. Fewer than 2 real
-    questions: no dev part, keep the start."""
+    on the rest, shipped and made-up questions always in it); ties go to the stronger pull. Dev parts are the
+    user's own questions; with fewer than 2 of them, the questions made from the corpus (a run on those alone);
+    with fewer than 2 of those too, the start is kept."""
     by_id = {it.item.id: d for it, d in zip(train, demos, strict=True)}
     real = [it for it in train if is_real(it)]
+    what = "training questions"
+    if len(real) < 2:  # no question of the user's: judged on the ones made from the corpus, if any
+        real, what = [it for it in train if it.item.source in MADE_UP], "training questions made from the corpus"
     parts = dev_parts(real, config.seed)
     if not parts:
         return PullChoice(KEEP, "fewer than 2 questions of yours to judge a change on: the start is kept")
@@ -154,8 +176,8 @@ def choose_pull(train: Sequence[LabeledItem], demos: Sequence[Demonstration], st
                     query_steps=QUERY_STEPS)[0], config, retriever)
             hits[pull] += sum(greedy_hits(policy, part, retriever, params, texts))
     best = max(pulls, key=lambda p: (hits[p], p))  # ties: the stronger pull
-    how = (f"{len(parts)}-fold over {judged} training questions" if len(parts) > 1 else
-           f"a dev part of {judged} of the {len(real)} training questions")
+    how = (f"{len(parts)}-fold over {judged} {what}" if len(parts) > 1 else
+           f"a dev part of {judged} of the {len(real)} {what}")
     recall = {pull_text(p): round(hits[p] / judged, 4) for p in pulls}
     logger.info("pull toward the start: %s (answer recall on %s: %s)", pull_text(best), how, recall)
     return PullChoice(best, how, judged, recall)
