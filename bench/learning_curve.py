@@ -80,18 +80,22 @@ def draw(pool: Sequence[Any], n: int, seed: int, name: str) -> list[Any]:
     return order if n == 0 else order[:n]
 
 
-def plan(sizes: Sequence[int], pool: int, seeds: int, variants: Sequence[str], mix: int) -> list[dict[str, Any]]:
-    """The runs of one set, smallest first: (n, seed, start, mix) for every size up to the pool (0: all), `seeds`
-    seeds up to 100 questions; scratch at `SCRATCH_SIZES`."""
+def plan(sizes: Sequence[int], pool: int, seeds: int, variants: Sequence[str], mix: int, *, mix_seeds: int = 1,
+         all_up_to: int = 2000) -> list[dict[str, Any]]:
+    """The runs of one set, smallest first: (n, seed, start, mix) for every size up to the pool (0: all, where
+    the pool has at most `all_up_to` questions), `seeds` seeds up to 100 questions (`mix_seeds` with the shipped
+    mix); scratch at `SCRATCH_SIZES`."""
     runs = []
     for n in sizes:
-        if n and n >= pool:
+        if (n and n >= pool) or (not n and pool > all_up_to):
             continue
         for seed in range(seeds if n and n <= 100 else 1):
             for start in variants:
                 if start == "scratch" and n not in SCRATCH_SIZES:
                     continue
                 for shipped in ((0, mix) if mix else (0,)):
+                    if shipped and seed >= mix_seeds:
+                        continue
                     runs.append({"n": n, "seed": seed, "start": start, "mix": shipped})
     return sorted(runs, key=lambda r: (r["n"] or 10**9, r["start"] != "shipped", r["mix"], r["seed"]))
 
@@ -326,6 +330,10 @@ def main() -> None:
                         "the shipped policy) and scratch (at 100 and all)")
     parser.add_argument("--mix", type=int, default=200, help="shipped Wikipedia training questions mixed in (each run "
                         "also without them; 0: never)")
+    parser.add_argument("--mix-seeds", type=int, default=1, help="draws per size up to 100 questions with the mix "
+                        "(its runs cost several times more: every fit of the pull's choice holds the mix)")
+    parser.add_argument("--all-up-to", type=int, default=2000, help="run `all` only on sets whose training part has at "
+                        "most this many questions (policyqa's 7,271 would take hours here)")
     parser.add_argument("--out", default=str(REPO / "var" / "bench" / "learning_curve"))
     parser.add_argument("--figures", default=str(REPO / "docs" / "learning_curve.json"))
     parser.add_argument("--plot", default=str(REPO / "docs" / "learning_curve.png"))
@@ -354,7 +362,8 @@ def main() -> None:
             demo_path.write_bytes(pickle.dumps(shipped_demos))
     runners = {name: SetRunner(name, out, args) for name in args.sets.split(",")}
     todo = [(name, run) for name, runner in runners.items()
-            for run in plan(sizes, len(runner.pool), args.seeds, variants, args.mix)]
+            for run in plan(sizes, len(runner.pool), args.seeds, variants, args.mix, mix_seeds=args.mix_seeds,
+                            all_up_to=args.all_up_to)]
     todo.sort(key=lambda nr: (nr[1]["n"] or 10**9, nr[1]["start"] != "shipped", nr[1]["mix"], nr[1]["seed"]))
     bases = {name: runner.baselines() for name, runner in runners.items()}
     for name, base in bases.items():
@@ -380,7 +389,7 @@ def main() -> None:
         "draws": "first n of a seeded permutation of the training part (nested), seeds 0.. up to 100 questions",
         "learner": "plugsearch.trainer.compact.finetune.learn (start shipped, pull auto) then RL (steps scaled: "
                    "rl_steps_for), as plugsearch-train compact --qa ... --eval-qa ... runs",
-        "mix": args.mix, "budget": 3, "bootstrap": "plugsearch.common.stats.bootstrap_interval (paired per question)", "seconds": round(time.perf_counter() - t0, 1),
+        "mix": args.mix, "mix_seeds": args.mix_seeds, "all_up_to": args.all_up_to, "budget": 3, "bootstrap": "plugsearch.common.stats.bootstrap_interval (paired per question)", "seconds": round(time.perf_counter() - t0, 1),
         "command": "python bench/learning_curve.py " + " ".join(sys.argv[1:])}
     Path(args.figures).parent.mkdir(parents=True, exist_ok=True)
     Path(args.figures).write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")

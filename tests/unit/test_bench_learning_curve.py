@@ -24,9 +24,11 @@ def test_the_plan_runs_smallest_first_with_seeds_up_to_100_and_scratch_at_100_an
     runs = plan([25, 50, 100, 200, 400, 0], pool=302, seeds=2, variants=["shipped", "scratch"], mix=200)
     sizes = [r["n"] for r in runs]
     assert sizes == sorted(sizes, key=lambda n: n or 10**9) and 400 not in sizes  # more than the pool: left out
-    assert sum(1 for r in runs if r["n"] == 25) == 4 and sum(1 for r in runs if r["n"] == 200) == 2
+    assert sum(1 for r in runs if r["n"] == 25) == 3 and sum(1 for r in runs if r["n"] == 200) == 2
     assert {(r["n"], r["seed"], r["mix"]) for r in runs if r["start"] == "scratch"} == {
-        (100, 0, 0), (100, 1, 0), (100, 0, 200), (100, 1, 200), (0, 0, 0), (0, 0, 200)}
+        (100, 0, 0), (100, 1, 0), (100, 0, 200), (0, 0, 0), (0, 0, 200)}
+    assert len(plan([25, 0], pool=302, seeds=2, variants=["shipped"], mix=200, mix_seeds=2)) == 6
+    assert 0 not in {r["n"] for r in plan([25, 0], pool=7271, seeds=1, variants=["shipped"], mix=0)}
 
 
 def row(n: int, seed: int, low: float, start: str = "shipped", mix: int = 0) -> dict[str, Any]:
