@@ -207,3 +207,18 @@ def test_an_evaluation_file_lets_a_few_questions_train_and_made_up_ones_never_ev
         user_split([QuestionFile(qa), QuestionFile(write(tmp_path / "gone.jsonl", [
             {"question": "where?", "golden_answers": ["nowhere at all"]}]), evaluation=True)], corpus, seed=0,
             out=tmp_path / "gone", progress=False)
+
+
+def test_the_rows_plugsearch_feedback_export_writes_are_the_rows_the_trainer_reads(tmp_path: Path) -> None:
+    """The contract between `plugsearch-feedback export` and `plugsearch-train compact --feedback`."""
+    from plugsearch.searcher.feedback.cli import training_row
+    from plugsearch.trainer.common.data import read_feedback_file
+
+    marks = [{"search_id": "kq1", "question": "What was the total sales in 2019?", "helpful": ["tatqa-0042-001"],
+              "not_helpful": ["tatqa-0107-000"], "answer": "$1,496.5 million"},
+             {"search_id": "kq2", "question": "Who audits it?", "helpful": ["p1", "p2"], "not_helpful": [],
+              "answer": None}]
+    path = write(tmp_path / "marks.jsonl", [training_row(m) for m in marks])
+    first, second = read_feedback_file(path)
+    assert (first.id, first.passage_ids, first.negative_ids) == ("feedback-kq1", ["tatqa-0042-001"], ["tatqa-0107-000"])
+    assert (second.passage_ids, second.negative_ids, second.source) == (["p1", "p2"], [], "feedback")
