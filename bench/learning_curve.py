@@ -280,7 +280,7 @@ def plot(figures: dict[str, Any], path: Path) -> Path | None:
         log("matplotlib is not installed: no plot")
         return None
     sets = list(figures["sets"])
-    fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 5.0), squeeze=False)
     styles = {("shipped", False): ("C0", "o", "from shipped"), ("shipped", True): ("C1", "s", "from shipped + Wikipedia mix"),
               ("scratch", False): ("C2", "^", "from scratch"), ("scratch", True): ("C4", "v", "from scratch + mix")}
     lines = {"naive_bm25": ("k", "-", "naive BM25 top-3"), "naive_dense": ("0.5", ":", "naive dense top-3"),
@@ -306,14 +306,18 @@ def plot(figures: dict[str, Any], path: Path) -> Path | None:
             ax.plot(ns, warm, color=color, marker=marker, linestyle=":", alpha=0.5, markersize=4,
                     label=label + ", warm start")
         ax.set_xscale("log")
+        sizes = sorted({r["n_train"] for r in data["runs"]})
+        ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8)
+        ax.minorticks_off()
         ax.set_title(f"{name} ({data['n_eval']} held-back questions)")
         ax.set_xlabel("training questions (real, labelled)")
         ax.set_ylabel("answer recall at 3 documents")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6.5, loc="lower right")
-    fig.suptitle("The compact searcher trained on n real questions; bars: naive BM25's paired 95% interval "
-                 "moved onto the policy", fontsize=9)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7.5, frameon=False)
+    fig.suptitle("The compact searcher trained on n real questions of a set, judged on its held-back part (the mean "
+                 "over draws; bars: the paired 95% interval against naive BM25, carried onto the policy)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -394,7 +398,7 @@ def main() -> None:
     Path(args.figures).parent.mkdir(parents=True, exist_ok=True)
     Path(args.figures).write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
     png = plot(figures, Path(args.plot))
-    figures["settings"]["plot"] = str(png) if png else None
+    figures["settings"]["plot"] = (str(png.relative_to(REPO)) if png.is_relative_to(REPO) else str(png)) if png else None
     print(json.dumps(figures))
 
 
