@@ -389,4 +389,4 @@ def test_a_few_questions_and_users_marks_train_and_are_judged_on_the_held_back_f
     assert manifest["warm_start"]["negative_weight"] == 2.0 and manifest["warm_start"]["marked_negatives"]["lexical"] > 0
     report = (out / "report" / "report.md").read_text()
     assert f"judged on {len(split['eval'])} held-back labelled questions only (the --eval-qa file)" in report
-    assert "trained on: " in report and "**Which to serve**" in report
+    assert "trained on: " in report and "**Which to serve**" in report and "marks from use" not in report

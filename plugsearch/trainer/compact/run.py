@@ -464,7 +464,8 @@ def _learner_note(learner: dict[str, Any]) -> str:
         return "warm start: from random weights (--start scratch)"
     pull = learner.get("pull")
     how = learner.get("how", "")
-    chosen = f"chosen on {how}: answer recall per pull {learner.get('dev_recall')}" if how != "given" else "given"
+    recall = ", ".join(f"{p} {r:.3f}" for p, r in (learner.get("dev_recall") or {}).items())
+    chosen = f"chosen on {how}; answer recall at 3 per pull: {recall}" if how != "given" else "given"
     if pull == "keep":
         return (f"warm start: the shipped policy ({learner.get('start')}), kept unchanged: no change helped on the "
                 f"training questions ({chosen})")
@@ -547,6 +548,11 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     if user.eval_in_training:
         notes.append(f"{len(user.eval_in_training)} of the evaluation questions are asked in the same words as a "
                      "training question: those are not new questions to the policy")
+    if evaluated_on.get("feedback"):
+        notes.append(f"{evaluated_on['feedback']} of the evaluation questions are marks from use: a returned passage "
+                     "counts as found only where a user marked it helpful, and users marked only what a searcher "
+                     "showed them, so the searcher that showed them (naive BM25 where the searcher fell back to it) "
+                     "scores best by construction; judge the policy on held-back labelled questions (--eval-qa FILE)")
     if versus["n"] < MIN_SPLIT["eval"]:
         notes.append(f"only {versus['n']} evaluation questions: the intervals are wide, and a verdict needs the "
                      "interval above 0")
