@@ -11,13 +11,15 @@ never searched, marked or trained on here):
    answer (GenAcc's span check), the others as not helpful;
 3. `plugsearch-feedback export --url` with the run's key writes its labelled questions (`--min-helpful 1`);
 4. `plugsearch-train compact --feedback FILE --corpus CORPUS` trains a policy on them (skipped, and said, where the
-   trainer has no `--feedback` yet, or with `--until export`);
+   trainer has no `--feedback` yet, or with `--until export`); with `--eval-qa`, the set's evaluation part (its
+   rows, written to `<out>/eval_part.jsonl`) is the trainer's `--eval-qa`: every mark trains, and the trainer's
+   own verdict is on those held-back labelled questions instead of on held-back marks;
 5. the stack serves the trained policy (`--policy`), and answer recall at 3 documents of the served search on the
    EVALUATION part is compared with naive BM25 top-3 (`mode: naive`, `method: bm25`, k 3) through the same API,
    with a paired 95% bootstrap interval; the packaged policy is measured the same way before training.
 
     python bench/feedback_loop.py [--set tatqa] [--out var/runs/feedback-loop] [--until export|train|eval]
-        [--limit N] [--train-args "--steps 40"]
+        [--limit N] [--eval-qa] [--train-args "--steps 40"]
 
 Final line: {"set", "split", "marking": {...}, "export": {...}, "before": {...}, "train": {...}, "after": {...}}.
 """
@@ -189,6 +191,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="at most this many questions of each part (0: all)")
     parser.add_argument("--skip-before", action="store_true", help="do not measure the packaged policy first")
     parser.add_argument("--train-args", default="", help="more options for plugsearch-train compact")
+    parser.add_argument("--eval-qa", action="store_true", help="give the trainer the set's evaluation part as --eval-qa "
+                        "(every mark trains; its verdict is on held-back labelled questions, not on held-back marks)")
     args = parser.parse_args()
     out: Path = args.out.resolve()
     var_dir = out / "var"
@@ -215,8 +219,14 @@ def main() -> None:
         result["export"] = export(url, key, feedback_file)
         log(f"export: {json.dumps(result['export'])}")
     if args.until != "export":
-        policy, result["train"] = train(feedback_file, corpus, out / "train", var_dir, shlex.split(args.train_args),
-                                        out / "train.log")
+        extra = shlex.split(args.train_args)
+        if args.eval_qa:  # the evaluation part's own rows, as a user's held-back file
+            wanted = {q.id for q in eval_part}
+            rows = [line for line in (DATA / "domain" / f"{args.set}_qa.jsonl").read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["id"] in wanted]
+            (out / "eval_part.jsonl").write_text("".join(line + "\n" for line in rows), encoding="utf-8")
+            extra += ["--eval-qa", str(out / "eval_part.jsonl")]
+        policy, result["train"] = train(feedback_file, corpus, out / "train", var_dir, extra, out / "train.log")
         log(f"train: {json.dumps(result['train'])}")
         if policy is not None and args.until == "eval":
             with stack(corpus, var_dir, key, str(policy), out / "stack-after.log") as info:

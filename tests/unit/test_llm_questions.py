@@ -221,8 +221,8 @@ def test_with_labelled_questions_the_llms_questions_join_training_only_and_never
     every = set(split["train"] + split["dev"] + split["eval"])
     assert every.isdisjoint(r["id"] for r in written)  # never split: not in RL-dev, not evaluated on
     manifest = CompactPolicy.load(Path(result["policy"])).manifest
-    assert manifest["trained_on"]["llm"]["questions"] == len(written)
-    assert manifest["trained_on"]["llm"]["evaluated_on"] == "never" and manifest["trained_on"]["llm"]["model"] == "mine"
+    assert manifest["trained_on"]["llm"] == len(written) and manifest["trained_on"]["labelled"] == len(split["train"])
+    assert manifest["llm_questions"]["evaluated_on"] == "never" and manifest["llm_questions"]["model"] == "mine"
     assert manifest["evaluation"]["questions"] == "labelled"
     assert manifest["evaluation"]["bench"]["all"]["n"] == split["sizes"]["eval"]
     assert manifest["llm_questions"]["refused"] == info["refused"]
@@ -251,6 +251,7 @@ def test_without_labelled_questions_the_run_says_it_has_no_real_evaluation_and_i
     assert result["serve"].startswith("not known: no real evaluation")
     manifest = CompactPolicy.load(Path(result["policy"])).manifest
     assert manifest["evaluation"]["questions"] == "llm"
-    assert "no real evaluation" in manifest["trained_on"]["llm"]["evaluated_on"]
+    assert "no real evaluation" in manifest["llm_questions"]["evaluated_on"]
+    assert manifest["trained_on"]["llm"] == len(json.loads((out / "split.json").read_text())["train"])
     assert evaluated_here(manifest, manifest["corpus"]["sha256"]) is False  # the searcher does not serve it as is
     assert "**Which to serve**: not known: no real evaluation" in (out / "report" / "report.md").read_text()

@@ -118,10 +118,13 @@ def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus
 
     corpus, qa = user_files(data_dir, tmp_path / "mine", by_ids=True)  # half labelled by answers, half by ids
     out, var = tmp_path / "run", tmp_path / "var"
+    # a given pull (no choice on dev folds, and RL runs, pulled toward the warm start)
     argv = ["compact", "--corpus", str(corpus), "--qa", str(qa), "--warm-epochs", "1", "--steps", "2",
-            "--questions-per-step", "2", "--group", "2", "--out", str(out), "--var-dir", str(var), "--quiet"]
+            "--questions-per-step", "2", "--group", "2", "--pull", "0.1", "--out", str(out), "--var-dir", str(var),
+            "--quiet"]
     main(argv)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["learner"]["pull"] == "0.1" and result["learner"]["how"] == "given"
     split = json.loads((out / "split.json").read_text())
     assert set(split["eval"]).isdisjoint(split["train"] + split["dev"]) and split["seed"] == 0
     assert result["questions"] == split["sizes"] and split["sizes"]["eval"] >= 20
@@ -211,7 +214,9 @@ def test_a_corpus_alone_trains_its_searcher_without_matplotlib(
     assert all(r["golden_answers"][0] in texts[r["passage_id"]] for r in rows)  # the answer is in its passage
     assert all(r["golden_answers"][0] not in r["question"] for r in rows)
     manifest = CompactPolicy.load(out / "policy").manifest
-    assert manifest["trained_on"] == "the corpus's own passages"
+    assert manifest["trained_on"]["pseudo"] == len(json.loads((out / "split.json").read_text())["train"])
+    assert {k: v for k, v in manifest["trained_on"].items() if k != "pseudo"} == dict.fromkeys(
+        ("labelled", "feedback", "shipped", "llm"), 0)
     made = manifest["pseudo_questions"]
     assert made["kept"] == len(rows) and made["naive_bm25_top3_misses"] >= made["kept"] // 2
     versus = manifest["evaluation"]["versus_shipped"]
@@ -340,3 +345,48 @@ def test_shipped_needs_questions_of_the_user_s_own_and_the_recall_reward(data_di
     with pytest.raises(SystemExit):
         main([*base, "--corpus", str(corpus), "--shipped", "-1"])
     assert not (tmp_path / "var").exists()
+
+
+def test_a_few_questions_and_users_marks_train_and_are_judged_on_the_held_back_file(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """25 labelled questions and 10 marked searches train (no split needs 45); the --eval-qa file alone judges
+    the policy; the manifest says what it learnt from and what it was judged on."""
+    corpus, qa = user_files(data_dir, tmp_path / "mine", rows=range(200, 265), distractors=40)
+    rows = [json.loads(line) for line in qa.read_text().splitlines()]
+    ids: dict[str, list[str]] = {}
+    for line in corpus.read_text().splitlines():
+        passage = json.loads(line)
+        ids.setdefault(passage["title"], []).append(passage["id"])
+    train, marked, held = tmp_path / "train.jsonl", tmp_path / "marks.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:25]))
+    # a user marked the first supporting passage as helpful and the other one's as not
+    marked.write_text("".join(json.dumps({"id": f"search-{i}", "question": r["question"], "source": "feedback",
+                                          "passage_ids": ids[r["supporting_titles"][0]][:1],
+                                          "negative_ids": ids[r["supporting_titles"][-1]], "answer": None}) + "\n"
+                              for i, r in enumerate(rows[25:35]) if len(set(r["supporting_titles"])) > 1))
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows[35:]))
+    out = tmp_path / "run"
+    main(["compact", "--corpus", str(corpus), "--qa", str(train), "--feedback", str(marked), "--eval-qa", str(held),
+          "--no-dense", "--warm-epochs", "2", "--steps", "2", "--questions-per-step", "2", "--group", "2",
+          "--negative-weight", "2", "--out", str(out), "--var-dir", str(tmp_path / "var"), "--quiet"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    split = json.loads((out / "split.json").read_text())
+    n_marked = len(marked.read_text().splitlines())
+    assert split["sources"]["train"]["feedback"] == n_marked >= 5 and 20 <= split["sources"]["train"]["labelled"] <= 25
+    assert set(split["eval"]) <= {r["id"] for r in rows[35:]} and len(split["eval"]) >= 20 and split["dev"] == []
+    manifest = CompactPolicy.load(Path(result["policy"])).manifest
+    assert manifest["trained_on"] == split["sources"]["train"] == result["trained_on"]
+    evaluation = manifest["evaluation"]
+    assert evaluation["n"] == len(split["eval"]) == evaluation["bench"]["all"]["n"]
+    assert evaluation["evaluated_on"] == {"labelled": len(split["eval"]), "feedback": 0, "shipped": 0, "pseudo": 0,
+                                          "llm": 0}
+    assert evaluation["questions"] == "labelled" and evaluation["part"] == "the --eval-qa file(s)"
+    # the learner started from the shipped policy and chose its pull on the training questions (5 folds)
+    learner = manifest["warm_start"]["learner"]
+    assert learner["start"].startswith("compact-gbr@") and learner["how"] == f"5-fold over {len(split['train'])} " \
+        "training questions"
+    assert set(learner["dev_recall"]) == {"0", "0.001", "0.01", "0.1", "keep"} and learner["pull"] in learner["dev_recall"]
+    assert manifest["warm_start"]["negative_weight"] == 2.0 and manifest["warm_start"]["marked_negatives"]["lexical"] > 0
+    report = (out / "report" / "report.md").read_text()
+    assert f"judged on {len(split['eval'])} held-back labelled questions only (the --eval-qa file)" in report
+    assert "trained on: " in report and "**Which to serve**" in report and "marks from use" not in report

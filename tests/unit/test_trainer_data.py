@@ -125,3 +125,100 @@ def test_a_users_files_are_checked_split_and_recorded(tmp_path: Path) -> None:
     bad_corpus = write(tmp_path / "bad.jsonl", ['{"id": "x"}'])
     with pytest.raises(QAFileError, match="corpus: .*needs 'title'\\+'text' or 'contents'"):
         user_split([qa], bad_corpus, seed=0, out=tmp_path / "bad", progress=False)
+
+
+def test_feedback_rows_are_read_as_questions_labelled_by_their_marks(tmp_path: Path) -> None:
+    """The rows `plugsearch-feedback export` writes: the passages marked as helpful are what counts as found, the
+    ones marked as not helpful are kept as hard negatives; every bad row is refused with its file and line."""
+    from plugsearch.common.schemas.base import Document
+    from plugsearch.trainer.common.data import found, read_feedback_file
+
+    path = write(tmp_path / "marks.jsonl", [
+        {"id": "s1", "question": "what is the refund window?", "passage_ids": ["p1"], "negative_ids": ["p2", "p3"],
+         "answer": "30 days", "source": "feedback"},
+        {"question": "who signs the report?", "passage_ids": ["p7", 8]},
+    ])
+    first, second = read_feedback_file(path)
+    assert (first.id, first.passage_ids, first.negative_ids, first.source) == ("s1", ["p1"], ["p2", "p3"], "feedback")
+    assert first.golden_answers == [] and second.id == "marks-2" and second.passage_ids == ["p7", "8"]
+    assert found([Document(id="p1", title="", text="x")], first) and not found([Document(id="p2", title="", text="30 days")], first)
+    bad = write(tmp_path / "bad.jsonl", [
+        {"question": "fine?", "passage_ids": ["p1"], "negative_ids": []},                  # line 1: good
+        {"question": "no marks?"},                                                          # line 2
+        {"question": "empty?", "passage_ids": []},                                          # line 3
+        {"question": "both?", "passage_ids": ["p1"], "negative_ids": ["p1"]},               # line 4
+        {"question": "negatives?", "passage_ids": ["p1"], "negative_ids": "p2"},            # line 5
+        {"question": "answer?", "passage_ids": ["p1"], "answer": ["30 days"]},              # line 6
+        {"passage_ids": ["p1"]},                                                            # line 7
+        "{not json",                                                                        # line 8
+    ])
+    with pytest.raises(QAFileError) as err:
+        read_feedback_file(bad)
+    message = str(err.value)
+    assert message.startswith(f"{bad}: 7 bad row(s)")
+    for line, why in ((2, "no `passage_ids`"), (3, "`passage_ids` must be a non-empty list"),
+                      (4, "passage 'p1' is marked both helpful"), (5, "`negative_ids` must be a list"), (6, "`answer` must be a string"),
+                      (7, "no `question`"), (8, "not valid JSON")):
+        assert f"line {line}: {why}" in message
+    with pytest.raises(QAFileError, match="feedback file .* does not exist"):
+        read_feedback_file(tmp_path / "missing.jsonl")
+
+
+def test_an_evaluation_file_lets_a_few_questions_train_and_made_up_ones_never_evaluate(tmp_path: Path) -> None:
+    from plugsearch.trainer.compact.data import QuestionFile
+
+    corpus = write(tmp_path / "corpus.jsonl", [{"id": f"p{i}", "title": f"T{i}", "text": f"the answer is word{i}"}
+                                              for i in range(120)])
+    qa = write(tmp_path / "mine.jsonl", [{"id": f"r{i}", "question": f"q {i}?", "golden_answers": [f"word{i}"]}
+                                         for i in range(25)])
+    marks = write(tmp_path / "marks.jsonl", [{"id": f"m{i}", "question": f"m {i}?", "passage_ids": [f"p{30 + i}"],
+                                              "negative_ids": [f"p{90 + i}"]} for i in range(5)])
+    made = write(tmp_path / "pseudo.jsonl", [{"id": f"x{i}", "question": f"x {i}?", "golden_answers": [f"word{50 + i}"],
+                                              "dataset": "pseudo"} for i in range(30)])
+    held = write(tmp_path / "held.jsonl", [{"id": f"e{i}", "question": f"e {i}?", "golden_answers": [f"word{100 + i}"]}
+                                           for i in range(12)] + [{"id": "e-again", "question": "q 3?",
+                                                                   "golden_answers": ["word3"]}])
+    files = [QuestionFile(qa), QuestionFile(marks, "feedback"), QuestionFile(made, "pseudo"),
+             QuestionFile(held, evaluation=True)]
+    data = user_split(files, corpus, seed=0, out=tmp_path / "run", progress=False)
+    assert sorted(q.id for q in data.split.eval) == sorted([f"e{i}" for i in range(12)] + ["e-again"])
+    assert data.split.dev == [] and len(data.split.train) == 25 + 5 + 30
+    assert data.sources()["train"] == {"labelled": 25, "feedback": 5, "shipped": 0, "pseudo": 30, "llm": 0}
+    assert data.sources()["eval"]["labelled"] == 13 and data.eval_in_training == ["e-again"]
+    record = json.loads((tmp_path / "run" / "split.json").read_text())
+    assert [f["role"] for f in record["files"]] == ["split", "split", "train", "eval"]
+    assert record["sizes"] == {"train": 60, "dev": 0, "eval": 13} and "--eval-qa" in record["evaluation"]
+    negatives = [q.negative_ids for q in data.split.train if q.source == "feedback"]
+    assert sorted(negatives) == [[f"p{90 + i}"] for i in range(5)]
+    # the same files in another role are another split: refused in the same folder
+    with pytest.raises(QAFileError, match="use a new --out"):
+        user_split([QuestionFile(qa), QuestionFile(marks, "feedback"), QuestionFile(made, "pseudo"), QuestionFile(held)],
+                   corpus, seed=0, out=tmp_path / "run", progress=False)
+    # without an evaluation file, made-up questions only train: the real ones are split (and 30 are too few)
+    with pytest.raises(QAFileError, match="too few questions to split: 30 usable.*--eval-qa"):
+        user_split(files[:3], corpus, seed=0, out=tmp_path / "no-eval", progress=False)
+    more = write(tmp_path / "more.jsonl", [{"id": f"s{i}", "question": f"s {i}?", "golden_answers": [f"word{i}"]}
+                                           for i in range(60)])
+    split = user_split([QuestionFile(more), QuestionFile(made, "pseudo")], corpus, seed=0, out=tmp_path / "mixed",
+                       progress=False).split
+    assert not {q.source for q in split.eval + split.dev} & {"pseudo"} and len(split.eval) == 20
+    assert sum(q.source == "pseudo" for q in split.train) == 30
+    with pytest.raises(QAFileError, match="no usable evaluation question"):
+        user_split([QuestionFile(qa), QuestionFile(write(tmp_path / "gone.jsonl", [
+            {"question": "where?", "golden_answers": ["nowhere at all"]}]), evaluation=True)], corpus, seed=0,
+            out=tmp_path / "gone", progress=False)
+
+
+def test_the_rows_plugsearch_feedback_export_writes_are_the_rows_the_trainer_reads(tmp_path: Path) -> None:
+    """The contract between `plugsearch-feedback export` and `plugsearch-train compact --feedback`."""
+    from plugsearch.searcher.feedback.cli import training_row
+    from plugsearch.trainer.common.data import read_feedback_file
+
+    marks = [{"search_id": "kq1", "question": "What was the total sales in 2019?", "helpful": ["tatqa-0042-001"],
+              "not_helpful": ["tatqa-0107-000"], "answer": "$1,496.5 million"},
+             {"search_id": "kq2", "question": "Who audits it?", "helpful": ["p1", "p2"], "not_helpful": [],
+              "answer": None}]
+    path = write(tmp_path / "marks.jsonl", [training_row(m) for m in marks])
+    first, second = read_feedback_file(path)
+    assert (first.id, first.passage_ids, first.negative_ids) == ("feedback-kq1", ["tatqa-0042-001"], ["tatqa-0107-000"])
+    assert (second.passage_ids, second.negative_ids, second.source) == (["p1", "p2"], [], "feedback")

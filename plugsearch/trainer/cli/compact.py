@@ -23,6 +23,23 @@ LLM_QUESTIONS_DEFAULT = 1000
 """Passages the user's LLM is asked about (`--llm-url` with the recall reward)."""
 
 
+def pull_value(text: str) -> float | None:
+    """`--pull`: auto (None: chosen on the training questions), keep (infinite: the shipped weights) or a strength."""
+    import math
+
+    if text == "auto":
+        return None
+    if text == "keep":
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not auto, keep or a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the pull is 0 or more")
+    return value
+
+
 def config_from(args: argparse.Namespace) -> CompactConfig:
     """`CompactConfig` with every flag given in its place (the others keep the dataclass's defaults)."""
     given = {"datasets": tuple(args.datasets) if args.datasets else None, "per_dataset": args.per_dataset,
@@ -60,17 +77,25 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
     with `--qa`, a user's questions over their `--corpus`, evaluated and exported with a verdict."""
     from plugsearch.trainer.compact.run import CompactRun, run
 
-    if args.qa:
+    own = bool(args.qa or args.feedback)
+    """Questions of the user's own to train on (labelled files or marks)."""
+    if own or args.eval_qa:
         given = [f"--{name.replace('_', '-')}" for name in SHIPPED_ONLY if getattr(args, name) is not None]
         if given:
-            raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --qa your files are "
-                             "split into training, RL-dev and evaluation questions (--split-seed)")
+            raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --qa / --feedback your "
+                             "files are split into training, RL-dev and evaluation questions (--split-seed), or "
+                             "evaluated on --eval-qa")
+    if args.eval_qa and not (own or args.corpus):
+        raise SystemExit("error: --eval-qa is the evaluation part of your questions: give the ones to train on "
+                         "(--qa, --feedback) or --corpus to train on questions made from it")
+    if args.start == "scratch" and args.pull is not None:
+        raise SystemExit("error: --pull pulls the fine-tuned weights toward the shipped ones: it needs --start shipped")
     if args.reward == "recall" and args.local:
         raise SystemExit("error: --local starts the generator and judge for --reward gbr; the recall reward needs no "
                          "LLM")
     llm = llm_questions_from(args)
     pseudo = args.pseudo if args.pseudo is not None else \
-        (PSEUDO_DEFAULT if args.corpus and not args.qa and llm is None else 0)
+        (PSEUDO_DEFAULT if args.corpus and not own and llm is None else 0)
     if pseudo and not args.corpus:
         raise SystemExit("error: --pseudo makes questions from --corpus: give the corpus file")
     if pseudo or llm is not None:
@@ -78,7 +103,7 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
         if given:
             raise SystemExit(f"error: {', '.join(given)} choose rows of the shipped sets; with --corpus alone the "
                              "questions are made from your passages")
-    if args.shipped and not (args.qa or pseudo or llm):
+    if args.shipped and not (own or pseudo or llm):
         raise SystemExit("error: --shipped adds the shipped Wikipedia questions to your own (--qa, or --corpus "
                          "alone); without them the run trains on the shipped sets already")
     if args.shipped and args.reward not in (None, "recall"):
@@ -90,7 +115,10 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
                      index_dir=Path(args.index_dir) if args.index_dir else None, var_dir=Path(args.var_dir),
                      resume=not args.no_resume, progress=not args.quiet, split_seed=args.split_seed,
                      local=args.local or bool(args.llm_url), llm_url=args.llm_url, llm_threads=args.llm_threads,
-                     pseudo=pseudo, shipped=args.shipped, llm_questions=llm, settings=settings_from(args))
+                     pseudo=pseudo, shipped=args.shipped, llm_questions=llm, settings=settings_from(args),
+                     feedback=[Path(f) for f in args.feedback or ()], eval_qa=[Path(f) for f in args.eval_qa or ()],
+                     start=args.start, pull=args.pull, negative_weight=args.negative_weight,
+                     scale_steps=args.steps is None)
     try:
         return run(job)
     except QAFileError as exc:
@@ -126,10 +154,20 @@ def add_parsers(sub: Any) -> None:
                        "evaluated and exported in the same command")
     data = c.add_argument_group("data", "the shipped sets (default) or your own corpus and questions")
     data.add_argument("--qa", action="append", metavar="QUESTIONS.jsonl",
-                      help="your questions (JSONL: question, golden_answers, optional supporting_titles and id); "
-                      "repeat for several files. They are checked, split into training / RL-dev / evaluation by "
-                      "--split-seed (split.json in --out), and the run ends with the evaluation report and a policy "
-                      "folder (<out>/policy) that plugsearch-stack --policy serves")
+                      help="your questions (JSONL: question, golden_answers or passage_ids, optional "
+                      "supporting_titles and id); repeat for several files. They are checked, split into training / "
+                      "RL-dev / evaluation by --split-seed (split.json in --out; with --eval-qa they all train), and "
+                      "the run ends with the evaluation report and a policy folder (<out>/policy) that "
+                      "plugsearch-stack --policy serves")
+    data.add_argument("--feedback", action="append", metavar="MARKS.jsonl",
+                      help="labelled questions exported from users' marks (plugsearch-feedback export; JSONL: question, "
+                      "passage_ids = the passages marked as helpful, optional negative_ids = shown and marked as not "
+                      "helpful, answer, id): trained on like --qa's rows, the marked passages being what counts as "
+                      "found; repeat for several files")
+    data.add_argument("--eval-qa", action="append", metavar="HELD_BACK.jsonl",
+                      help="the evaluation part, as its own file (rows as --qa's): its questions are never trained or "
+                      "tuned on, and every --qa / --feedback question trains, however few (without it, your questions "
+                      "are split and at least 45 usable ones are needed)")
     data.add_argument("--corpus", help="JSONL corpus (id + title/text, or id + contents) the questions are answered "
                       "from (default: $PLUGSEARCH_DATA/corpus/combined.jsonl). Without --qa: a searcher trained "
                       "from the corpus alone, on questions made from its passages (--pseudo)")
@@ -155,7 +193,8 @@ def add_parsers(sub: Any) -> None:
             ("--select-k", "select_k", int, "documents returned"),
             ("--max-turns", "max_turns", int, "follow-up searches at most"),
             ("--warm-epochs", "warm_epochs", int, "epochs of the warm start's fit"),
-            ("--steps", "rl_steps", int, "RL steps"),
+            ("--steps", "rl_steps", int, "RL steps (with your questions, when not given: about 8 searches per "
+             "training question, at least 10 and at most the default)"),
             ("--questions-per-step", "questions_per_step", int, "questions per RL step"),
             ("--group", "group", int, "sampled searches per question (the group baseline)"),
             ("--lr", "rl_lr", float, "RL learning rate"),
@@ -163,6 +202,15 @@ def add_parsers(sub: Any) -> None:
              "too little to learn follow-up searches)"),
             ("--seed", "seed", int, "training seed")):
         c.add_argument(flag, type=kind, help=f"{what} (default {default(name)})")
+    c.add_argument("--start", choices=["shipped", "scratch"], default="shipped", help="with your questions: where the "
+                   "warm start starts: shipped (default): the shipped policy, fine-tuned with a pull back toward its "
+                   "weights, so few questions move it only as far as they show; scratch: random weights")
+    c.add_argument("--pull", type=pull_value, default=None, metavar="auto|keep|STRENGTH", help="with --start shipped: "
+                   "the L2 pull toward the shipped weights; auto (default) chooses it on your training questions "
+                   "(k-fold, or a dev part of them when there are 250 or more), keep leaves the shipped weights as they are")
+    c.add_argument("--negative-weight", type=float, default=1.0, metavar="W", help="how much a passage users marked "
+                   "as not helpful (negative_ids of --feedback rows) weighs in the warm start's loss (default "
+                   "%(default)s: as any other passage without the answer)")
     c.add_argument("--reward", choices=["recall", "gbr"], help="recall (default): GBR with GenAcc's span check on "
                    "the documents, no LLM; gbr: GenAcc of the frozen generator's answers, judged, against the naive "
                    "baseline (the generator and judge services: --local, --llm-url or TRAINER_* URLs)")

@@ -31,6 +31,13 @@ TRAIN_DATASETS = ("nq", "hotpotqa")
 
 T = TypeVar("T")
 
+SOURCES = ("labelled", "feedback", "shipped", "pseudo", "llm")
+"""Where a training question comes from: a user's labelled file (`--qa`), the labelled questions exported from
+users' marks (`--feedback`), the shipped Wikipedia training rows (`--shipped`), or made up from the corpus's
+passages by the trainer (`pseudo`) or by the user's LLM (`llm`)."""
+MADE_UP = frozenset({"pseudo", "llm"})
+"""Sources of questions that are never evaluated on where real questions exist: a policy is judged on real ones."""
+
 
 class QAItem(BaseModel):
     id: str
@@ -42,6 +49,10 @@ class QAItem(BaseModel):
                                          "the answer (multi-hop sets; empty where the file has none)")
     passage_ids: list[str] = Field(default_factory=list, description="ids of the passages that answer it (BEIR / "
                                    "TREC qrels style): a returned passage with one of these ids is a hit")
+    negative_ids: list[str] = Field(default_factory=list, description="ids of passages shown for it and marked as "
+                                    "not helpful (rows exported from users' marks): hard negatives of the warm start")
+    source: str = Field(default="labelled", description="where it comes from (`SOURCES`): a labelled file, users' "
+                        "marks, the shipped Wikipedia training rows, or made up from the corpus (pseudo, llm)")
 
     @model_validator(mode="after")
     def _labelled(self) -> QAItem:
@@ -183,12 +194,12 @@ def _row_problem(row: Any) -> str | None:
     return None
 
 
-def read_qa_file(path: Path) -> list[QAItem]:
-    """Every row of a user's question file (JSONL: `question`, `golden_answers`, optional `supporting_titles`,
-    `id` (default `<file stem>-<line number>`), `dataset` (default the file's stem)). Every bad row is found before
-    anything is returned: `QAFileError` names the first few with their line numbers and counts the rest."""
+def _read_rows(path: Path, what: str, problem_of: Callable[[Any], str | None],
+               item_of: Callable[[dict[str, Any], int], QAItem]) -> list[QAItem]:
+    """Every row of a JSONL question file: each bad row (not JSON, or `problem_of` says why) is found before
+    anything is returned: `QAFileError` names the file, the first few with their line numbers and counts the rest."""
     if not path.is_file():
-        raise QAFileError(f"question file {path} does not exist")
+        raise QAFileError(f"{what} file {path} does not exist")
     items: list[QAItem] = []
     problems: list[str] = []
     bad = 0
@@ -202,19 +213,13 @@ def read_qa_file(path: Path) -> list[QAItem]:
             except ValueError:
                 row, problem = None, "not valid JSON"
             else:
-                problem = _row_problem(row)
+                problem = problem_of(row)
             if problem is not None:
                 bad += 1
                 if len(problems) < MAX_LISTED:
                     problems.append(f"line {lineno}: {problem}")
                 continue
-            ids = next((row[k] for k in PASSAGE_ID_FIELDS if k in row), None) or []
-            items.append(QAItem(id=str(row.get("id", f"{path.stem}-{lineno}")),
-                                question=" ".join(row["question"].split()),
-                                golden_answers=[str(a) for a in row.get("golden_answers") or ()],
-                                dataset=str(row.get("dataset") or path.stem),
-                                supporting_titles=list(row.get("supporting_titles") or ()),
-                                passage_ids=[str(i) for i in ids]))
+            items.append(item_of(row, lineno))
     if bad:
         more = f"; and {bad - len(problems)} more" if bad > len(problems) else ""
         raise QAFileError(f"{path}: {bad} bad row(s): " + "; ".join(problems) + more)
@@ -223,9 +228,84 @@ def read_qa_file(path: Path) -> list[QAItem]:
     return items
 
 
-def read_qa_files(paths: Sequence[Path]) -> list[list[QAItem]]:
-    """`read_qa_file` of each; an id used twice (in one file or across them) is refused."""
-    per_file = [read_qa_file(path) for path in paths]
+def read_qa_file(path: Path, source: str = "labelled") -> list[QAItem]:
+    """Every row of a user's question file (JSONL: `question`, `golden_answers` or `passage_ids`, optional
+    `supporting_titles`, `id` (default `<file stem>-<line number>`), `dataset` (default the file's stem)), each
+    recorded as coming from `source`. Every bad row is found before anything is returned: `QAFileError` names the
+    first few with their line numbers and counts the rest."""
+    def item_of(row: dict[str, Any], lineno: int) -> QAItem:
+        ids = next((row[k] for k in PASSAGE_ID_FIELDS if k in row), None) or []
+        return QAItem(id=str(row.get("id", f"{path.stem}-{lineno}")), question=" ".join(row["question"].split()),
+                      golden_answers=[str(a) for a in row.get("golden_answers") or ()],
+                      dataset=str(row.get("dataset") or path.stem),
+                      supporting_titles=list(row.get("supporting_titles") or ()),
+                      passage_ids=[str(i) for i in ids], source=source)
+
+    return _read_rows(path, "question", _row_problem, item_of)
+
+
+FEEDBACK_FIELDS = ("id", "question", "passage_ids", "negative_ids", "answer", "source", "dataset")
+"""A feedback row (`plugsearch-feedback export`, one row per marked search): `question`, `passage_ids` (the passages
+marked as helpful), optional `negative_ids` (shown and marked as not helpful), `answer`, `id`, `source`
+(`feedback`) and `dataset`."""
+
+
+def _ids_problem(value: Any, name: str, *, empty: bool) -> str | None:
+    if not isinstance(value, list) or (not value and not empty) or not all(
+            isinstance(i, str | int) and not isinstance(i, bool) and str(i).strip() for i in value):
+        return f"`{name}` must be a {'' if empty else 'non-empty '}list of passage ids"
+    return None
+
+
+def _feedback_problem(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        return "no `question` (a non-empty string)"
+    if "passage_ids" not in row:
+        return "no `passage_ids` (the ids of the passages marked as helpful)"
+    problem = _ids_problem(row["passage_ids"], "passage_ids", empty=False)
+    if problem is None and row.get("negative_ids") is not None:
+        problem = _ids_problem(row["negative_ids"], "negative_ids", empty=True)
+    if problem is not None:
+        return problem
+    both = {str(i) for i in row["passage_ids"]} & {str(i) for i in row.get("negative_ids") or ()}
+    if both:
+        return f"passage {sorted(both)[0]!r} is marked both helpful (`passage_ids`) and not (`negative_ids`)"
+    answer = row.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        return "`answer` must be a string (or absent)"
+    if "id" in row and (row["id"] is None or str(row["id"]).strip() == ""):
+        return "an empty `id`"
+    return None
+
+
+def read_feedback_file(path: Path) -> list[QAItem]:
+    """Every row of a file of labelled questions exported from users' marks (`FEEDBACK_FIELDS`): each a question
+    labelled by the passages marked as helpful (`passage_ids`: what counts as found), with the passages marked as
+    not helpful (`negative_ids`) kept as hard negatives; `answer` is checked but not used to label (the marks are
+    the labels). Bad rows are refused with the file and their lines, as `read_qa_file` does."""
+    def item_of(row: dict[str, Any], lineno: int) -> QAItem:
+        return QAItem(id=str(row.get("id", f"{path.stem}-{lineno}")), question=" ".join(row["question"].split()),
+                      dataset=str(row.get("dataset") or path.stem), passage_ids=[str(i) for i in row["passage_ids"]],
+                      negative_ids=[str(i) for i in row.get("negative_ids") or ()], source="feedback")
+
+    return _read_rows(path, "feedback", _feedback_problem, item_of)
+
+
+def read_source_file(path: Path, source: str) -> list[QAItem]:
+    """`read_feedback_file` for `feedback`, else `read_qa_file` with that source."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown question source {source!r} (one of {', '.join(SOURCES)})")
+    return read_feedback_file(path) if source == "feedback" else read_qa_file(path, source)
+
+
+def read_qa_files(paths: Sequence[Path], sources: Sequence[str] | None = None) -> list[list[QAItem]]:
+    """`read_source_file` of each (`sources`: each file's, default labelled); an id used twice (in one file or
+    across them) is refused."""
+    per_file = [read_source_file(path, source) for path, source in
+                zip(paths, sources or ["labelled"] * len(paths), strict=True)]
     items = [item for rows in per_file for item in rows]
     seen: dict[str, int] = {}
     for item in items:
@@ -310,7 +390,8 @@ def split_sizes(n: int, *, eval_fraction: float = 0.2, dev_fraction: float = 0.0
     return n_eval, n_dev
 
 
-def _rank(seed: int, qid: str) -> str:
+def split_rank(seed: int, qid: str) -> str:
+    """A question's place in the seeded order every split of a user's questions follows."""
     return hashlib.sha256(f"{seed}:{qid}".encode()).hexdigest()
 
 
@@ -353,6 +434,6 @@ def split_items(items: Sequence[QAItem], *, seed: int, n_eval: int, n_dev: int) 
     if n_eval < 1 or n_dev < 0 or n_eval + n_dev >= len(items):
         raise QAFileError(f"cannot split {len(items)} questions into {n_eval} evaluation and {n_dev} dev and a "
                           "training rest")
-    ordered = sorted(items, key=lambda it: _rank(seed, it.id))
+    ordered = sorted(items, key=lambda it: split_rank(seed, it.id))
     return Split(train=ordered[n_eval + n_dev:], dev=ordered[n_eval:n_eval + n_dev], eval=ordered[:n_eval],
                  seed=seed)

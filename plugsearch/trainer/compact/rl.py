@@ -86,15 +86,17 @@ def trajectory(ep: Episode) -> Trajectory:
 
 
 def reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retriever: RetrieverBackend,
-              config: CompactConfig, out: Path, make_reward: Callable[[], RewardComputer], progress: bool = True
-              ) -> tuple[CompactPolicy, list[dict[str, Any]]]:
+              config: CompactConfig, out: Path, make_reward: Callable[[], RewardComputer], progress: bool = True, *,
+              anchor: CompactPolicy | None = None, pull: float = 0.0) -> tuple[CompactPolicy, list[dict[str, Any]]]:
     """GRPO-style REINFORCE on both heads; `rewards.jsonl` + `state.pt` in `out` make it resumable. The reward
-    computer is made (and closed) in the training loop's event loop, which its service clients belong to."""
+    computer is made (and closed) in the training loop's event loop, which its service clients belong to. With
+    `anchor` (the policy the learner started from), `pull` * the squared distance to its weights joins the loss
+    (L2-SP, as in the warm start's fit)."""
 
     async def go() -> tuple[CompactPolicy, list[dict[str, Any]]]:
         reward = make_reward()
         try:
-            return await _reinforce(policy, train, retriever, config, out, progress, reward)
+            return await _reinforce(policy, train, retriever, config, out, progress, reward, anchor, pull)
         finally:
             await reward.aclose()
 
@@ -102,14 +104,23 @@ def reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retriever: Re
 
 
 async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retriever: RetrieverBackend,
-                     config: CompactConfig, out: Path, progress: bool, reward: RewardComputer
+                     config: CompactConfig, out: Path, progress: bool, reward: RewardComputer,
+                     anchor: CompactPolicy | None = None, pull: float = 0.0
                      ) -> tuple[CompactPolicy, list[dict[str, Any]]]:
     import torch
     from tqdm import tqdm
 
+    from plugsearch.trainer.compact.warmstart import hidden_of
+
     params = config.search_params()
     norms = norms_of(policy.weights)
-    model = torch_model(config.hidden, list(norms), policy.weights)
+    hidden = hidden_of(policy.weights)
+    model = torch_model(hidden, list(norms), policy.weights)
+    reference: dict[str, Any] = {}
+    if anchor is not None and pull:
+        anchored = [s for s in norms if s in norms_of(anchor.weights)]
+        reference = dict(torch_model(hidden_of(anchor.weights), anchored, anchor.weights).named_parameters())
+        reference = {k: v.detach() for k, v in reference.items() if k == "qv" or k.split(".", 1)[0] in anchored}
     opt = torch.optim.Adam(model.parameters(), lr=config.rl_lr)
     state_path, log_path = out / "state.pt", out / "rewards.jsonl"
     entries, _ = read_jsonl(log_path, json.loads)
@@ -144,6 +155,9 @@ async def _reinforce(policy: CompactPolicy, train: Sequence[LabeledItem], retrie
             if a != 0:
                 loss = loss - float(a) * log_prob(model, ep, norms, config.temperature)
         loss = loss / len(episodes)
+        if reference:
+            loss = loss + pull * sum(((p - reference[k]) ** 2).sum() for k, p in model.named_parameters()
+                                     if k in reference)
         opt.zero_grad()
         if loss.requires_grad:
             loss.backward()

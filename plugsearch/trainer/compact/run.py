@@ -3,12 +3,16 @@
 - On the shipped data (no `--qa`): rows 200+ of the shipped sets over the shared corpus; warm start, RL, the
   final policy folder (`<out>/final`). Its held-out evaluation is `bench/search_quality.py --compact` on rows
   0-99, recorded by `plugsearch-train compact-export`.
-- On a user's data (`--corpus CORPUS.jsonl --qa QUESTIONS.jsonl [--qa ...]`): the questions are checked and
-  split by a recorded seed (`<out>/split.json`), the corpus's indexes built (bm25s and the MiniLM flat index,
-  as the stack's retriever does, into `var/indexes/<corpus>-<sha256>`), warm start and RL on the training
-  split, then the evaluation split (never trained or tuned on) against naive BM25, dense and hybrid top-k at
-  equal document budget with 95% intervals (`<out>/report/report.md`, `report.json`, `report.png`), and the
-  policy folder `<out>/policy` with its verdict (`beats_naive`), its setting and its corpus's identity:
+- On a user's data (`--corpus CORPUS.jsonl --qa QUESTIONS.jsonl [--qa ...] [--feedback MARKS.jsonl]
+  [--eval-qa HELD.jsonl]`): the questions are checked and split by a recorded seed (`<out>/split.json`; with
+  `--eval-qa` that file is the evaluation part and every other question trains, however few), the corpus's
+  indexes built (bm25s and the MiniLM flat index, as the stack's retriever does, into
+  `var/indexes/<corpus>-<sha256>`), the warm start (by default the shipped policy fine-tuned with a pull back
+  toward it, `plugsearch.trainer.compact.finetune`) and RL on the training split (steps scaled to the number of
+  questions), then the evaluation split (real questions only, never trained or tuned on) against naive BM25,
+  dense and hybrid top-k at equal document budget with 95% intervals (`<out>/report/report.md`, `report.json`,
+  `report.png`), and the policy folder `<out>/policy` with its verdict (`beats_naive`), what it was trained on
+  (`trained_on`, counts per source), its setting and its corpus's identity:
   `plugsearch-stack --corpus CORPUS.jsonl --policy <out>/policy` serves it.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +31,15 @@ from typing import Any
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.compact import CompactPolicy
 from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
-from plugsearch.trainer.common.data import QAFileError, QAItem, check_corpus_file, default_data_dir, load_qa
+from plugsearch.trainer.common.data import (
+    MADE_UP,
+    MIN_SPLIT,
+    QAFileError,
+    QAItem,
+    check_corpus_file,
+    default_data_dir,
+    load_qa,
+)
 from plugsearch.trainer.common.evaluation import (
     BudgetEval,
     PolicyRun,
@@ -40,7 +53,15 @@ from plugsearch.trainer.common.retrieval import IndexRetriever
 from plugsearch.trainer.common.rewards import RewardComputer
 from plugsearch.trainer.common.settings import TrainerSettings
 from plugsearch.trainer.compact.config import NEVER_TRAIN, TRAIN_SETS, CompactConfig, config_dict
-from plugsearch.trainer.compact.data import LabeledItem, UserData, labeled, load_items, user_split
+from plugsearch.trainer.compact.data import (
+    LabeledItem,
+    QuestionFile,
+    UserData,
+    labeled,
+    load_items,
+    source_counts,
+    user_split,
+)
 from plugsearch.trainer.compact.llm_questions import LLMQuestions
 
 logger = logging.getLogger(__name__)
@@ -49,6 +70,15 @@ EVAL_BUDGETS = (3, 5)
 VERDICT_KEY = "compact_rl"
 SHIPPED_KEY = "compact_shipped"
 """The packaged policy, evaluated beside the trained one on the same questions."""
+RL_PASSES = 8
+"""On a user's questions, RL runs about this many searches' worth of steps per training question (at least
+`MIN_RL_STEPS`, at most `--steps`' default): a short run for a few questions, as long as the shipped run's for many."""
+MIN_RL_STEPS = 10
+
+
+def rl_steps_for(n_train: int, config: CompactConfig) -> int:
+    """RL steps for `n_train` training questions when `--steps` is not given (`RL_PASSES`)."""
+    return min(config.rl_steps, max(MIN_RL_STEPS, math.ceil(RL_PASSES * n_train / config.questions_per_step)))
 
 
 @dataclass
@@ -75,12 +105,32 @@ class CompactRun:
     sets, over the shared corpus) added to the training split (`shipped_items`), 0: none."""
     llm_questions: LLMQuestions | None = None
     """Questions written by the user's own LLM (`plugsearch.trainer.compact.llm_questions`): training questions
-    beside labelled ones (never evaluated on), or, without any, the run's questions (no real evaluation)."""
+    beside the user's own (never evaluated on), or, without any, the run's questions (no real evaluation unless
+    `--eval-qa` gives one)."""
     settings: TrainerSettings = field(default_factory=TrainerSettings)
+    feedback: Sequence[Path] = ()
+    """Labelled questions exported from users' marks (`read_feedback_file`): trained on like `qa`'s."""
+    eval_qa: Sequence[Path] = ()
+    """The evaluation part, given as its own files: never trained or tuned on; every other question trains."""
+    start: str = "shipped"
+    """On a user's questions, where the warm start starts: `shipped` (the shipped policy, pulled back toward it:
+    `plugsearch.trainer.compact.finetune`) or `scratch` (random weights)."""
+    pull: float | None = None
+    """With `start` shipped: the pull toward the shipped weights (L2-SP); None: chosen on the training questions."""
+    negative_weight: float = 1.0
+    """How much a passage a user marked as not helpful weighs in the warm start's loss (1: as any other negative)."""
+    scale_steps: bool = False
+    """RL steps from the number of training questions (`rl_steps_for`): `--steps` not given on a user's data."""
 
     @property
     def user_data(self) -> bool:
-        return bool(self.qa)
+        return bool(self.qa or self.feedback or self.eval_qa)
+
+    def question_files(self, made_up: Sequence[QuestionFile] = ()) -> list[QuestionFile]:
+        """The user's question files with their source and role (`made_up`: questions the run made from the
+        corpus), in the order given."""
+        return [*(QuestionFile(p) for p in self.qa), *(QuestionFile(p, "feedback") for p in self.feedback),
+                *made_up, *(QuestionFile(p, evaluation=True) for p in self.eval_qa)]
 
 
 def shipped_holdout(data_dir: Path) -> dict[str, str]:
@@ -117,7 +167,7 @@ def shipped_items(data_dir: Path, job: CompactRun) -> list[LabeledItem]:
     mixed = [rows[i] for i in range(max(map(len, by_set.values()), default=0)) for rows in by_set.values()
              if i < len(rows)][:job.shipped]
     wiki = IndexRetriever(corpus, index_dir_for(corpus, job.var_dir), dense=job.config.dense, progress=job.progress)
-    return [replace(item, retriever=wiki) for item in mixed]
+    return [replace(item, item=item.item.model_copy(update={"source": "shipped"}), retriever=wiki) for item in mixed]
 
 
 def check_user_questions(items: Sequence[QAItem], data_dir: Path) -> None:
@@ -146,9 +196,14 @@ def run(job: CompactRun) -> dict[str, Any]:
         logger.warning("%s", plotting.MISSING)
     retriever: IndexRetriever | None = None
     pseudo_info: dict[str, Any] | None = None
-    llm_info: dict[str, Any] | None = None
-    real_qa = bool(job.qa)
-    """Whether the user gave labelled questions (the LLM's then train only, and evaluation stays on them)."""
+    made_up: list[QuestionFile] = []
+    """Questions the run makes from the corpus (`--pseudo`): they only ever train (unless there is nothing else)."""
+    if job.user_data:  # every row of the user's files checked before any index is built
+        from plugsearch.trainer.common.data import read_qa_files
+
+        given = job.question_files()
+        check_user_questions([q for rows in read_qa_files([f.path for f in given], [f.source for f in given])
+                              for q in rows], data_dir)
     if job.pseudo:  # questions made from the corpus's own passages: a question file, then the labelled flow
         from plugsearch.stack.corpus import index_dir_for
         from plugsearch.trainer.compact.pseudo import pseudo_question_file
@@ -162,22 +217,26 @@ def run(job: CompactRun) -> dict[str, Any]:
                                    dense=job.config.dense, progress=job.progress)
         path, pseudo_info = pseudo_question_file(out, retriever, job.pseudo, seed=job.split_seed,
                                                  resume=job.resume)
-        job = replace(job, qa=[*job.qa, path])
-    if job.llm_questions is not None and not real_qa:  # no labelled questions: the LLM's are the run's (made up)
+        made_up.append(QuestionFile(path, "pseudo"))
+    llm_info: dict[str, Any] | None = None
+    own = bool(job.qa or job.feedback)
+    """Whether the user gave questions of their own to train on (the LLM's then train beside them, written with
+    the training split's few-shot examples)."""
+    if job.llm_questions is not None and not own:  # no questions of the user's: the LLM's are the run's (made up)
         retriever, llm_info, path = _llm_question_file(job, retriever, ())
-        job = replace(job, qa=[*job.qa, path])
+        made_up.append(QuestionFile(path, "llm"))
     config = job.config
     shipped: list[LabeledItem] = []
     """The shipped Wikipedia questions mixed into a user's run (`--shipped`)."""
-    if job.user_data:  # the shipped sets' rows are not what it trains on
+    files = job.question_files(made_up)
+    if files:  # a user's questions (or ones made from the corpus): the shipped sets' rows are not what it trains on
         config = replace(config, datasets=())
-    if job.user_data:
         corpus = (job.corpus or data_dir / "corpus" / "combined.jsonl").resolve()
         if not corpus.is_file():
             raise QAFileError(f"--corpus {corpus} is not a file")
         check_corpus_file(corpus, progress=job.progress)  # a bad row or a duplicate id: before anything is written
         out.mkdir(parents=True, exist_ok=True)
-        user = user_split(list(job.qa), corpus, seed=job.split_seed, out=out, progress=job.progress,
+        user = user_split(files, corpus, seed=job.split_seed, out=out, progress=job.progress,
                           check=lambda rows: check_user_questions(rows, data_dir))
         logger.info("questions: %s", user.summary())
         unanswered = [q.id for q in (*user.split.train, *user.split.dev, *user.split.eval) if not q.golden_answers]
@@ -185,12 +244,14 @@ def run(job: CompactRun) -> dict[str, Any]:
             raise QAFileError(f"{len(unanswered)} question(s) are labelled by passage ids alone (e.g. {unanswered[0]}): "
                               "the generator and judge of --reward gbr need gold answers; use the recall reward")
         train, dev = labeled(user.split.train), labeled(user.split.dev)
-        rows = f"the training split of {', '.join(p.name for p in job.qa)} (see split.json: seed {job.split_seed})"
-        if job.llm_questions is not None and real_qa:  # the LLM's questions join the training split only
+        named = ", ".join(f.path.name for f in files if not f.evaluation)
+        rows = (f"every question of {named} (the evaluation part is {', '.join(p.name for p in job.eval_qa)})"
+                if job.eval_qa else f"the training split of {named} (see split.json: seed {job.split_seed})")
+        if job.llm_questions is not None and own:  # the LLM's questions join the training split only
             from plugsearch.trainer.common.data import read_qa_file
 
             retriever, llm_info, path = _llm_question_file(job, retriever, user.split.train)
-            written = labeled(read_qa_file(path))
+            written = labeled(read_qa_file(path, "llm"))
             train = train + written
             rows += f" and {len(written)} questions written by your LLM ({job.llm_questions.model}; training only)"
         if job.shipped:
@@ -198,12 +259,15 @@ def run(job: CompactRun) -> dict[str, Any]:
             rows += (f" and {len(shipped)} shipped Wikipedia training questions (rows {job.config.offset}+ of "
                      f"{', '.join(TRAIN_SETS)}, over the shared corpus)")
             train = train + shipped
+        if job.scale_steps:
+            config = replace(config, rl_steps=rl_steps_for(len(train), config))
     else:
         corpus = job.corpus or data_dir / "corpus" / "combined.jsonl"
         train, dev = load_items(data_dir, config)
         rows = (f"{config.offset}..{config.offset + config.per_dataset + config.dev_per_dataset - 1} of "
                 f"{', '.join(config.datasets)} (yes/no dropped); the last {config.dev_per_dataset} of each set held "
                 "out as the RL stage's dev check")
+    job = replace(job, config=config)
     out.mkdir(parents=True, exist_ok=True)
     from plugsearch.stack.corpus import index_dir_for
 
@@ -220,20 +284,16 @@ def run(job: CompactRun) -> dict[str, Any]:
             "questions made from the corpus's passages by the trainer (plugsearch/trainer/compact/pseudo.py): a cloze over a "
             "sentence, or a two-passage question through a title another document mentions; filtered so that "
             "naive BM25 top-3 misses half of them")}
-        record["trained_on"] = "the corpus's own passages" + (" and labelled questions" if len(job.qa) > 1 else "")
-    if job.shipped:
-        record["trained_on"] = (record.get("trained_on", "labelled questions") +
-                                f" and {len(shipped)} shipped Wikipedia training questions")
     if llm_info is not None:  # a source of its own: how many, from which model, kept of how many passages
-        record["llm_questions"] = {k: v for k, v in llm_info.items() if k != "few_shot_examples"}
-        record["trained_on"] = {"description": record.get("trained_on", "labelled questions" if real_qa else ""),
-                                "llm": {"questions": llm_info["kept"], "model": llm_info["model"],
-                                        "passages_asked": llm_info["passages"], "few_shot": llm_info["few_shot"],
-                                        "evaluated_on": "never" if real_qa else "held-out questions it wrote "
-                                        "(no real evaluation)"}}
+        record["llm_questions"] = {**{k: v for k, v in llm_info.items() if k != "few_shot_examples"},
+                                   "evaluated_on": "never" if own or job.eval_qa else "held-out questions it wrote "
+                                   "(no real evaluation)"}
+    if user is not None:
+        record["trained_on"] = source_counts(train)
     if user is not None:
         record["questions"] = {"files": user.files, "split_seed": job.split_seed,
                                "sizes": {k: len(v) for k, v in user.split.ids().items()},
+                               "sources": user.sources(), "evaluation_file": user.eval_given,
                                "left_out": {k: len(v) for k, v in user.left_out.items()}}
     if retriever.encoder is not None:
         record["dense"] = {"encoder": retriever.encoder, "index": "flat (exact)"}
@@ -242,11 +302,12 @@ def run(job: CompactRun) -> dict[str, Any]:
     search = config.search_setting()
     params = config.search_params()
 
+    start = _start_policy(job, user)
     t = time.perf_counter()
-    warm, warm_info = _warm_start(job, train, dev, retriever, record, search, identity)
+    warm, warm_info = _warm_start(job, train, dev, retriever, record, search, identity, start)
     stages["warm_start"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
-    final, rl_info = _reinforce(job, warm, train, dev, retriever, corpus)
+    final, rl_info = _reinforce(job, warm, train, dev, retriever, corpus, start, warm_info.get("learner"))
     stages["rl"] = round(time.perf_counter() - t, 1)
     final.save(out / "final", {**record, "stage": "warm start + RL", "warm_start": warm_info, "rl": rl_info,
                                "search": search, "corpus": identity})
@@ -285,9 +346,20 @@ def _llm_question_file(job: CompactRun, retriever: IndexRetriever | None, labell
     return retriever, info, path
 
 
+def _start_policy(job: CompactRun, user: UserData | None) -> CompactPolicy | None:
+    """Where a user's warm start starts: the shipped policy (`--start shipped`, the default) or nowhere (scratch,
+    and always on the shipped sets)."""
+    if user is None or job.start == "scratch":
+        return None
+    from plugsearch.searcher.trained import COMPACT_DIR
+
+    return CompactPolicy.load(COMPACT_DIR)
+
+
 def _warm_start(job: CompactRun, train: list[LabeledItem], dev: list[LabeledItem], retriever: IndexRetriever,
-                record: dict[str, Any], search: dict[str, Any], identity: dict[str, Any]
-                ) -> tuple[CompactPolicy, dict[str, Any]]:
+                record: dict[str, Any], search: dict[str, Any], identity: dict[str, Any],
+                start: CompactPolicy | None) -> tuple[CompactPolicy, dict[str, Any]]:
+    from plugsearch.trainer.compact.finetune import learn
     from plugsearch.trainer.compact.warmstart import warm_start
 
     warm_dir = job.out / "warmstart"
@@ -296,20 +368,31 @@ def _warm_start(job: CompactRun, train: list[LabeledItem], dev: list[LabeledItem
         logger.info("reusing the warm start in %s (--no-resume redoes it)", warm_dir)
         return warm, warm.manifest.get("warm_start", {})
     t = time.perf_counter()
-    warm, info = warm_start(train, retriever, job.config, progress=job.progress)
+    if record.get("trained_on") is not None:  # a user's questions: the few-question learner
+        warm, info = learn(train, retriever, job.config, start=start, pull=job.pull,
+                           negative_weight=job.negative_weight, progress=job.progress)
+    else:
+        warm, info = warm_start(train, retriever, job.config, progress=job.progress)
     info["seconds"] = round(time.perf_counter() - t, 1)
-    info["dev"] = dev_check(warm, [d.item for d in dev], retriever, job.config.search_params())
+    info["dev"] = dev_check(warm, [d.item for d in dev], retriever, job.config.search_params()) if dev else {}
     warm.save(warm_dir, {**record, "stage": "warm start", "warm_start": info, "search": search, "corpus": identity})
     return warm, info
 
 
 def _reinforce(job: CompactRun, warm: CompactPolicy, train: list[LabeledItem], dev: list[LabeledItem],
-               retriever: IndexRetriever, corpus: Path) -> tuple[CompactPolicy, dict[str, Any]]:
+               retriever: IndexRetriever, corpus: Path, start: CompactPolicy | None = None,
+               learner: dict[str, Any] | None = None) -> tuple[CompactPolicy, dict[str, Any]]:
     from plugsearch.trainer.common.plotting import plot_reward_curve
     from plugsearch.trainer.common.upstreams import ServiceStack
     from plugsearch.trainer.compact.rl import reinforce, timing
 
     config = job.config
+    pull = (learner or {}).get("pull")
+    if start is not None and pull == "keep":  # the training questions showed no change that helps: none is made
+        return (CompactPolicy(dict(warm.weights), name="compact-gbr"),
+                {"steps": 0, "skipped": "the learner kept the shipped weights (no change helped on the training "
+                 "questions' dev parts)", "first_10_mean_reward": 0.0, "last_10_mean_reward": 0.0, "dev": {}})
+    anchor_pull = float(pull) if start is not None and pull is not None else 0.0
     rl_dir = job.out / "rl"
     rl_dir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
@@ -325,14 +408,18 @@ def _reinforce(job: CompactRun, warm: CompactPolicy, train: list[LabeledItem], d
             return RewardComputer(ServiceStack(settings), kind=config.reward,  # type: ignore[arg-type]
                                   baseline=config.baseline, baselines=store, method="bm25", retriever=retriever)
 
-        final, entries = reinforce(warm, train, retriever, config, rl_dir, make_reward, progress=job.progress)
+        # pulled toward the warm start, the point the learner chose on the training questions (its pull toward the
+        # shipped weights would outweigh RL's small loss and undo that choice)
+        final, entries = reinforce(warm, train, retriever, config, rl_dir, make_reward, progress=job.progress,
+                                   anchor=warm if start is not None else None, pull=anchor_pull)
     first, last = entries[:10], entries[-10:]
     info: dict[str, Any] = {
         "seconds_this_run": round(time.perf_counter() - t, 1), "steps": len(entries), "reward": config.reward,
-        "baseline": config.baseline,
+        "baseline": config.baseline, "pull": anchor_pull if start is not None else None,
         "first_10_mean_reward": round(float(sum(e["mean_reward"] for e in first) / max(1, len(first))), 4),
         "last_10_mean_reward": round(float(sum(e["mean_reward"] for e in last) / max(1, len(last))), 4),
-        "timing": timing(entries), "dev": dev_check(final, [d.item for d in dev], retriever, config.search_params())}
+        "timing": timing(entries),
+        "dev": dev_check(final, [d.item for d in dev], retriever, config.search_params()) if dev else {}}
     if entries:
         what = "recall: span check" if config.reward == "recall" else f"{config.reward}: generator + judge"
         png = plot_reward_curve(entries, rl_dir / "reward_curve.png",
@@ -367,6 +454,22 @@ def recommendation(verdict: bool, versus: Mapping[str, Any], serve_trained: str,
                f"{high:+.3f}]): {serve_trained}"
     return (f"serve the trained policy (it beats naive BM25); against the shipped policy the difference is "
             f"{diff:+.3f} [{low:+.3f}, {high:+.3f}], not measurable on these questions: {serve_trained}")
+
+
+def _learner_note(learner: dict[str, Any]) -> str:
+    """The report's line on how the warm start learnt."""
+    if not learner:
+        return "warm start: from random weights"
+    if learner.get("start") == "scratch":
+        return "warm start: from random weights (--start scratch)"
+    pull = learner.get("pull")
+    how = learner.get("how", "")
+    recall = ", ".join(f"{p} {r:.3f}" for p, r in (learner.get("dev_recall") or {}).items())
+    chosen = f"chosen on {how}; answer recall at 3 per pull: {recall}" if how != "given" else "given"
+    if pull == "keep":
+        return (f"warm start: the shipped policy ({learner.get('start')}), kept unchanged: no change helped on the "
+                f"training questions ({chosen})")
+    return f"warm start: the shipped policy ({learner.get('start')}) fine-tuned with a pull of {pull} toward it ({chosen})"
 
 
 def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, final: CompactPolicy,
@@ -404,38 +507,65 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     serve_trained = f"plugsearch-stack --corpus {corpus_arg} --policy {job.out / 'policy'}"
     serve_shipped = f"plugsearch-stack --corpus {corpus_arg}"
     advice = recommendation(verdict, versus, serve_trained, serve_shipped)
-    real_sets = {item.dataset for item in user.split.eval} - {"pseudo", "llm"}
-    pseudo_only = not real_sets  # every evaluation question made from the corpus or written by the user's LLM
-    by_llm = any(item.dataset == "llm" for item in user.split.eval)
+    learner = (warm.manifest.get("warm_start") or {}).get("learner") or {}
+    if verdict and learner.get("pull") == "keep":  # the same weights: what differs is the verdict it carries
+        advice = (f"serve the trained policy: it is the shipped policy unchanged (your training questions showed no "
+                  f"change that helps), and on your held-back questions it beats naive BM25; its folder carries that "
+                  f"verdict for this corpus, so the searcher serves it without its start-up check: {serve_trained}")
+    evaluated_on = source_counts(user.split.eval)
+    pseudo_only = all(item.source in MADE_UP for item in user.split.eval)
+    """Every evaluation question made from the corpus or written by the user's LLM: no real evaluation."""
+    by_llm = any(item.source == "llm" for item in user.split.eval)
     if pseudo_only and by_llm:  # no real question was evaluated: no verdict on real questions to stand on
         advice = (f"not known: no real evaluation: the figures are on held-out questions your LLM wrote (trained "
                   f"{versus['trained']:.3f}, shipped {versus['shipped']:.3f}), not on questions people asked, so the "
                   "searcher serves naive BM25 with it unless labelled questions of yours show it "
-                  "(SEARCHER_CORPUS_CHECK_QA=FILE) or SEARCHER_CORPUS_CHECK=off; label some questions (--qa, 50 or "
-                  "more) and train again (your LLM's questions then join the training), or serve the shipped policy, "
-                  f"which measures itself on your corpus: {serve_shipped}")
+                  "(SEARCHER_CORPUS_CHECK_QA=FILE) or SEARCHER_CORPUS_CHECK=off; label some questions (--qa FILE, "
+                  "with --eval-qa FILE holding others to judge it on) and train again (your LLM's questions then join "
+                  f"the training), or serve the shipped policy, which measures itself on your corpus: {serve_shipped}")
     elif pseudo_only:
         advice = (f"not known: no real evaluation: evaluated on questions made from the corpus only (trained "
-                  f"{versus['trained']:.3f}, "
-                  f"shipped {versus['shipped']:.3f}, naive BM25 lower by the table above), which did not carry "
-                  "over to real questions on the development sets we measured, so the searcher serves naive BM25 "
-                  "with it unless SEARCHER_CORPUS_CHECK=off; label some questions of yours (--qa, 50 or more) and "
-                  f"train again, or serve the shipped policy, which measures itself on your corpus: {serve_shipped}")
+                  f"{versus['trained']:.3f}, shipped {versus['shipped']:.3f}, naive BM25 lower by the table above), "
+                  "which did not carry over to real questions on the development sets we measured, so the searcher "
+                  "serves naive BM25 with it unless SEARCHER_CORPUS_CHECK=off; label some questions of yours and "
+                  "train again (--qa FILE, with --eval-qa FILE holding others to judge it on), or serve the shipped "
+                  f"policy, which measures itself on your corpus: {serve_shipped}")
+    real_kinds = [s for s in ("labelled", "feedback") if evaluated_on.get(s)]
+    kind = ("llm" if by_llm else "pseudo") if pseudo_only else " and ".join(real_kinds)
+    trained_on = final.manifest.get("trained_on") or source_counts(user.split.train)
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
              f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}, the shipped policy "
              f"({shipped.model}) = {SHIPPED_KEY}",
+             "trained on: " + ", ".join(f"{n} {s}" for s, n in trained_on.items() if n) +
+             (" questions; judged on " + ", ".join(f"{n} held-back {s}" for s, n in evaluated_on.items() if n) +
+              " questions only (" + ("the --eval-qa file" if user.eval_given else f"split seed {job.split_seed}") +
+              "), never on made-up ones" if not pseudo_only else
+              " questions; judged on held-out questions made from the corpus (no real question to judge it on)"),
+             _learner_note(learner),
              f"trained against shipped, answer recall at 3 on the same {versus['n']} questions: {versus['trained']:.3f} "
              f"against {versus['shipped']:.3f}, paired difference {versus['difference']:+.3f} "
-             f"[{versus['ci95'][0]:+.3f}, {versus['ci95'][1]:+.3f}]",
-             f"**Which to serve**: {advice}"]
+             f"[{versus['ci95'][0]:+.3f}, {versus['ci95'][1]:+.3f}]"]
+    if user.eval_in_training:
+        notes.append(f"{len(user.eval_in_training)} of the evaluation questions are asked in the same words as a "
+                     "training question: those are not new questions to the policy")
+    if evaluated_on.get("feedback"):
+        notes.append(f"{evaluated_on['feedback']} of the evaluation questions are marks from use: a returned passage "
+                     "counts as found only where a user marked it helpful, and users marked only what a searcher "
+                     "showed them, so the searcher that showed them (naive BM25 where the searcher fell back to it) "
+                     "scores best by construction; judge the policy on held-back labelled questions (--eval-qa FILE)")
+    if versus["n"] < MIN_SPLIT["eval"]:
+        notes.append(f"only {versus['n']} evaluation questions: the intervals are wide, and a verdict needs the "
+                     "interval above 0")
+    notes.append(f"**Which to serve**: {advice}")
     report = write_budget_report(result, systems, job.out / "report", key=VERDICT_KEY,
                                  title=f"compact searcher on {identity['file']}", notes=notes)
     summary = ", ".join(f"{name} {g:+.3f}" for name, g in gains.items() if g is not None)
     folder = job.out / "policy"
-    manifest = {**final.manifest, "evaluation": {
+    manifest = {**final.manifest, "trained_on": trained_on, "evaluation": {
         "summary": f"answer recall at 3 documents minus naive BM25 top-3 on the evaluation split: {summary}",
         "beats_naive": verdict, "gains_at_3": gains, "versus_shipped": versus, "recommendation": advice,
-        "questions": ("llm" if by_llm else "pseudo") if pseudo_only else "labelled", "bench": result}}
+        "questions": kind, "evaluated_on": evaluated_on, "n": versus["n"],
+        "part": "the --eval-qa file(s)" if user.eval_given else f"split by seed {job.split_seed}", "bench": result}}
     final.save(folder, manifest)
     for name in ("report.md", "report.png"):
         if (job.out / "report" / name).is_file():
@@ -443,5 +573,6 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     shutil.copyfile(job.out / "split.json", folder / "split.json")
     return {"policy": str(folder), "serve": advice, "beats_naive": verdict, "versus_shipped": versus,
             "gains_at_3": gains, "report": report["markdown"], "png": report["png"],
-            "questions": json.loads(json.dumps(user.record()["sizes"])),
+            "questions": json.loads(json.dumps(user.record()["sizes"])), "trained_on": trained_on,
+            "evaluated_on": evaluated_on, "learner": learner or None,
             "left_out": {k: len(v) for k, v in user.left_out.items()}}
