@@ -108,6 +108,12 @@ class Passage:
         return out
 
 
+def doc_id_of(passage_id: str) -> str:
+    """The document of a passage: its id before the last `#` (the passage id itself when it has none)."""
+    head, sep, tail = passage_id.rpartition("#")
+    return head if sep and tail.isdigit() else passage_id
+
+
 def passage_number(passage_id: str) -> int:
     """A passage's position in its document, from its id (`<doc_id>#<n>`; 0 for an id without one)."""
     _, sep, tail = passage_id.rpartition("#")

@@ -303,8 +303,7 @@ def read_upload(name: str, content_base64: str, *, doc_id: str | None, title: st
     from pydantic import TypeAdapter, ValidationError
 
     from plugsearch.common.schemas.retriever import MAX_PUT_PASSAGES, DocumentId
-    from plugsearch.retriever.ingest.passages import numbered, passages_hash
-    from plugsearch.retriever.live.overlay import doc_id_of
+    from plugsearch.retriever.ingest.passages import doc_id_of, numbered, passages_hash
 
     jsonl = FORMATS[kind_of(name)].is_corpus
     if jsonl and (doc_id is not None or title is not None):

@@ -29,7 +29,7 @@ from plugsearch.retriever.ingest.remote import Refused, add_connection_options, 
 def documents_of(corpus: Path) -> Iterator[dict[str, Any]]:
     """The corpus file's documents in order, each with its passages (rows of one `doc_id` must be adjacent, as
     `ingest` writes them)."""
-    from plugsearch.retriever.live.overlay import doc_id_of
+    from plugsearch.retriever.ingest.passages import doc_id_of
     from plugsearch.retriever.store.corpus import CorpusError, parse_line
 
     current: dict[str, Any] | None = None

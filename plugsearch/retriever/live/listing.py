@@ -16,9 +16,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from plugsearch.retriever.ingest.passages import document_hash, passage_digest, passage_number
+from plugsearch.retriever.ingest.passages import doc_id_of, document_hash, passage_digest, passage_number
 from plugsearch.retriever.live.overlay import LiveIndex, View
-from plugsearch.retriever.live.state import doc_id_of
 from plugsearch.retriever.store.docstore import DocumentStore
 
 

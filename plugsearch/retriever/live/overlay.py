@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from plugsearch.retriever.backends.base import DenseMirror, Hits, Retriever
 from plugsearch.retriever.encoders.encoder import Encoder
-from plugsearch.retriever.ingest.passages import Passage
+from plugsearch.retriever.ingest.passages import Passage, doc_id_of
 from plugsearch.retriever.live import mirror as mirroring
 from plugsearch.retriever.live.changelog import (
     Change,
@@ -45,7 +45,7 @@ from plugsearch.retriever.live.changelog import (
 )
 from plugsearch.retriever.live.generations import ORIGIN_BITS, Base
 from plugsearch.retriever.live.lexical import LazyStats, LexicalSegment, Postings
-from plugsearch.retriever.live.state import LiveState, Overlay, base_positions, doc_id_of
+from plugsearch.retriever.live.state import LiveState, Overlay, base_positions
 from plugsearch.retriever.live.vectors import ENCODE_LOCK, Batch, CatchUp, DenseSegment, VectorRows, missing
 from plugsearch.retriever.store.corpus import indexed_text
 from plugsearch.retriever.store.docstore import DocumentStore

@@ -32,12 +32,6 @@ MAX_PASSAGES_PER_DOCUMENT = 100_000
 COUNTERS = ("added", "replaced", "deleted", "passages")
 
 
-def doc_id_of(passage_id: str) -> str:
-    """The document of a passage: its id before the last `#` (the passage id itself when it has none)."""
-    head, sep, tail = passage_id.rpartition("#")
-    return head if sep and tail.isdigit() else passage_id
-
-
 def base_positions(store: DocumentStore, doc_id: str) -> list[int]:
     """The base's passages of `doc_id`: `<doc_id>` and `<doc_id>#0`, `#1`, ... while they are there."""
     found = [int(p) for p in store.positions([doc_id]) if p >= 0]
