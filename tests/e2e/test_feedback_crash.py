@@ -8,11 +8,8 @@ be marked."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,9 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, free_port
 from tests.support.retriever import tiny_bm25s
-from tests.support.services import retriever_process
+from tests.support.services import power_cut, retriever_process, start_killable
 
 pytestmark = pytest.mark.e2e
 
@@ -32,28 +28,7 @@ TOKEN = "feedback-crash-internal-0002"
 
 def start(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The searcher, in its own session (so its workers die with it), ready when it answers."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.searcher"], cwd=REPO, start_new_session=True,
-                                env={**os.environ, **env, "SEARCHER_PORT": str(port)}, stdout=out,
-                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"the searcher exited ({proc.returncode}): {log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"the searcher did not get ready: {log.read_text()[-3000:]}")
-
-
-def power_cut(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    return start_killable("plugsearch.searcher", env, log, timeout_s=120)
 
 
 Mark = tuple[list[str], list[str]]

@@ -6,12 +6,8 @@ served."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, free_port
 from tests.support.retriever import cached_index_dir, ensure_tiny_indexes, tiny_settings, write_tiny_corpus
+from tests.support.services import power_cut, start_killable
 
 pytestmark = pytest.mark.e2e
 
@@ -29,32 +25,7 @@ TOKEN = "crash-test-internal-token"
 
 def start(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The retriever, ready when every worker has loaded (a worker still loading answers 503)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    since = log.stat().st_size if log.exists() else 0
-    workers = int(env["RETRIEVER_WORKERS"])
-    with log.open("ab") as out:  # the child keeps its own copy of the file
-        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.retriever"], cwd=REPO, start_new_session=True,
-                                env={**os.environ, **env, "RETRIEVER_PORT": str(port)}, stdout=out,
-                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        loaded = log.read_bytes()[since:].count(b"retriever ready in")
-        try:
-            if loaded >= workers and httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"the retriever exited ({proc.returncode}): {log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"the retriever did not get ready: {log.read_text()[-3000:]}")
-
-
-def power_cut(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):  # a group already gone (its process exited) is cut already
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    return start_killable("plugsearch.retriever", env, log, loaded=(b"retriever ready in", int(env["RETRIEVER_WORKERS"])))
 
 
 def words(n: int) -> str:

@@ -23,7 +23,7 @@ import pytest
 from plugsearch.retriever.ingest.passages import passages_hash
 from plugsearch.retriever.ingest.run import document_id, read_data
 from tests.conftest import REPO, free_port
-from tests.e2e.test_live_crash import power_cut
+from tests.support.services import power_cut, start_killable
 from tests.unit.test_ingest import PAGE_HTML, SETUP_MD, write_pdf
 
 pytestmark = pytest.mark.e2e
@@ -83,25 +83,8 @@ def in_step(root: Path, url: str) -> None:
 
 def start(env: dict[str, str], log: Path, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """The retriever (`python -m plugsearch.retriever`), ready when every worker has loaded."""
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    since = log.stat().st_size if log.exists() else 0
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "plugsearch.retriever"], cwd=REPO, start_new_session=True,
-                                env={**os.environ, **env, "RETRIEVER_PORT": str(port)}, stdout=out,
-                                stderr=subprocess.STDOUT)
-    for _ in range(1200):
-        loaded = log.read_bytes()[since:].count(b"retriever ready in")
-        try:
-            if loaded >= int(env["RETRIEVER_WORKERS"]) and \
-                    httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(f"the retriever exited ({proc.returncode}): {log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"the retriever did not get ready: {log.read_text()[-3000:]}")
+    return start_killable("plugsearch.retriever", env, log, port=port,
+                          loaded=(b"retriever ready in", int(env["RETRIEVER_WORKERS"])))
 
 
 def start_refused(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -7,17 +7,62 @@ The BM25 index of the shared corpus is built once (bm25s, a few seconds) under
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from plugsearch.common.procgroup import ProcessGroup, ProcessGroupError, ProcessSpec
 from plugsearch.common.workers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def start_killable(module: str, env: Mapping[str, str], log: Path, *, port: int | None = None,
+                   loaded: tuple[bytes, int] | None = None,
+                   timeout_s: float = 240.0) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m <module>` (`plugsearch.retriever`, `plugsearch.searcher`: its port setting `<NAME>_PORT`) in a
+    session of its own, so that `power_cut` kills it with its workers; ready when `/health/ready` answers 200 and,
+    with `loaded` = (line, n), the log holds that line n times since the start (each worker's `retriever ready in`:
+    a worker still loading answers 503)."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    prefix = module.rsplit(".", 1)[-1].upper()
+    since = log.stat().st_size if log.exists() else 0
+    with log.open("ab") as out:  # the child keeps its own copy of the file
+        proc = subprocess.Popen([sys.executable, "-m", module], cwd=REPO, start_new_session=True,
+                                env={**os.environ, **env, f"{prefix}_PORT": str(port)}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    line, wanted = loaded or (b"", 0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if (not wanted or log.read_bytes()[since:].count(line) >= wanted) and httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"{module} exited ({proc.returncode}): {log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    power_cut(proc)
+    raise AssertionError(f"{module} did not get ready: {log.read_text()[-3000:]}")
+
+
+def power_cut(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL of the process's whole group (its workers with it), as a power cut would; a group already gone is
+    cut already."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def ensure_bm25_index(corpus: Path, var_dir: Path) -> Path:

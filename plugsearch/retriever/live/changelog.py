@@ -29,7 +29,6 @@ once, under the log's lock, into a new SQLite file with the same sequence number
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -48,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from plugsearch.common.files import fsync_folder
 from plugsearch.retriever.ingest.passages import Passage
 
 logger = logging.getLogger(__name__)
@@ -271,11 +271,11 @@ class ChangeLog:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-        _fsync_folder(self.folder)
+        fsync_folder(self.folder)
         legacy = self.folder / LEGACY_FILE
         if legacy.is_file():
             os.replace(legacy, legacy.with_name(LEGACY_FILE + MIGRATED_SUFFIX))
-            _fsync_folder(self.folder)
+            fsync_folder(self.folder)
             logger.info("change log %s migrated to %s (the old file kept as %s%s)", legacy, self.path, LEGACY_FILE,
                         MIGRATED_SUFFIX)
 
@@ -634,17 +634,6 @@ def _probe_write(folder: Path) -> None:
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
-
-
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------------- the legacy log
