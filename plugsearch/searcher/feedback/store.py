@@ -45,6 +45,10 @@ BUSY_TIMEOUT_S = 10.0
 MAX_PENDING = 10_000
 """Searches queued for the writer at most; past it a search is not recorded (counted, logged)."""
 WRITE_BATCH = 512
+GATHER_S = 0.05
+"""After a search arrives, the writer waits this long for more before it writes: a few batches a second instead of
+one wake-up (and one commit) per search, which took the event loop's GIL on every search (naive top-k served about
+a fifth fewer searches/s at 16 clients with marks on: docs/benchmarks.md). A mark flushes the writer first."""
 PRUNE_EVERY_S = 60.0
 TITLE_CHARS = 300
 MAX_LISTED_IDS = 10
@@ -385,7 +389,7 @@ _STOP = object()
 
 class SearchWriter:
     """The searches' writer: one thread with its own connection (`synchronous=NORMAL`), writing what `record`
-    queued in batches (whatever has queued while the last batch was written, up to `WRITE_BATCH`), and pruning
+    queued in batches (whatever queued within `GATHER_S` of a search, up to `WRITE_BATCH`), and pruning
     every `PRUNE_EVERY_S`. `record` never blocks: past `MAX_PENDING` queued, the search is not recorded."""
 
     def __init__(self, path: Path, limits: StoreLimits, *, clock: Any = time.time) -> None:
@@ -431,6 +435,8 @@ class SearchWriter:
         try:
             while True:
                 items = [self._queue.get()]
+                if isinstance(items[0], SearchRecord):
+                    time.sleep(GATHER_S)
                 while len(items) < WRITE_BATCH:
                     try:
                         items.append(self._queue.get_nowait())
