@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from plugsearch.common.procgroup import ProcessSpec
-from plugsearch.trainer.common.data import QAItem, default_data_dir, load_qa
+from plugsearch.common.qa import QAItem, default_data_dir, load_qa
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = default_data_dir()

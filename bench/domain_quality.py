@@ -4,7 +4,7 @@ top-3, with paired 95% bootstrap intervals.
 
 Corpora: `combined` (the shared Wikipedia corpus; its questions: rows 0-99 of nq, hotpotqa, 2wikimultihopqa,
 popqa) and the development sets in `<data>/domain/` (tatqa, policyqa, realtimeqa). A development set's
-evaluation part is the trainer's seeded split of its questions (`plugsearch.trainer.common.data.split_items`, seed 0,
+evaluation part is the trainer's seeded split of its questions (`plugsearch.common.qa.split_items`, seed 0,
 20% at most 500: what `plugsearch-train compact --qa` evaluates on), yes/no questions left out; the rest is
 never looked at here.
 
@@ -43,7 +43,7 @@ DOMAIN_SETS = ("tatqa", "policyqa", "realtimeqa")
 def corpus_and_questions(name: str, part: str = "eval") -> tuple[Path, list[Any]]:
     """The corpus and its questions: the evaluation part, or (`part` tune) questions of the training part, for
     developing the check without looking at the evaluation part."""
-    from plugsearch.trainer.common.data import load_qa, read_qa_file, split_items, split_sizes
+    from plugsearch.common.qa import load_qa, read_qa_file, split_items, split_sizes
 
     if name == "combined":
         if part == "tune":

@@ -1,7 +1,7 @@
 """Marks from use, end to end, with a simulated user: search, mark what helped, export, train, serve, evaluate.
 
 On a development set of `<data>/domain/` (default tatqa), split as the trainer splits a user's questions
-(`plugsearch.trainer.common.data.split_items`, seed `--split-seed`, yes/no questions left out; the evaluation part is
+(`plugsearch.common.qa.split_items`, seed `--split-seed`, yes/no questions left out; the evaluation part is
 never searched, marked or trained on here):
 
 1. the stack serves the set's corpus (`plugsearch-stack --corpus`, its own `--var-dir` under `--out`, so the marks of
@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, REPO, log  # noqa: E402
 from plugsearch.common.answers import is_yes_no, span_match  # noqa: E402
+from plugsearch.common.qa import QAItem, read_qa_file, split_items, split_sizes  # noqa: E402
 from plugsearch.common.stats import bootstrap_interval  # noqa: E402
-from plugsearch.trainer.common.data import QAItem, read_qa_file, split_items, split_sizes  # noqa: E402
 
 BUDGET = 3
 

@@ -37,8 +37,8 @@ DEV = 250
 def simulated_marks(items: list[Any], retriever: Any, policy: Any, params: Any) -> list[Any]:
     """What a user would export after searching `items` with `policy`: per search with a helpful passage, the
     question labelled by the passages holding its answer (`passage_ids`) and the rest marked not helpful."""
+    from plugsearch.common.qa import QAItem, found
     from plugsearch.searcher.loop import run_search
-    from plugsearch.trainer.common.data import QAItem, found
     from plugsearch.trainer.compact.finetune import served_params
 
     async def go() -> list[Any]:

@@ -63,7 +63,7 @@ def split_of(name: str) -> tuple[Path, list[Any], list[Any]]:
     """The set's corpus, its evaluation part (the trainer's seeded split, as `bench/domain_quality.py`) and the
     training pool (every other question, in the split's seeded order)."""
     from plugsearch.common.answers import is_yes_no
-    from plugsearch.trainer.common.data import read_qa_file, split_items, split_sizes
+    from plugsearch.common.qa import read_qa_file, split_items, split_sizes
 
     corpus = DATA / "domain" / f"{name}_corpus.jsonl"
     items = [q for q in read_qa_file(DATA / "domain" / f"{name}_qa.jsonl") if not is_yes_no(q.golden_answers)]
@@ -156,9 +156,9 @@ class SetRunner:
 
     def baselines(self) -> dict[str, list[float]]:
         """Per evaluation question: naive BM25 / dense / hybrid top-3 and the shipped policy found it (cached)."""
+        from plugsearch.common.qa import found
         from plugsearch.searcher.compact import CompactPolicy
         from plugsearch.searcher.trained import COMPACT_DIR
-        from plugsearch.trainer.common.data import found
         from plugsearch.trainer.compact.config import CompactConfig
         from plugsearch.trainer.compact.finetune import greedy_hits
 
@@ -343,7 +343,7 @@ def main() -> None:
     parser.add_argument("--plot", default=str(REPO / "docs" / "learning_curve.png"))
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
-    from plugsearch.trainer.common.data import append_durable, read_jsonl
+    from plugsearch.common.qa import append_durable, read_jsonl
     from plugsearch.trainer.compact.config import CompactConfig
     from plugsearch.trainer.compact.finetune import cached_demonstrations
 

@@ -37,8 +37,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "var" / "bench" / "llm-questions")
     args = parser.parse_args()
     from plugsearch.common.llama_server import LlamaServer
+    from plugsearch.common.qa import QAFileError, load_qa
     from plugsearch.stack.corpus import index_dir_for
-    from plugsearch.trainer.common.data import QAFileError, load_qa
     from plugsearch.trainer.common.retrieval import IndexRetriever
     from plugsearch.trainer.compact.llm_questions import INFO_FILE, LLMQuestions, question_file
 

@@ -35,9 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from plugsearch.common.qa import QAItem, default_data_dir, load_qa  # noqa: E402
 from plugsearch.common.schemas.base import Document  # noqa: E402
 from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
-from plugsearch.trainer.common.data import QAItem, default_data_dir, load_qa  # noqa: E402
 
 
 class MemoryBM25:

@@ -36,10 +36,10 @@ sys.path.insert(0, str(REPO))
 from plugsearch.common.aio import AsyncRunner  # noqa: E402
 from plugsearch.common.answers import is_yes_no  # noqa: E402
 from plugsearch.common.logging import configure_logging  # noqa: E402
+from plugsearch.common.qa import default_data_dir, train_split  # noqa: E402
 from plugsearch.common.schemas.searcher import SearchParams  # noqa: E402
 from plugsearch.trainer.cli.baseline import select_training_questions  # noqa: E402
 from plugsearch.trainer.cli.common import baseline_store  # noqa: E402
-from plugsearch.trainer.common.data import default_data_dir, train_split  # noqa: E402
 from plugsearch.trainer.common.localstack import LocalServices  # noqa: E402
 from plugsearch.trainer.common.plotting import plot_reward_curve  # noqa: E402
 from plugsearch.trainer.common.upstreams import ServiceStack  # noqa: E402

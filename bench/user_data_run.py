@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, log  # noqa: E402
-from plugsearch.trainer.common.data import default_data_dir  # noqa: E402
+from plugsearch.common.qa import default_data_dir  # noqa: E402
 
 CORPUS_OF = {"nq": "nq_gold", "hotpotqa": "hotpotqa", "2wikimultihopqa": "2wikimultihopqa", "popqa": "popqa"}
 

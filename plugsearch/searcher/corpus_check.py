@@ -100,7 +100,7 @@ def read_labelled(path: Path, limit: int | None = None) -> list[LabelledQuestion
     """The operator's labelled questions (`SEARCHER_CORPUS_CHECK_QA`), read as `plugsearch-train compact --qa`
     reads a question file (every bad row refused with its line: `ValueError`); yes/no questions left out (the
     span check cannot judge them); the first `limit`."""
-    from plugsearch.trainer.common.data import read_qa_file  # the one reader of a user's question files
+    from plugsearch.common.qa import read_qa_file  # the one reader of a user's question files
 
     items = [q for q in read_qa_file(path) if q.passage_ids or not is_yes_no(q.golden_answers)]
     return [LabelledQuestion(q.question, tuple(q.golden_answers), tuple(q.passage_ids))

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from bench.load import LocalStack
-from plugsearch.trainer.common.data import load_qa
+from plugsearch.common.qa import load_qa
 
 pytestmark = pytest.mark.e2e
 

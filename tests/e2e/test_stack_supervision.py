@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from plugsearch.trainer.common.data import load_qa
+from plugsearch.common.qa import load_qa
 from tests.e2e.test_stack import alive, descendants, log_tail, wait_ready
 from tests.e2e.test_stack_failures import REPO
 

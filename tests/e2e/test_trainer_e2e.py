@@ -71,9 +71,9 @@ def test_grpo_smoke_run_through_real_services(stack: LocalServices, policy_path:
     import torch
 
     from plugsearch.common.aio import AsyncRunner
+    from plugsearch.common.qa import train_split
     from plugsearch.common.schemas.searcher import SearchParams
     from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
-    from plugsearch.trainer.common.data import train_split
     from plugsearch.trainer.common.upstreams import ServiceStack
     from plugsearch.trainer.llm.grpo import TrainConfig, build_trainer, read_reward_log, train
     from plugsearch.trainer.llm.probe import GradientProbe

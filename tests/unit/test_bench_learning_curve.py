@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.learning_curve import draw, plan, smallest_n
-from plugsearch.trainer.common.data import QAItem
+from plugsearch.common.qa import QAItem
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.run import MIN_RL_STEPS, rl_steps_for
 

@@ -218,7 +218,7 @@ def test_export_writes_one_labelled_question_per_marked_search(tmp_path: Path, c
     assert summary == {"out": str(out), "rows": 2, "marks": 3, "left_out_min_helpful": 1, "min_helpful": 1,
                        "since": None}
     # the trainer's reader takes these rows as labelled questions (`passage_ids`)
-    from plugsearch.trainer.common.data import read_qa_file
+    from plugsearch.common.qa import read_qa_file
 
     assert [(q.id, q.passage_ids) for q in read_qa_file(out)] == [(r["id"], r["passage_ids"]) for r in rows]
     assert main(["export", "--db", str(path), "--out", str(out), "--since", "2026-09-25", "--min-helpful", "1"]) == 0

@@ -72,3 +72,16 @@ def test_the_client_runs_without_the_server_packages() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[0] == "SearchResponse naive", done.stdout
     assert done.stdout.splitlines()[1].startswith("refused:"), done.stdout
+
+
+def test_the_rooms_import_one_way() -> None:
+    """No cycle between the top-level rooms (plugsearch.common, .retriever, .searcher, .trainer, ...), counting lazy
+    imports too: the searcher never reaches into the trainer, common into a service (scripts/import_graph.py)."""
+    import json
+
+    done = subprocess.run([sys.executable, "scripts/import_graph.py", "--depth", "2"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["packages_n"] >= 10, figures  # the graph saw the rooms
+    assert figures["package_cycles"] == [], figures["package_cycles"]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from plugsearch.common.llm import LLMSettings, OpenAIChatClient
-from plugsearch.trainer.common.data import QAFileError, QAItem
+from plugsearch.common.qa import QAFileError, QAItem
 from plugsearch.trainer.common.retrieval import IndexRetriever
 from plugsearch.trainer.compact.llm_questions import (
     CACHE_FILE,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plugsearch.common.qa import QAItem
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchedDocument, SearchParams
 from plugsearch.searcher.compact import (
@@ -33,7 +34,6 @@ from plugsearch.searcher.compact import (
 )
 from plugsearch.searcher.env import Action, InfoBlock, SearchEnv, SearchEvent
 from plugsearch.searcher.loop import run_search
-from plugsearch.trainer.common.data import QAItem
 from plugsearch.trainer.common.rewards import documents_hit
 from plugsearch.trainer.compact.data import LabeledItem
 from plugsearch.trainer.compact.rl import Episode, run_episode

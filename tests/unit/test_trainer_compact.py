@@ -285,8 +285,8 @@ def test_which_policy_to_serve_follows_the_paired_intervals() -> None:
 
 def test_questions_labelled_by_passage_ids_are_read_checked_and_scored(tmp_path: Path) -> None:
     """BEIR / TREC-style labels: the ids of the passages that answer a question, instead of its answers."""
+    from plugsearch.common.qa import QAFileError, QAItem, answerable, found, read_qa_file
     from plugsearch.common.schemas.base import Document
-    from plugsearch.trainer.common.data import QAFileError, QAItem, answerable, found, read_qa_file
 
     qa = tmp_path / "qrels.jsonl"
     qa.write_text("\n".join(json.dumps(r) for r in (

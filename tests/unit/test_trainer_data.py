@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugsearch.trainer.common.data import (
+from plugsearch.common.qa import (
     MIN_SPLIT,
     QAFileError,
     QAItem,
@@ -130,8 +130,8 @@ def test_a_users_files_are_checked_split_and_recorded(tmp_path: Path) -> None:
 def test_feedback_rows_are_read_as_questions_labelled_by_their_marks(tmp_path: Path) -> None:
     """The rows `plugsearch-feedback export` writes: the passages marked as helpful are what counts as found, the
     ones marked as not helpful are kept as hard negatives; every bad row is refused with its file and line."""
+    from plugsearch.common.qa import found, read_feedback_file
     from plugsearch.common.schemas.base import Document
-    from plugsearch.trainer.common.data import found, read_feedback_file
 
     path = write(tmp_path / "marks.jsonl", [
         {"id": "s1", "question": "what is the refund window?", "passage_ids": ["p1"], "negative_ids": ["p2", "p3"],
@@ -211,8 +211,8 @@ def test_an_evaluation_file_lets_a_few_questions_train_and_made_up_ones_never_ev
 
 def test_the_rows_plugsearch_feedback_export_writes_are_the_rows_the_trainer_reads(tmp_path: Path) -> None:
     """The contract between `plugsearch-feedback export` and `plugsearch-train compact --feedback`."""
+    from plugsearch.common.qa import read_feedback_file
     from plugsearch.searcher.feedback.cli import training_row
-    from plugsearch.trainer.common.data import read_feedback_file
 
     marks = [{"search_id": "kq1", "question": "What was the total sales in 2019?", "helpful": ["tatqa-0042-001"],
               "not_helpful": ["tatqa-0107-000"], "answer": "$1,496.5 million"},

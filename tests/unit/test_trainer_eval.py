@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plugsearch.trainer.common.data import QAItem
+from plugsearch.common.qa import QAItem
 from plugsearch.trainer.common.evaluation import (
     EvalConfig,
     EvalRecord,

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from plugsearch.common.qa import QAItem
 from plugsearch.searcher.compact import CANDIDATE_FEATURES, DOC_FEATURES, LEXICAL_SCORER, CompactPolicy
-from plugsearch.trainer.common.data import QAItem
 from plugsearch.trainer.compact import finetune
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.data import labeled

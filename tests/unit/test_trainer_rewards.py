@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from plugsearch.common.qa import QAItem, s3_filter, train_split
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.retriever import Method
 from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore, baselines_for, ensure_baselines
-from plugsearch.trainer.common.data import QAItem, s3_filter, train_split
 from plugsearch.trainer.common.rewards import RewardComputer, Trajectory, format_score
 from plugsearch.trainer.common.upstreams import Answered
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from plugsearch.common.qa import QAItem
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchedDocument, SearchParams
 from plugsearch.searcher import parsing
 from plugsearch.searcher.env import InfoBlock
-from plugsearch.trainer.common.data import QAItem
 from plugsearch.trainer.llm.episode import ChatTokens
 from plugsearch.trainer.llm.warmstart import (
     Example,

@@ -148,3 +148,31 @@ class Corpus:
         corpus.checksum = checksum or (file_checksum(path) if limit is None else "")
         logger.info("loaded corpus %s: %s documents", path, len(corpus.ids))
         return corpus
+
+
+def check_corpus_file(path: Path, *, progress: bool = False) -> int:
+    """Every row of a corpus file read before any work (what the retriever will index; the trainer checks a user's
+    corpus with it): a row that is not a passage, or an id used twice, raises `QAFileError` with its line (and the
+    line of the first use); returns the passages counted."""
+    from tqdm import tqdm
+
+    from plugsearch.common.qa import QAFileError
+
+    first: dict[str, int] = {}
+    try:
+        size = path.stat().st_size
+        with tqdm(total=size, unit="B", unit_scale=True, desc="checking the corpus", disable=not progress) as bar:
+            for lineno, line in corpus_lines(path):
+                doc_id, _, _ = parse_line(line, lineno, path)
+                bar.update(len(line))
+                seen = first.setdefault(doc_id, lineno)
+                if seen != lineno:
+                    raise QAFileError(f"{path}:{lineno}: passage id {doc_id!r} is used again (first at line {seen}); "
+                                      "every passage needs its own id")
+    except CorpusError as exc:
+        raise QAFileError(str(exc)) from exc
+    except OSError as exc:
+        raise QAFileError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
+    if not first:
+        raise QAFileError(f"{path}: the corpus holds no passage")
+    return len(first)

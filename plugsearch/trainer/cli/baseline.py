@@ -9,9 +9,9 @@ import logging
 from typing import Any
 
 from plugsearch.common.answers import is_yes_no
+from plugsearch.common.qa import QAItem, s3_filter, train_split
 from plugsearch.trainer.cli.common import add_common, add_train_set, baseline_store, settings_from
 from plugsearch.trainer.common.baseline import ensure_baselines
-from plugsearch.trainer.common.data import QAItem, s3_filter, train_split
 from plugsearch.trainer.common.settings import TrainerSettings
 from plugsearch.trainer.common.upstreams import ServiceStack
 

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.qa import TRAIN_DATASETS
 from plugsearch.stack.specs import default_llm_threads
 from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
-from plugsearch.trainer.common.data import TRAIN_DATASETS
 from plugsearch.trainer.common.settings import TrainerSettings
 
 RUN_RECORD = "run.json"

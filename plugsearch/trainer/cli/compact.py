@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.qa import QAFileError
 from plugsearch.trainer.cli.common import LLM_THREADS_DEFAULT, command_line, count, positive, settings_from
-from plugsearch.trainer.common.data import QAFileError
 from plugsearch.trainer.common.rewards import BASELINES
 from plugsearch.trainer.compact.config import CompactConfig, default
 

@@ -9,8 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plugsearch.common.qa import DATASETS, QAItem, eval_split
 from plugsearch.trainer.cli.common import LLM_THREADS_DEFAULT, add_common, positive, settings_from
-from plugsearch.trainer.common.data import DATASETS, QAItem, eval_split
 from plugsearch.trainer.common.localstack import services_for
 from plugsearch.trainer.common.settings import TrainerSettings
 from plugsearch.trainer.common.upstreams import ServiceStack

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from plugsearch.common.answers import is_yes_no
+from plugsearch.common.qa import QAItem
 from plugsearch.trainer.cli.baseline import candidates, select_training_questions
 from plugsearch.trainer.cli.common import (
     add_common,
@@ -20,7 +21,6 @@ from plugsearch.trainer.cli.common import (
     record_run,
     settings_from,
 )
-from plugsearch.trainer.common.data import QAItem
 from plugsearch.trainer.common.localstack import services_for
 from plugsearch.trainer.common.rewards import BASELINES
 from plugsearch.trainer.common.settings import TrainerSettings

@@ -19,9 +19,9 @@ from pydantic import BaseModel
 
 from plugsearch.common.cache import ResultCache, cache_key, make_cache
 from plugsearch.common.files import atomic_write_text
+from plugsearch.common.qa import QAItem, append_durable, read_jsonl
 from plugsearch.common.schemas.retriever import Method
 from plugsearch.searcher.env import RetrieverBackend
-from plugsearch.trainer.common.data import QAItem, append_durable, read_jsonl
 from plugsearch.trainer.common.upstreams import QAServices
 
 logger = logging.getLogger(__name__)

@@ -30,12 +30,12 @@ from pydantic import BaseModel
 
 from plugsearch.common.answers import span_match
 from plugsearch.common.clients import SearcherClient
+from plugsearch.common.qa import QAItem, append_durable, found, read_jsonl
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams, SearchRequest
 from plugsearch.common.stats import bootstrap_interval
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.loop import ActingPolicy, run_search
-from plugsearch.trainer.common.data import QAItem, append_durable, found, read_jsonl
 from plugsearch.trainer.common.upstreams import QAServices
 
 logger = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ def documents_hit(documents: Sequence[Document] | Sequence[dict[str, Any]], gold
 
 def scores(documents: Sequence[Document], item: QAItem) -> dict[str, float]:
     """One question's scores of one searcher's documents: `hit` (a gold answer or a labelled passage among them,
-    `plugsearch.trainer.common.data.found`) and `all_gold` (every supporting title among them)."""
+    `plugsearch.common.qa.found`) and `all_gold` (every supporting title among them)."""
     titles = {d.title for d in documents}
     gold_titles = frozenset(item.supporting_titles)
     return {"hit": float(found(documents, item)), "all_gold": float(bool(gold_titles) and gold_titles <= titles)}

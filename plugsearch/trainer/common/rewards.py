@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from plugsearch.common.answers import span_match
+from plugsearch.common.qa import QAItem
+from plugsearch.common.qa import found as found_in
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.retriever import Method
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.trainer.common.baseline import BaselineRecord, BaselineStore, baselines_for
-from plugsearch.trainer.common.data import QAItem
-from plugsearch.trainer.common.data import found as found_in
 from plugsearch.trainer.common.settings import RewardKind
 from plugsearch.trainer.common.upstreams import Answered, QAServices
 

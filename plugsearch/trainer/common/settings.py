@@ -11,8 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from plugsearch.common.http import ClientSettings
 from plugsearch.common.paths import REPOSITORY
+from plugsearch.common.qa import default_data_dir
 from plugsearch.common.schemas.retriever import Method
-from plugsearch.trainer.common.data import default_data_dir
 
 RewardKind = Literal["gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]
 RewardSetting = Literal["auto", "gbr", "genacc", "em", "qagent", "gbr_genacc", "recall"]

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from plugsearch.common.answers import is_yes_no
-from plugsearch.common.schemas.base import Document
-from plugsearch.trainer.common.data import (
+from plugsearch.common.qa import (
     MADE_UP,
     MIN_SPLIT,
     SOURCES,
@@ -28,6 +27,7 @@ from plugsearch.trainer.common.data import (
     split_rank,
     split_sizes,
 )
+from plugsearch.common.schemas.base import Document
 from plugsearch.trainer.compact.config import FIRST_TRAIN_ROW, NEVER_TRAIN, CompactConfig
 
 logger = logging.getLogger(__name__)

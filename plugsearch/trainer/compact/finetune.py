@@ -22,11 +22,11 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugsearch.common.qa import MADE_UP, QAItem, found
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.compact import CompactPolicy, TextCache
 from plugsearch.searcher.env import RetrieverBackend
 from plugsearch.searcher.loop import run_search
-from plugsearch.trainer.common.data import MADE_UP, QAItem, found
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.data import LabeledItem
 from plugsearch.trainer.compact.warmstart import Demonstration, demonstrations, fit

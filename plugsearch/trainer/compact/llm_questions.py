@@ -51,8 +51,8 @@ from plugsearch.common.answers import is_yes_no, span_match
 from plugsearch.common.errors import ServiceError, UpstreamTimeout
 from plugsearch.common.files import atomic_write_text
 from plugsearch.common.llm import ChatMessage, LLMBackend, LLMSettings, OpenAIChatClient
+from plugsearch.common.qa import QAFileError, QAItem, append_durable, read_jsonl
 from plugsearch.searcher.pseudo_questions import sample_positions
-from plugsearch.trainer.common.data import QAFileError, QAItem, append_durable, read_jsonl
 from plugsearch.trainer.common.retrieval import IndexRetriever
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from typing import Any
 
 from plugsearch.common.answers import span_match
 from plugsearch.common.files import atomic_write_text
+from plugsearch.common.qa import QAFileError
 from plugsearch.searcher.pseudo_questions import PseudoQuestion, check_questions, sample_positions
-from plugsearch.trainer.common.data import QAFileError
 from plugsearch.trainer.common.retrieval import IndexRetriever
 
 logger = logging.getLogger(__name__)

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from plugsearch.common.qa import append_durable, read_jsonl
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.compact import LEXICAL_SCORER, CompactPolicy, Decision
 from plugsearch.searcher.env import Action, RetrieverBackend, SearchEnv
 from plugsearch.searcher.loop import drive
-from plugsearch.trainer.common.data import append_durable, read_jsonl
 from plugsearch.trainer.common.rewards import RewardComputer, Trajectory
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.data import LabeledItem

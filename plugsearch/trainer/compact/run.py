@@ -28,18 +28,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from plugsearch.common.schemas.searcher import SearchParams
-from plugsearch.searcher.compact import CompactPolicy
-from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
-from plugsearch.trainer.common.data import (
+from plugsearch.common.qa import (
     MADE_UP,
     MIN_SPLIT,
     QAFileError,
     QAItem,
-    check_corpus_file,
     default_data_dir,
     load_qa,
 )
+from plugsearch.common.schemas.searcher import SearchParams
+from plugsearch.retriever.store.corpus import check_corpus_file
+from plugsearch.searcher.compact import CompactPolicy
+from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
 from plugsearch.trainer.common.evaluation import (
     BudgetEval,
     PolicyRun,
@@ -199,7 +199,7 @@ def run(job: CompactRun) -> dict[str, Any]:
     made_up: list[QuestionFile] = []
     """Questions the run makes from the corpus (`--pseudo`): they only ever train (unless there is nothing else)."""
     if job.user_data:  # every row of the user's files checked before any index is built
-        from plugsearch.trainer.common.data import read_qa_files
+        from plugsearch.common.qa import read_qa_files
 
         given = job.question_files()
         check_user_questions([q for rows in read_qa_files([f.path for f in given], [f.source for f in given])
@@ -248,7 +248,7 @@ def run(job: CompactRun) -> dict[str, Any]:
         rows = (f"every question of {named} (the evaluation part is {', '.join(p.name for p in job.eval_qa)})"
                 if job.eval_qa else f"the training split of {named} (see split.json: seed {job.split_seed})")
         if job.llm_questions is not None and own:  # the LLM's questions join the training split only
-            from plugsearch.trainer.common.data import read_qa_file
+            from plugsearch.common.qa import read_qa_file
 
             retriever, llm_info, path = _llm_question_file(job, retriever, user.split.train)
             written = labeled(read_qa_file(path, "llm"))

@@ -19,11 +19,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from plugsearch.common.aio import AsyncRunner
+from plugsearch.common.qa import QAItem, append_durable, read_jsonl
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.env import SearchOutcome
 from plugsearch.searcher.prompts import PromptSet
 from plugsearch.trainer.common.baseline import BaselineStore
-from plugsearch.trainer.common.data import QAItem, append_durable, read_jsonl
 from plugsearch.trainer.common.rewards import Baseline, RewardComputer, Trajectory, format_score
 from plugsearch.trainer.common.upstreams import QAServices
 from plugsearch.trainer.llm.rollout import SearchRollout

@@ -30,11 +30,11 @@ from typing import Any
 from pydantic import Field
 
 from plugsearch.common.answers import span_match
+from plugsearch.common.qa import QAItem, append_durable, read_jsonl
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher import parsing
 from plugsearch.searcher.env import InfoBlock, PolicyCall, RetrieverBackend, SearchEnv
 from plugsearch.searcher.prompts import PromptSet
-from plugsearch.trainer.common.data import QAItem, append_durable, read_jsonl
 from plugsearch.trainer.llm.episode import ChatTokens, Episode, Sampled, episode_in
 from plugsearch.trainer.llm.grpo import TORCH_DTYPES, RunConfig, resolve_device, resolve_precision
 

@@ -3,7 +3,7 @@
     python -m plugsearch.trainer.verl.data --out var/verl/data [--data-dir DIR] [--datasets nq hotpotqa]
         [--per-dataset N] [--val-per-dataset 100] [--agent plugsearch_s3] [--s3-filter]
 
-One row per question in veRL's RLHFDataset format. Splits are the trainer's (`plugsearch.trainer.common.data`): train never
+One row per question in veRL's RLHFDataset format. Splits are the trainer's (`plugsearch.common.qa`): train never
 holds an evaluation question; val = the first `--val-per-dataset` held-out questions of each set.
 `prompt` is the environment's first observation without documents (the rollout rebuilds it with the
 naive top-k it retrieves then), for veRL's length filter and logs; `prompt_version` lets the agent loop
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from plugsearch.common.qa import TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.env import SearchEnv
 from plugsearch.searcher.prompts import PromptSet
 from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
-from plugsearch.trainer.common.data import TRAIN_DATASETS, QAItem, eval_split, s3_filter, train_split
 from plugsearch.trainer.common.settings import TrainerSettings
 from plugsearch.trainer.verl import CONFIG_DIR
 

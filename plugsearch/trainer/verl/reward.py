@@ -14,9 +14,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from plugsearch.common.qa import QAItem
 from plugsearch.searcher.env import SearchOutcome
 from plugsearch.trainer.common.baseline import BaselineConfig, BaselineStore
-from plugsearch.trainer.common.data import QAItem
 from plugsearch.trainer.common.rewards import RewardBreakdown, RewardComputer, Trajectory
 from plugsearch.trainer.common.settings import TrainerSettings
 from plugsearch.trainer.common.upstreams import ServiceStack

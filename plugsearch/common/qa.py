@@ -1,5 +1,6 @@
 """Question sets (FlashRAG / Search-R1 format), splits and the s3 filter; the append-only JSONL records the
-trainer resumes from.
+trainer resumes from. Here in `common` (pydantic and `common.answers` only) because the searcher reads a user's
+question files too (the corpus check's labelled questions), and the searcher never imports the trainer.
 
 Two sources, one discipline (a question is never both trained on and evaluated):
 - the shipped sets (`$PLUGSEARCH_DATA/qa/*.jsonl`, dev/test sets): the trainer holds out the first
@@ -393,34 +394,6 @@ def split_sizes(n: int, *, eval_fraction: float = 0.2, dev_fraction: float = 0.0
 def split_rank(seed: int, qid: str) -> str:
     """A question's place in the seeded order every split of a user's questions follows."""
     return hashlib.sha256(f"{seed}:{qid}".encode()).hexdigest()
-
-
-def check_corpus_file(path: Path, *, progress: bool = False) -> int:
-    """Every row of a corpus file read before any work (what the retriever will index): a row that is not a
-    passage, or an id used twice, raises `QAFileError` with its line (and the line of the first use); returns the
-    passages counted."""
-    from tqdm import tqdm
-
-    from plugsearch.retriever.store.corpus import CorpusError, corpus_lines, parse_line
-
-    first: dict[str, int] = {}
-    try:
-        size = path.stat().st_size
-        with tqdm(total=size, unit="B", unit_scale=True, desc="checking the corpus", disable=not progress) as bar:
-            for lineno, line in corpus_lines(path):
-                doc_id, _, _ = parse_line(line, lineno, path)
-                bar.update(len(line))
-                seen = first.setdefault(doc_id, lineno)
-                if seen != lineno:
-                    raise QAFileError(f"{path}:{lineno}: passage id {doc_id!r} is used again (first at line {seen}); "
-                                      "every passage needs its own id")
-    except CorpusError as exc:
-        raise QAFileError(str(exc)) from exc
-    except OSError as exc:
-        raise QAFileError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
-    if not first:
-        raise QAFileError(f"{path}: the corpus holds no passage")
-    return len(first)
 
 
 def split_items(items: Sequence[QAItem], *, seed: int, n_eval: int, n_dev: int) -> Split:
