@@ -29,6 +29,7 @@ from plugsearch.searcher.policy import ChatPolicy
 from plugsearch.searcher.retrieval import ServiceRetriever
 from plugsearch.searcher.serving import SearchService
 from plugsearch.searcher.settings import SearcherSettings
+from tests.support.chat_policy import NoPolicy
 
 
 def retriever_app() -> FastAPI:
@@ -52,19 +53,6 @@ def retriever_app() -> FastAPI:
             [Document(id=f"{corpus}-{i}", text=f"{corpus} passage {i}") for i in range(body.k)] for _ in body.queries])
 
     return app
-
-
-class NoPolicy:
-    model = "unused"
-
-    async def chat(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("naive searches call no policy")
-
-    async def check_health(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        return None
 
 
 @pytest.fixture()

@@ -25,6 +25,7 @@ from plugsearch.searcher.retrieval import ServiceRetriever
 from plugsearch.searcher.serving import SearchService
 from plugsearch.searcher.settings import SearcherSettings
 from tests.asgi import app_client
+from tests.support.chat_policy import NoPolicy
 from tests.support.pdfs import shared_stream_pdf
 from tests.support.retriever import tiny_bm25s, tiny_settings
 from tests.unit.test_live_changes import wait_ready
@@ -156,8 +157,8 @@ async def test_a_2_mb_text_is_cut_in_the_pool_while_searches_are_answered(tiny: 
         searched = 0
         while pool.busy and searched < 5:  # the cut runs in a worker process: searches are answered meanwhile
             assert await top_ids(client, "who wrote the novel", 3)
-            searched += 1
-        assert searched >= 1 and not put.done()
+            searched += 0 if put.done() else 1  # answered while the put was still waiting on the cut
+        assert searched >= 1
         answer = await put
         assert answer.status_code == 200 and answer.json()["passages"] > 2_000
         assert pool.stats.jobs == 1
@@ -225,19 +226,6 @@ async def test_a_lone_surrogate_is_a_422_in_every_text_field(tiny: tuple[Path, P
             assert answer.status_code == 422, (path, body, answer.text)
             assert answer.json()["error"]["type"] == "validation_error"
         assert (await client.get("/version")).json()["details"]["changes"]["seq"] == 0
-
-
-class NoPolicy:
-    model = "unused"
-
-    async def chat(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("naive searches call no policy")
-
-    async def check_health(self) -> str:
-        return "ok"
-
-    async def aclose(self) -> None:
-        return None
 
 
 async def test_no_cached_search_holds_a_document_deleted_by_an_acknowledged_change(tiny: tuple[Path, Path],

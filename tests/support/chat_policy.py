@@ -19,3 +19,18 @@ def chat(llm: Any) -> ChatPolicy:
 async def run_search(question: str, params: SearchParams, *, policy: Any, **kwargs: Any) -> SearchOutcome:
     """`plugsearch.searcher.loop.run_search` with a fake chat LLM as its policy (None: no policy, naive)."""
     return await _run_search(question, params, policy=None if policy is None else ChatPolicy(policy), **kwargs)
+
+
+class NoPolicy:
+    """A chat LLM for tests that only search naive: any call to it fails the test."""
+
+    model = "unused"
+
+    async def chat(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("naive searches call no policy")
+
+    async def check_health(self) -> str:
+        return "ok"
+
+    async def aclose(self) -> None:
+        return None
