@@ -225,7 +225,8 @@ async def files_of(pool: ParsePool, body: PutFilesRequest) -> tuple[list[Passage
     go on. Each file is read by a worker of the parse pool (`plugsearch.retriever.ingest.pool`), several at once."""
     from plugsearch.retriever.ingest.formats import FORMATS, SkipFile, format_of
     from plugsearch.retriever.ingest.pool import ParseRefused
-    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, MB
+    from plugsearch.retriever.ingest.reading import MB
+    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB
 
     words, max_bytes = body.words or DEFAULT_WORDS, int(DEFAULT_MAX_MB * MB)
     results: list[FileResult] = []

@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from plugsearch.retriever.ingest.passages import passages_hash
-from plugsearch.retriever.ingest.run import document_id, read_data
+from plugsearch.retriever.ingest.reading import read_data
+from plugsearch.retriever.ingest.run import document_id
 from tests.conftest import REPO, free_port
 from tests.support.services import power_cut, start_killable
 from tests.unit.test_ingest import PAGE_HTML, SETUP_MD, write_pdf

@@ -28,7 +28,8 @@ from plugsearch.retriever.ingest.formats import (
     sniff,
 )
 from plugsearch.retriever.ingest.passages import Piece, cut, pack
-from plugsearch.retriever.ingest.run import IngestError, IngestOptions, ingest, kind_of, read_data
+from plugsearch.retriever.ingest.reading import kind_of, read_data
+from plugsearch.retriever.ingest.run import IngestError, IngestOptions, ingest
 from plugsearch.retriever.settings import RetrieverSettings
 from plugsearch.retriever.store.corpus import Corpus
 

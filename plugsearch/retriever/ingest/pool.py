@@ -15,9 +15,9 @@ its own (`python -m plugsearch.retriever.ingest.pool`, speaking length-prefixed 
   its worker at once, so no CPU burns for an answer nobody waits for;
 - at most `workers` jobs run and `queue` wait; one more is refused (`Overloaded`, 429 with Retry-After).
 
-Jobs are named functions of this module (`JOBS`): `read` (a file's bytes: `ingest.run.read_data`), `read_path` (a
+Jobs are named functions of this module (`JOBS`): `read` (a file's bytes: `ingest.reading.read_data`), `read_path` (a
 file on disk, read by the worker: what `ingest` and `sync` send), `upload` (a file sent to `POST /documents/files`,
-base64: `ingest.run.read_upload`), `documents` (documents sent to `PUT /documents`: a text cut as a text file is, or
+base64: `ingest.reading.read_upload`), `documents` (documents sent to `PUT /documents`: a text cut as a text file is, or
 ready-cut passages normalised). What a job refuses comes back as `SkipFile` with its reason; a worker that died or overran as
 `ParseRefused`.
 """
@@ -85,7 +85,7 @@ class _OverBudget(BaseException):
 
 def _job_read(name: str, data: bytes, doc_id: str, words: int, max_bytes: int, title: str | None
               ) -> tuple[str, list[Any]]:
-    from plugsearch.retriever.ingest.run import read_data
+    from plugsearch.retriever.ingest.reading import read_data
 
     return read_data(name, data, doc_id=doc_id, words=words, max_bytes=max_bytes, title=title)
 
@@ -95,7 +95,7 @@ def _job_read_path(path: str, name: str, doc_id: str, words: int, max_bytes: int
     import hashlib
 
     from plugsearch.retriever.ingest.formats import SkipFile
-    from plugsearch.retriever.ingest.run import read_data
+    from plugsearch.retriever.ingest.reading import read_data
 
     with open(path, "rb") as fh:
         data = fh.read(max_bytes + 1)
@@ -108,12 +108,12 @@ def _job_read_path(path: str, name: str, doc_id: str, words: int, max_bytes: int
 def _job_documents(documents: list[tuple[str, str, str | None, list[tuple[str, str]] | None]], words: int
                    ) -> list[list[Any]]:
     """Documents given through the API as (id, title, text, passages): each one's passages, its text cut as a text
-    file is (`ingest.run.cut_file`), or its ready-cut passages (title, text) normalised and numbered; SkipFile
+    file is (`ingest.reading.cut_file`), or its ready-cut passages (title, text) normalised and numbered; SkipFile
     naming a document with no text."""
     from plugsearch.common.text import normalize, ws
     from plugsearch.retriever.ingest.formats import SkipFile
     from plugsearch.retriever.ingest.passages import numbered
-    from plugsearch.retriever.ingest.run import cut_file
+    from plugsearch.retriever.ingest.reading import cut_file
 
     out = []
     for doc_id, title, text, given in documents:
@@ -135,7 +135,7 @@ def _job_documents(documents: list[tuple[str, str, str | None, list[tuple[str, s
 
 def _job_upload(name: str, content_base64: str, doc_id: str | None, title: str | None, words: int,
                 max_bytes: int) -> tuple[list[Any], dict[str, str]]:
-    from plugsearch.retriever.ingest.run import read_upload
+    from plugsearch.retriever.ingest.reading import read_upload
 
     return read_upload(name, content_base64, doc_id=doc_id, title=title, words=words, max_bytes=max_bytes)
 

@@ -44,7 +44,8 @@ DELETE_BATCH = 1000
 def _fingerprint(path: Path) -> tuple[int, str]:
     """(size, sha256) of a file's bytes; SkipFile for an empty one or one over ingest's size limit."""
     from plugsearch.retriever.ingest.formats import SkipFile
-    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, MB
+    from plugsearch.retriever.ingest.reading import MB
+    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB
 
     size = path.stat().st_size
     if size > DEFAULT_MAX_MB * MB:
@@ -61,7 +62,8 @@ def _fingerprint(path: Path) -> tuple[int, str]:
 def local_files(folder: Path, root: Path) -> tuple[str, dict[str, Any], list[dict[str, str]]]:
     """The folder's id prefix, its files that may be documents (id -> file), and what was skipped on the way."""
     from plugsearch.retriever.ingest.formats import FORMATS, SkipFile, format_of
-    from plugsearch.retriever.ingest.run import Skipped, document_id, kind_of, walk
+    from plugsearch.retriever.ingest.reading import kind_of
+    from plugsearch.retriever.ingest.run import Skipped, document_id, walk
 
     prefix = "" if folder.resolve() == root.resolve() else document_id(folder, root) + "/"  # SkipFile: outside
     skipped: list[dict[str, str]] = []
@@ -131,7 +133,8 @@ async def sync(client: ServiceClient, folder: Path, root: Path, *, words: int, b
     from plugsearch.retriever.ingest.formats import SkipFile
     from plugsearch.retriever.ingest.passages import DEFAULT_WORDS, passages_hash
     from plugsearch.retriever.ingest.pool import ParseLimits, ParsePool, ParseRefused
-    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, MB, _File
+    from plugsearch.retriever.ingest.reading import MB
+    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, _File
     from plugsearch.retriever.live.changes_cli import send_files
 
     words = words or DEFAULT_WORDS

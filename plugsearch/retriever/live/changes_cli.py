@@ -98,7 +98,8 @@ async def send_files(client: ServiceClient, files: list[FileSpec], *, batch: int
     the retriever refused or could not be reached within `wait_s`, `failed` (the files not sent said so)."""
     from tqdm import tqdm
 
-    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, MB
+    from plugsearch.retriever.ingest.reading import MB
+    from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB
 
     out: dict[str, Any] = {"files": 0, "documents": 0, "passages": 0, "seq": None, "skipped": [], "hashes": {}}
     skipped: list[dict[str, str]] = out["skipped"]
@@ -183,7 +184,8 @@ async def upload(client: ServiceClient, paths: tuple[Path, ...], *, batch: int, 
     relative to `root`) to POST /documents/files (`send_files`); returns the counts put and every file skipped with
     its reason (`kind` "ignored": an extension no reader takes, a hidden file, which is no error)."""
     from plugsearch.retriever.ingest.formats import SkipFile
-    from plugsearch.retriever.ingest.run import Skipped, kind_of, walk
+    from plugsearch.retriever.ingest.reading import kind_of
+    from plugsearch.retriever.ingest.run import Skipped, walk
 
     found = list(walk(paths, [p.resolve() for p in paths], root))
     skipped = [{"path": s.path, "reason": s.reason, "kind": s.kind} for s in found if isinstance(s, Skipped)]
