@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from plugsearch.common.files import fsync_folder
+from plugsearch.common.files import atomic_path, fsync_folder
 from plugsearch.retriever.ingest.passages import Passage
 
 logger = logging.getLogger(__name__)
@@ -259,19 +259,8 @@ class ChangeLog:
     def _create(self) -> None:
         """A new log (the legacy JSONL log's changes in it, when there is one), built under a temporary name and
         renamed into place whole."""
-        tmp = self.folder / f".{LOG_FILE}.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
-        os.chmod(tmp, FILE_MODE)
-        try:
+        with atomic_path(self.path, mode=FILE_MODE) as tmp:  # the new log appears whole, 0600, or not at all
             self._fill(tmp)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        fsync_folder(self.folder)
         legacy = self.folder / LEGACY_FILE
         if legacy.is_file():
             os.replace(legacy, legacy.with_name(LEGACY_FILE + MIGRATED_SUFFIX))
