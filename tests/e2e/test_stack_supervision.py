@@ -8,10 +8,10 @@ judge, searcher; `--policy base`, so that `/search` really depends on the LLM):
   process keeps its pid; every search is answered 200 with documents, `degraded: true` (naive documents) while
   the LLM is down, whole again once it is back;
 - the retriever killed with SIGSEGV under a load of searches: restarted the same way. Nothing can retrieve
-  while it is down, so what "answers throughout" means here: a question asked before is answered from the
-  searcher's cache at once (checked while the retriever's port refuses connections), and a new one waits for
-  the restarted retriever (`SEARCHER_RETRIEVER_WAIT_S`, 20 s) and is answered then with its real documents;
-  no request fails or goes unanswered.
+  while it is down, so what "answers throughout" means here: every search, a question asked before too (the
+  searcher answers from its cache only after reading the index's identity from the retriever, so not while it is
+  down), waits for the restarted retriever (`SEARCHER_RETRIEVER_WAIT_S`, 20 s) and is answered then with its real
+  documents; no request fails or goes unanswered.
 """
 
 from __future__ import annotations
@@ -229,10 +229,12 @@ async def test_a_crashed_retriever_is_restarted_while_searches_wait_for_it(
                 break
             await asyncio.sleep(0.02)
         assert refuses_connections(port)
-        again = await client.post("/search", json={"question": asked, **naive})  # while nothing can retrieve
-        assert refuses_connections(port), "the retriever came back too soon to tell"
-        assert again.status_code == 200 and again.json()["cached"], again.text
-        assert again.json()["documents"] == first.json()["documents"]
+        # asked again while nothing can retrieve: the searcher cannot read the index's identity, so it does not
+        # answer from its cache (a change acknowledged just before the crash could make that answer stale); the
+        # search waits for the restarted retriever and gets the same documents
+        again = await client.post("/search", json={"question": asked, **naive})
+        assert again.status_code == 200 and not again.json()["cached"], again.text
+        assert not again.json()["degraded"] and again.json()["documents"] == first.json()["documents"]
         await until_logged(stack, "retriever exited (rc=-11, SIGSEGV); restarting it in 1.0 s")
         await until_logged(stack, "retriever ready again")
         await asyncio.sleep(2)
