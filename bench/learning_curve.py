@@ -315,7 +315,7 @@ def per_size(runs: Sequence[dict[str, Any]], stage: str = "final") -> dict[str, 
     return out
 
 
-def plot(figures: dict[str, Any], path: Path) -> Path | None:
+def plot(figures: dict[str, Any], path: Path, compare: dict[str, Any] | None = None) -> Path | None:
     """Answer recall at 3 against the number of training questions, one panel per set: the learner from the
     shipped policy with and without the mix (final and warm start; the mean over seeds), scratch, and the
     baselines as lines."""
@@ -350,10 +350,20 @@ def plot(figures: dict[str, Any], path: Path) -> Path | None:
                                      for r in runs if r["n_train"] == n) for n in ns]
             ax.errorbar(ns, mean, yerr=[[m - lo for m, lo in zip(mean, low, strict=True)],
                                         [hi - m for m, hi in zip(mean, high, strict=True)]],
-                        color=color, marker=marker, capsize=3, linewidth=1.5, label=label + " (+ RL)")
+                        color=color, marker=marker, capsize=3, linewidth=1.5,
+                        label=label + ("" if start == "naive" else " (+ RL)"))
+            if start == "naive":  # no RL: the warm start is the policy
+                continue
             warm = [statistics.fmean(r["warm"]["recall"] for r in runs if r["n_train"] == n) for n in ns]
             ax.plot(ns, warm, color=color, marker=marker, linestyle=":", alpha=0.5, markersize=4,
                     label=label + ", warm start")
+        earlier = (compare or {}).get("sets", {}).get(name)
+        if earlier:  # an earlier round's default learner (from shipped, no mix): the mean over its draws
+            runs = [r for r in earlier["runs"] if r["start"] == "shipped" and not r["mix"]]
+            ns = sorted({r["n_train"] for r in runs})
+            ax.plot(ns, [statistics.fmean(r["final"]["recall"] for r in runs if r["n_train"] == n) for n in ns],
+                    color="0.4", marker="o", linestyle="--", linewidth=1, markersize=4,
+                    label="first round: from shipped (+ RL)")
         ax.set_xscale("log")
         sizes = sorted({r["n_train"] for r in data["runs"]})
         ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8)
@@ -390,6 +400,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "var" / "bench" / "learning_curve"))
     parser.add_argument("--figures", default=str(REPO / "docs" / "learning_curve.json"))
     parser.add_argument("--plot", default=str(REPO / "docs" / "learning_curve.png"))
+    parser.add_argument("--compare", default=str(REPO / "docs" / "learning_curve_round1.json"), help="an earlier "
+                        "round's figures whose default learner (from shipped) the plot shows beside ('': none)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     from plugsearch.trainer.common.data import append_durable, read_jsonl
@@ -458,7 +470,8 @@ def main() -> None:
         "command": "python bench/learning_curve.py " + " ".join(sys.argv[1:])}
     Path(args.figures).parent.mkdir(parents=True, exist_ok=True)
     Path(args.figures).write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
-    png = plot(figures, Path(args.plot))
+    compare = Path(args.compare) if args.compare else None
+    png = plot(figures, Path(args.plot), json.loads(compare.read_text()) if compare and compare.is_file() else None)
     figures["settings"]["plot"] = (str(png.relative_to(REPO)) if png.is_relative_to(REPO) else str(png)) if png else None
     print(json.dumps(figures))
 

@@ -7,9 +7,10 @@
   [--eval-qa HELD.jsonl]`): the questions are checked and split by a recorded seed (`<out>/split.json`; with
   `--eval-qa` that file is the evaluation part and every other question trains, however few), the corpus's
   indexes built (bm25s and the MiniLM flat index, as the stack's retriever does, into
-  `var/indexes/<corpus>-<sha256>`), the warm start (by default the shipped policy fine-tuned with a pull back
-  toward it, `plugsearch.trainer.compact.finetune`) and RL on the training split (steps scaled to the number of
-  questions), then the evaluation split (real questions only, never trained or tuned on) against naive BM25,
+  `var/indexes/<corpus>-<sha256>`), the warm start (with the user's own questions by default naive BM25's order
+  plus a penalised linear correction, served without RL: `plugsearch.trainer.compact.rerank`; with `--start
+  shipped` the shipped policy fine-tuned with a pull back toward it, `plugsearch.trainer.compact.finetune`, then RL
+  on the training split, steps scaled to the number of questions), then the evaluation split (real questions only, never trained or tuned on) against naive BM25,
   dense and hybrid top-k at equal document budget with 95% intervals (`<out>/report/report.md`, `report.json`,
   `report.png`), and the policy folder `<out>/policy` with its verdict (`beats_naive`), what it was trained on
   (`trained_on`, counts per source), its setting and its corpus's identity:
