@@ -481,6 +481,8 @@ def _learner_note(learner: dict[str, Any]) -> str:
     recall = ", ".join(f"{p} {r:.3f}" for p, r in (learner.get("dev_recall") or {}).items())
     chosen = f"chosen on {how}; answer recall at 3 per pull: {recall}" if how != "given" else "given"
     if learner.get("start") == "naive":
+        if how != "given" and not learner.get("dev_recall"):
+            chosen = f"the default penalty, {how}"
         if pull == "keep":
             return (f"policy: naive BM25's order, unchanged (one search, no follow-up): no correction helped on the "
                     f"training questions ({chosen})")
@@ -554,8 +556,9 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     kind = ("llm" if by_llm else "pseudo") if pseudo_only else " and ".join(real_kinds)
     trained_on = final.manifest.get("trained_on") or source_counts(user.split.train)
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
-             f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}, the shipped policy "
-             f"({shipped.model}) = {SHIPPED_KEY}",
+             f"passages); policy {final.model}; warm start = compact_warm, "
+             + (f"served as fitted (no RL) = {VERDICT_KEY}" if learner.get("rl") is False else f"+ RL = {VERDICT_KEY}")
+             + f", the shipped policy ({shipped.model}) = {SHIPPED_KEY}",
              "trained on: " + ", ".join(f"{n} {s}" for s, n in trained_on.items() if n) +
              (" questions; judged on " + ", ".join(f"{n} held-back {s}" for s, n in evaluated_on.items() if n) +
               " questions only (" + ("the --eval-qa file" if user.eval_given else f"split seed {job.split_seed}") +
