@@ -9,24 +9,27 @@ On each set in `<data>/domain/` (tatqa, realtimeqa, policyqa; see that folder's 
 - the training questions are the rest; a run trains on the first n of a seeded permutation of them (seed s:
   the draws are nested, 25 of seed s are in its 50), for n in 25, 50, 100, 200, 400 and all, with `--seeds` seeds
   up to 100 questions and one above;
-- each (n, seed) trains the learner `plugsearch-train compact` uses on a user's questions (`--start shipped`: the
-  shipped policy fine-tuned with a pull back toward it, the pull chosen on the training questions alone,
-  `plugsearch.trainer.compact.finetune`), then RL with the steps scaled to n, with and without `--mix` shipped
-  Wikipedia training questions (`--shipped`); from scratch (`--start scratch`) at 100 and all;
+- each (n, seed) trains a learner of `plugsearch-train compact` on a user's questions (`--variants`): `naive`
+  (the default, `--start naive`: naive BM25's order plus a linear correction whose penalty is chosen on the
+  training questions alone, one search, no RL, `plugsearch.trainer.compact.rerank`), `shipped` (the first
+  round's: the shipped policy fine-tuned with a pull back toward it, `plugsearch.trainer.compact.finetune`, then
+  RL with the steps scaled to n) or `scratch` (random weights then RL, at 100 and all), with and without `--mix`
+  shipped Wikipedia training questions (`--shipped`);
 - answer recall at 3 documents of the warm start and of the final policy (+ RL) on the evaluation part, the
   paired difference with naive BM25 top-3 with its 95% bootstrap interval (the project's one bootstrap,
   `plugsearch.common.stats.bootstrap_interval`), and the smallest n at which every seed's final policy is above naive
   BM25 with the interval above 0.
 
 In-process over the stack's indexes (`var/indexes/<corpus>-<sha256>`, built when missing). Resumable: every
-finished run is a line of `<out>/runs.jsonl`, the demonstrations are kept per set and an RL run continues from
+finished run is a line of `<out>/runs.jsonl`, the demonstrations and first pools are kept per set and an RL run continues from
 its saved state; a rerun of the same command does only what is missing. Writes the figures (`--figures`, default
 docs/learning_curve.json) and the plot (`--plot`, docs/learning_curve.png).
 
-    python bench/learning_curve.py [--sets tatqa,realtimeqa,policyqa] [--seeds 2] [--mix 200]
-    python bench/learning_curve.py --sets tatqa --sizes 25,50 --seeds 1 --variants shipped   # a short run
+    python bench/learning_curve.py [--sets tatqa,realtimeqa,policyqa] [--seeds 3] [--mix 200] [--variants naive]
+    python bench/learning_curve.py --sets tatqa --sizes 25,50 --seeds 1 --mix 0   # a short run
 
-Final line: {"sets": {set: {"n_eval", "n_train_pool", "baselines": {...}, "runs": [...], "smallest_n": {...}}},
+Final line: {"sets": {set: {"n_eval", "n_train_pool", "baselines": {...}, "runs": [...], "smallest_n": {...},
+"per_size": {learner: [{"n", "draws", "mean_recall", "mean_minus_bm25", "above_naive", "at_naive"}]}}},
 "settings": {...}}
 """
 
@@ -55,6 +58,8 @@ SIZES = (25, 50, 100, 200, 400, 0)
 SCRATCH_SIZES = (100, 0)
 """Where the learner from scratch is run beside the default one."""
 BASELINES = ("naive_bm25", "naive_dense", "naive_hybrid", "shipped")
+START_ORDER = ("naive", "shipped", "scratch")
+"""The learners (`--start`): the default first."""
 STAGES = ("warm", "final")
 """The warm start (the learner's fit) and the served policy (+ RL)."""
 
@@ -97,7 +102,7 @@ def plan(sizes: Sequence[int], pool: int, seeds: int, variants: Sequence[str], m
                     if shipped and seed >= mix_seeds:
                         continue
                     runs.append({"n": n, "seed": seed, "start": start, "mix": shipped})
-    return sorted(runs, key=lambda r: (r["n"] or 10**9, r["start"] != "shipped", r["mix"], r["seed"]))
+    return sorted(runs, key=lambda r: (r["n"] or 10**9, START_ORDER.index(r["start"]), r["mix"], r["seed"]))
 
 
 def run_key(name: str, run: dict[str, Any]) -> str:
@@ -146,6 +151,9 @@ class SetRunner:
         self.demo_path = self.out / "demonstrations.pkl"
         self.demos: dict[str, Any] = pickle.loads(self.demo_path.read_bytes()) if self.demo_path.is_file() else {}
         self._demos_saved = len(self.demos)
+        self.pools_path = self.out / "first_pools.pkl"
+        self.pools: dict[str, Any] = pickle.loads(self.pools_path.read_bytes()) if self.pools_path.is_file() else {}
+        self._pools_saved = len(self.pools)
 
     def save_demos(self) -> None:
         if len(self.demos) != self._demos_saved:
@@ -153,6 +161,11 @@ class SetRunner:
             tmp.write_bytes(pickle.dumps(self.demos))
             tmp.replace(self.demo_path)
             self._demos_saved = len(self.demos)
+        if len(self.pools) != self._pools_saved:
+            tmp = self.pools_path.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(self.pools))
+            tmp.replace(self.pools_path)
+            self._pools_saved = len(self.pools)
 
     def baselines(self) -> dict[str, list[float]]:
         """Per evaluation question: naive BM25 / dense / hybrid top-3 and the shipped policy found it (cached)."""
@@ -178,8 +191,8 @@ class SetRunner:
         path.write_text(json.dumps({"ids": [it.item.id for it in self.eval], "hits": hits}) + "\n")
         return hits
 
-    def train_and_judge(self, run: dict[str, Any], shipped_items: list[Any], shipped_demos: dict[str, Any]
-                        ) -> dict[str, Any]:
+    def train_and_judge(self, run: dict[str, Any], shipped_items: list[Any], shipped_demos: dict[str, Any],
+                        shipped_pools: dict[str, Any]) -> dict[str, Any]:
         """One run: the learner on the drawn questions (and the shipped mix), RL, both judged on the evaluation
         part (answer recall at 3, per question)."""
         from plugsearch.searcher.compact import CompactPolicy
@@ -202,9 +215,27 @@ class SetRunner:
         train = labeled(draw(self.pool, run["n"], run["seed"], self.name))
         config = CompactConfig(seed=run["seed"])
         params = config.search_params()
+        mixed = shipped_items[:run["mix"]]
+        if run["start"] == "naive":  # the naive-start learner: first pools, a penalty chosen on folds, no RL
+            from plugsearch.trainer.compact.rerank import learn_naive
+
+            everything = train + mixed
+            cache = {**self.pools, **shipped_pools}
+            warm, info = learn_naive(everything, self.retriever, config, cache=cache, progress=not self.args.quiet)
+            mixed_ids = {it.item.id for it in mixed}
+            for key, pool in cache.items():  # the mix's first pools are kept once for every set
+                (shipped_pools if key in mixed_ids else self.pools).setdefault(key, pool)
+            self.save_demos()
+            t_warm = time.perf_counter() - t0
+            hits = {"warm": greedy_hits(warm, self.eval, self.retriever, params, self.texts)}
+            hits["final"] = hits["warm"]
+            return {"set": self.name, **run, "n_train": len(train), "trained_on": source_counts(everything),
+                    "learner": info["learner"], "rl_steps": 0, "hits": hits,
+                    "correction": info.get("largest_weights"), "pool_recall": info.get("pool_recall"),
+                    "seconds": {"warm_start": round(t_warm, 1), "rl": 0.0,
+                                "evaluation": round(time.perf_counter() - t0 - t_warm, 1)}}
         cached_demonstrations(train, self.retriever, params, self.demos, progress=not self.args.quiet)
         self.save_demos()
-        mixed = shipped_items[:run["mix"]]
         cache = {**self.demos, **shipped_demos}
         start = CompactPolicy.load(COMPACT_DIR) if run["start"] == "shipped" else None
         everything = train + mixed
@@ -260,14 +291,31 @@ def summarise(name: str, rows: Sequence[dict[str, Any]], base: dict[str, list[fl
         runs.append({k: r[k] for k in ("n", "n_train", "seed", "start", "mix", "trained_on", "rl_steps", "seconds")}
                     | {"pull": r["learner"].get("pull"), "pull_how": r["learner"].get("how"),
                        "dev_recall": r["learner"].get("dev_recall")}
+                    | ({"correction": r["correction"]} if r.get("correction") is not None else {})
                     | {stage: paired(r["hits"][stage], bm25) for stage in STAGES})
     variants = sorted({(r["start"], r["mix"]) for r in runs})
     smallest = {f"{start}{'+mix' if mix else ''}": {stage: smallest_n(runs, start=start, mix=mix, stage=stage)
                                                     for stage in STAGES} for start, mix in variants}
-    return {"n_eval": len(bm25), "n_train_pool": pool, "baselines": baselines, "runs": runs, "smallest_n": smallest}
+    return {"n_eval": len(bm25), "n_train_pool": pool, "baselines": baselines, "runs": runs, "smallest_n": smallest,
+            "per_size": per_size(runs)}
 
 
-def plot(figures: dict[str, Any], path: Path) -> Path | None:
+def per_size(runs: Sequence[dict[str, Any]], stage: str = "final") -> dict[str, list[dict[str, Any]]]:
+    """Per learner (and mix) and n: the draws, the mean over them of the policy's recall and of its difference
+    with naive BM25, and how many draws are above naive BM25 with the paired interval above 0."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for start, mix in sorted({(r["start"], r["mix"]) for r in runs}):
+        rows = [r for r in runs if r["start"] == start and r["mix"] == mix]
+        out[f"{start}{'+mix' if mix else ''}"] = [
+            {"n": n, "draws": len(these), "mean_recall": round(statistics.fmean(r[stage]["recall"] for r in these), 4),
+             "mean_minus_bm25": round(statistics.fmean(r[stage]["minus_bm25"] for r in these), 4),
+             "above_naive": sum(1 for r in these if r[stage]["minus_bm25_ci95"][0] > 0),
+             "at_naive": sum(1 for r in these if r.get("pull") == "keep" and start == "naive")}
+            for n in sorted({r["n_train"] for r in rows}) for these in [[r for r in rows if r["n_train"] == n]]]
+    return out
+
+
+def plot(figures: dict[str, Any], path: Path, compare: dict[str, Any] | None = None) -> Path | None:
     """Answer recall at 3 against the number of training questions, one panel per set: the learner from the
     shipped policy with and without the mix (final and warm start; the mean over seeds), scratch, and the
     baselines as lines."""
@@ -281,7 +329,8 @@ def plot(figures: dict[str, Any], path: Path) -> Path | None:
         return None
     sets = list(figures["sets"])
     fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 5.0), squeeze=False)
-    styles = {("shipped", False): ("C0", "o", "from shipped"), ("shipped", True): ("C1", "s", "from shipped + Wikipedia mix"),
+    styles = {("naive", False): ("C5", "D", "from naive BM25"), ("naive", True): ("C6", "P", "from naive BM25 + mix"),
+              ("shipped", False): ("C0", "o", "from shipped"), ("shipped", True): ("C1", "s", "from shipped + Wikipedia mix"),
               ("scratch", False): ("C2", "^", "from scratch"), ("scratch", True): ("C4", "v", "from scratch + mix")}
     lines = {"naive_bm25": ("k", "-", "naive BM25 top-3"), "naive_dense": ("0.5", ":", "naive dense top-3"),
              "naive_hybrid": ("0.3", "--", "naive hybrid top-3"), "shipped": ("C3", "-.", "shipped policy")}
@@ -301,10 +350,20 @@ def plot(figures: dict[str, Any], path: Path) -> Path | None:
                                      for r in runs if r["n_train"] == n) for n in ns]
             ax.errorbar(ns, mean, yerr=[[m - lo for m, lo in zip(mean, low, strict=True)],
                                         [hi - m for m, hi in zip(mean, high, strict=True)]],
-                        color=color, marker=marker, capsize=3, linewidth=1.5, label=label + " (+ RL)")
+                        color=color, marker=marker, capsize=3, linewidth=1.5,
+                        label=label + ("" if start == "naive" else " (+ RL)"))
+            if start == "naive":  # no RL: the warm start is the policy
+                continue
             warm = [statistics.fmean(r["warm"]["recall"] for r in runs if r["n_train"] == n) for n in ns]
             ax.plot(ns, warm, color=color, marker=marker, linestyle=":", alpha=0.5, markersize=4,
                     label=label + ", warm start")
+        earlier = (compare or {}).get("sets", {}).get(name)
+        if earlier:  # an earlier round's default learner (from shipped, no mix): the mean over its draws
+            runs = [r for r in earlier["runs"] if r["start"] == "shipped" and not r["mix"]]
+            ns = sorted({r["n_train"] for r in runs})
+            ax.plot(ns, [statistics.fmean(r["final"]["recall"] for r in runs if r["n_train"] == n) for n in ns],
+                    color="0.4", marker="o", linestyle="--", linewidth=1, markersize=4,
+                    label="first round: from shipped (+ RL)")
         ax.set_xscale("log")
         sizes = sorted({r["n_train"] for r in data["runs"]})
         ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8)
@@ -329,18 +388,20 @@ def main() -> None:
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("--sizes", default=",".join(str(n) if n else "all" for n in SIZES),
                         help="training questions per run (all: the whole training part)")
-    parser.add_argument("--seeds", type=int, default=2, help="draws per size up to 100 questions (one above)")
-    parser.add_argument("--variants", default="shipped,scratch", help="learners: shipped (the default learner, from "
-                        "the shipped policy) and scratch (at 100 and all)")
+    parser.add_argument("--seeds", type=int, default=3, help="draws per size up to 100 questions (one above)")
+    parser.add_argument("--variants", default="naive", help="learners (--start): naive (the default learner: naive "
+                        "BM25's order plus a linear correction), shipped (the first round's default: the shipped policy "
+                        "fine-tuned, then RL) and scratch (at 100 and all)")
     parser.add_argument("--mix", type=int, default=200, help="shipped Wikipedia training questions mixed in (each run "
                         "also without them; 0: never)")
-    parser.add_argument("--mix-seeds", type=int, default=1, help="draws per size up to 100 questions with the mix "
-                        "(its runs cost several times more: every fit of the pull's choice holds the mix)")
+    parser.add_argument("--mix-seeds", type=int, default=3, help="draws per size up to 100 questions with the mix")
     parser.add_argument("--all-up-to", type=int, default=2000, help="run `all` only on sets whose training part has at "
                         "most this many questions (policyqa's 7,271 would take hours here)")
     parser.add_argument("--out", default=str(REPO / "var" / "bench" / "learning_curve"))
     parser.add_argument("--figures", default=str(REPO / "docs" / "learning_curve.json"))
     parser.add_argument("--plot", default=str(REPO / "docs" / "learning_curve.png"))
+    parser.add_argument("--compare", default=str(REPO / "docs" / "learning_curve_round1.json"), help="an earlier "
+                        "round's figures whose default learner (from shipped) the plot shows beside ('': none)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     from plugsearch.common.qa import append_durable, read_jsonl
@@ -356,8 +417,11 @@ def main() -> None:
     t0 = time.perf_counter()
     shipped_items: list[Any] = []
     shipped_demos: dict[str, Any] = {}
+    pools_path = out / "shipped_first_pools.pkl"
+    shipped_pools: dict[str, Any] = pickle.loads(pools_path.read_bytes()) if pools_path.is_file() else {}
     if args.mix:
         shipped_items = shipped_mix(args.mix, not args.quiet)
+    if args.mix and set(variants) - {"naive"}:  # the learners with demonstrations (the naive one reads first pools)
         demo_path = out / "shipped_demonstrations.pkl"
         shipped_demos = pickle.loads(demo_path.read_bytes()) if demo_path.is_file() else {}
         if len(shipped_demos) < len(shipped_items):
@@ -368,7 +432,8 @@ def main() -> None:
     todo = [(name, run) for name, runner in runners.items()
             for run in plan(sizes, len(runner.pool), args.seeds, variants, args.mix, mix_seeds=args.mix_seeds,
                             all_up_to=args.all_up_to)]
-    todo.sort(key=lambda nr: (nr[1]["n"] or 10**9, nr[1]["start"] != "shipped", nr[1]["mix"], nr[1]["seed"]))
+    todo.sort(key=lambda nr: (nr[1]["n"] or 10**9, START_ORDER.index(nr[1]["start"]), nr[1]["mix"], nr[1]["seed"],
+                              SETS.index(nr[0]) if nr[0] in SETS else 9))
     bases = {name: runner.baselines() for name, runner in runners.items()}
     for name, base in bases.items():
         log(f"{name}: {len(base['naive_bm25'])} evaluation questions, training pool {len(runners[name].pool)}; "
@@ -378,7 +443,11 @@ def main() -> None:
         if key in done:
             continue
         log(f"[{i}/{len(todo)}] {key} ...")
-        row = runners[name].train_and_judge(run, shipped_items, shipped_demos)
+        known = len(shipped_pools)
+        row = runners[name].train_and_judge(run, shipped_items, shipped_demos, shipped_pools)
+        if len(shipped_pools) != known:
+            pools_path.with_suffix(".tmp").write_bytes(pickle.dumps(shipped_pools))
+            pools_path.with_suffix(".tmp").replace(pools_path)
         append_durable(log_path, json.dumps(row) + "\n")
         done[key] = row
         bm25 = bases[name]["naive_bm25"]
@@ -391,13 +460,18 @@ def main() -> None:
     figures["settings"] = {
         "evaluation": "the trainer's seeded split (seed 0, 20% at most 500), never trained or tuned on",
         "draws": "first n of a seeded permutation of the training part (nested), seeds 0.. up to 100 questions",
-        "learner": "plugsearch.trainer.compact.finetune.learn (start shipped, pull auto) then RL (steps scaled: "
-                   "rl_steps_for), as plugsearch-train compact --qa ... --eval-qa ... runs",
+        "learner": {"naive": "plugsearch.trainer.compact.rerank.learn_naive (naive BM25's order plus a linear "
+                             "correction, penalty 5 / n; no RL): plugsearch-train compact --qa ... --eval-qa ...'s default",
+                    "shipped": "plugsearch.trainer.compact.finetune.learn (start shipped, pull auto) then RL (steps "
+                               "scaled: rl_steps_for): --start shipped",
+                    "scratch": "random weights then RL: --start scratch"},
+        "variants": variants,
         "mix": args.mix, "mix_seeds": args.mix_seeds, "all_up_to": args.all_up_to, "budget": 3, "bootstrap": "plugsearch.common.stats.bootstrap_interval (paired per question)", "seconds": round(time.perf_counter() - t0, 1),
         "command": "python bench/learning_curve.py " + " ".join(sys.argv[1:])}
     Path(args.figures).parent.mkdir(parents=True, exist_ok=True)
     Path(args.figures).write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
-    png = plot(figures, Path(args.plot))
+    compare = Path(args.compare) if args.compare else None
+    png = plot(figures, Path(args.plot), json.loads(compare.read_text()) if compare and compare.is_file() else None)
     figures["settings"]["plot"] = (str(png.relative_to(REPO)) if png.is_relative_to(REPO) else str(png)) if png else None
     print(json.dumps(figures))
 

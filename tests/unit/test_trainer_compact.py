@@ -118,10 +118,11 @@ def test_a_tiny_run_on_a_users_files_resumes_exports_and_is_served_on_its_corpus
 
     corpus, qa = user_files(data_dir, tmp_path / "mine", by_ids=True)  # half labelled by answers, half by ids
     out, var = tmp_path / "run", tmp_path / "var"
-    # a given pull (no choice on dev folds, and RL runs, pulled toward the warm start)
+    # the first round's learner (from the shipped policy) with a given pull (no choice on dev folds, and RL runs,
+    # pulled toward the warm start)
     argv = ["compact", "--corpus", str(corpus), "--qa", str(qa), "--warm-epochs", "1", "--steps", "2",
-            "--questions-per-step", "2", "--group", "2", "--pull", "0.1", "--out", str(out), "--var-dir", str(var),
-            "--quiet"]
+            "--questions-per-step", "2", "--group", "2", "--start", "shipped", "--pull", "0.1", "--out", str(out),
+            "--var-dir", str(var), "--quiet"]
     main(argv)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["learner"]["pull"] == "0.1" and result["learner"]["how"] == "given"
@@ -368,7 +369,8 @@ def test_a_few_questions_and_users_marks_train_and_are_judged_on_the_held_back_f
     out = tmp_path / "run"
     main(["compact", "--corpus", str(corpus), "--qa", str(train), "--feedback", str(marked), "--eval-qa", str(held),
           "--no-dense", "--warm-epochs", "2", "--steps", "2", "--questions-per-step", "2", "--group", "2",
-          "--negative-weight", "2", "--out", str(out), "--var-dir", str(tmp_path / "var"), "--quiet"])
+          "--negative-weight", "2", "--start", "shipped", "--out", str(out), "--var-dir", str(tmp_path / "var"),
+          "--quiet"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     split = json.loads((out / "split.json").read_text())
     n_marked = len(marked.read_text().splitlines())
@@ -390,3 +392,30 @@ def test_a_few_questions_and_users_marks_train_and_are_judged_on_the_held_back_f
     report = (out / "report" / "report.md").read_text()
     assert f"judged on {len(split['eval'])} held-back labelled questions only (the --eval-qa file)" in report
     assert "trained on: " in report and "**Which to serve**" in report and "marks from use" not in report
+
+
+def test_by_default_a_few_questions_correct_naive_bm25s_order_and_serve_it_without_rl(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default learner with questions of yours (`--start naive`): naive BM25's order plus a correction with
+    the default penalty (5 / n), one search, no RL; the policy folder serves exactly the fitted weights."""
+    corpus, qa = user_files(data_dir, tmp_path / "mine", rows=range(200, 260), distractors=40)
+    rows = [json.loads(line) for line in qa.read_text().splitlines()]
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:30]))
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows[30:]))
+    out = tmp_path / "run"
+    main(["compact", "--corpus", str(corpus), "--qa", str(train), "--eval-qa", str(held), "--no-dense",
+          "--out", str(out), "--var-dir", str(tmp_path / "var"), "--quiet"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    split = json.loads((out / "split.json").read_text())
+    learner = result["learner"]
+    assert learner["start"] == "naive" and learner["rl"] is False
+    n = len(split["train"])
+    assert learner["how"] == f"5 / {n} training questions" and learner["pull"] == f"{5 / n:g}"
+    final = CompactPolicy.load(out / "final")
+    assert final.manifest["rl"]["steps"] == 0 and not (out / "rl" / "rewards.jsonl").exists()
+    served = CompactPolicy.load(Path(result["policy"]))
+    assert served.digest == CompactPolicy.load(out / "warmstart").digest == final.digest
+    assert served.weights["w1"].shape == (len(served.weights["mean"]), 2)  # the linear score, carried exactly
+    report = (out / "report" / "report.md").read_text()
+    assert "naive BM25's order" in report and "**Which to serve**" in report

@@ -23,18 +23,21 @@ LLM_QUESTIONS_DEFAULT = 1000
 """Passages the user's LLM is asked about (`--llm-url` with the recall reward)."""
 
 
-def pull_value(text: str) -> float | None:
-    """`--pull`: auto (None: chosen on the training questions), keep (infinite: the shipped weights) or a strength."""
+def pull_value(text: str) -> float | str | None:
+    """`--pull`: auto (None: the learner's default rule), cv (chosen by k-fold on the training questions), keep
+    (infinite: the start as it is) or a strength."""
     import math
 
     if text == "auto":
         return None
+    if text == "cv":
+        return "cv"
     if text == "keep":
         return math.inf
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not auto, keep or a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not auto, cv, keep or a number") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: the pull is 0 or more")
     return value
@@ -88,8 +91,9 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
     if args.eval_qa and not (own or args.corpus):
         raise SystemExit("error: --eval-qa is the evaluation part of your questions: give the ones to train on "
                          "(--qa, --feedback) or --corpus to train on questions made from it")
-    if args.start == "scratch" and args.pull is not None:
-        raise SystemExit("error: --pull pulls the fine-tuned weights toward the shipped ones: it needs --start shipped")
+    start = args.start or ("naive" if own else "shipped")
+    if start == "scratch" and args.pull is not None:
+        raise SystemExit("error: --pull pulls the fit toward where it starts: it needs --start naive or shipped")
     if args.reward == "recall" and args.local:
         raise SystemExit("error: --local starts the generator and judge for --reward gbr; the recall reward needs no "
                          "LLM")
@@ -117,7 +121,7 @@ def cmd_compact(args: argparse.Namespace) -> dict[str, Any]:
                      local=args.local or bool(args.llm_url), llm_url=args.llm_url, llm_threads=args.llm_threads,
                      pseudo=pseudo, shipped=args.shipped, llm_questions=llm, settings=settings_from(args),
                      feedback=[Path(f) for f in args.feedback or ()], eval_qa=[Path(f) for f in args.eval_qa or ()],
-                     start=args.start, pull=args.pull, negative_weight=args.negative_weight,
+                     start=start, pull=args.pull, negative_weight=args.negative_weight,
                      scale_steps=args.steps is None)
     try:
         return run(job)
@@ -202,12 +206,17 @@ def add_parsers(sub: Any) -> None:
              "too little to learn follow-up searches)"),
             ("--seed", "seed", int, "training seed")):
         c.add_argument(flag, type=kind, help=f"{what} (default {default(name)})")
-    c.add_argument("--start", choices=["shipped", "scratch"], default="shipped", help="with your questions: where the "
-                   "warm start starts: shipped (default): the shipped policy, fine-tuned with a pull back toward its "
-                   "weights, so few questions move it only as far as they show; scratch: random weights")
-    c.add_argument("--pull", type=pull_value, default=None, metavar="auto|keep|STRENGTH", help="with --start shipped: "
-                   "the L2 pull toward the shipped weights; auto (default) chooses it on your training questions "
-                   "(k-fold, or a dev part of them when there are 250 or more), keep leaves the shipped weights as they are")
+    c.add_argument("--start", choices=["naive", "shipped", "scratch"], default=None, help="with your questions: "
+                   "where the learner starts: naive (the default with questions of yours, --qa or --feedback): naive BM25's order plus a linear correction of its "
+                   "ranking, penalised back toward none, one search and no RL, so few questions move it only as far as "
+                   "they show; shipped (the default with questions made from the corpus alone): the shipped policy, "
+                   "fine-tuned with a pull back toward its weights, then RL; "
+                   "scratch: random weights, then RL")
+    c.add_argument("--pull", type=pull_value, default=None, metavar="auto|cv|keep|STRENGTH", help="with --start naive: "
+                   "the L2 penalty on the correction of naive BM25's order (auto, the default: 5 / the number of "
+                   "training questions), with --start shipped: the L2 pull toward the shipped weights (auto: as cv); "
+                   "cv chooses it on your training questions (k-fold, or a dev part of them when there are 250 or "
+                   "more), keep leaves the start as it is")
     c.add_argument("--negative-weight", type=float, default=1.0, metavar="W", help="how much a passage users marked "
                    "as not helpful (negative_ids of --feedback rows) weighs in the warm start's loss (default "
                    "%(default)s: as any other passage without the answer)")

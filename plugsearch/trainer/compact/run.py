@@ -7,9 +7,10 @@
   [--eval-qa HELD.jsonl]`): the questions are checked and split by a recorded seed (`<out>/split.json`; with
   `--eval-qa` that file is the evaluation part and every other question trains, however few), the corpus's
   indexes built (bm25s and the MiniLM flat index, as the stack's retriever does, into
-  `var/indexes/<corpus>-<sha256>`), the warm start (by default the shipped policy fine-tuned with a pull back
-  toward it, `plugsearch.trainer.compact.finetune`) and RL on the training split (steps scaled to the number of
-  questions), then the evaluation split (real questions only, never trained or tuned on) against naive BM25,
+  `var/indexes/<corpus>-<sha256>`), the warm start (with the user's own questions by default naive BM25's order
+  plus a penalised linear correction, served without RL: `plugsearch.trainer.compact.rerank`; with `--start
+  shipped` the shipped policy fine-tuned with a pull back toward it, `plugsearch.trainer.compact.finetune`, then RL
+  on the training split, steps scaled to the number of questions), then the evaluation split (real questions only, never trained or tuned on) against naive BM25,
   dense and hybrid top-k at equal document budget with 95% intervals (`<out>/report/report.md`, `report.json`,
   `report.png`), and the policy folder `<out>/policy` with its verdict (`beats_naive`), what it was trained on
   (`trained_on`, counts per source), its setting and its corpus's identity:
@@ -113,10 +114,14 @@ class CompactRun:
     eval_qa: Sequence[Path] = ()
     """The evaluation part, given as its own files: never trained or tuned on; every other question trains."""
     start: str = "shipped"
-    """On a user's questions, where the warm start starts: `shipped` (the shipped policy, pulled back toward it:
-    `plugsearch.trainer.compact.finetune`) or `scratch` (random weights)."""
-    pull: float | None = None
-    """With `start` shipped: the pull toward the shipped weights (L2-SP); None: chosen on the training questions."""
+    """On a user's questions, where the learner starts: `naive` (naive BM25's order plus a penalised linear
+    correction, one search: `plugsearch.trainer.compact.rerank`; the command's default with questions of the
+    user's own), `shipped` (the shipped policy, pulled back toward it: `plugsearch.trainer.compact.finetune`) or
+    `scratch` (random weights)."""
+    pull: float | str | None = None
+    """With `start` naive or shipped: the penalty on the correction, or the pull toward the shipped weights (L2-SP);
+    None: the learner's default (naive: 5 / n; shipped: chosen on the training questions), `cv`: chosen on the
+    training questions by k-fold."""
     negative_weight: float = 1.0
     """How much a passage a user marked as not helpful weighs in the warm start's loss (1: as any other negative)."""
     scale_steps: bool = False
@@ -347,9 +352,9 @@ def _llm_question_file(job: CompactRun, retriever: IndexRetriever | None, labell
 
 
 def _start_policy(job: CompactRun, user: UserData | None) -> CompactPolicy | None:
-    """Where a user's warm start starts: the shipped policy (`--start shipped`, the default) or nowhere (scratch,
-    and always on the shipped sets)."""
-    if user is None or job.start == "scratch":
+    """Where a user's warm start starts: the shipped policy (`--start shipped`) or nowhere (scratch, naive BM25's
+    order (`--start naive`, its own learner), and always on the shipped sets)."""
+    if user is None or job.start in ("scratch", "naive"):
         return None
     from plugsearch.searcher.trained import COMPACT_DIR
 
@@ -368,8 +373,13 @@ def _warm_start(job: CompactRun, train: list[LabeledItem], dev: list[LabeledItem
         logger.info("reusing the warm start in %s (--no-resume redoes it)", warm_dir)
         return warm, warm.manifest.get("warm_start", {})
     t = time.perf_counter()
-    if record.get("trained_on") is not None:  # a user's questions: the few-question learner
-        warm, info = learn(train, retriever, job.config, start=start, pull=job.pull,
+    if record.get("trained_on") is not None and job.start == "naive":  # naive BM25's order, corrected
+        from plugsearch.trainer.compact.rerank import learn_naive
+
+        warm, info = learn_naive(train, retriever, job.config, penalty=job.pull, progress=job.progress)
+    elif record.get("trained_on") is not None:  # a user's questions: the few-question learner
+        pull = None if isinstance(job.pull, str) else job.pull  # cv: the shipped-start learner's own choice
+        warm, info = learn(train, retriever, job.config, start=start, pull=pull,
                            negative_weight=job.negative_weight, progress=job.progress)
     else:
         warm, info = warm_start(train, retriever, job.config, progress=job.progress)
@@ -388,6 +398,10 @@ def _reinforce(job: CompactRun, warm: CompactPolicy, train: list[LabeledItem], d
 
     config = job.config
     pull = (learner or {}).get("pull")
+    if (learner or {}).get("rl") is False:  # the naive-start learner: served as fitted (its choice was judged so)
+        return (CompactPolicy(dict(warm.weights), name=warm.name),
+                {"steps": 0, "skipped": "the naive-start learner serves its fit as chosen on the training questions' "
+                 "dev parts", "first_10_mean_reward": 0.0, "last_10_mean_reward": 0.0, "dev": {}})
     if start is not None and pull == "keep":  # the training questions showed no change that helps: none is made
         return (CompactPolicy(dict(warm.weights), name="compact-gbr"),
                 {"steps": 0, "skipped": "the learner kept the shipped weights (no change helped on the training "
@@ -466,6 +480,14 @@ def _learner_note(learner: dict[str, Any]) -> str:
     how = learner.get("how", "")
     recall = ", ".join(f"{p} {r:.3f}" for p, r in (learner.get("dev_recall") or {}).items())
     chosen = f"chosen on {how}; answer recall at 3 per pull: {recall}" if how != "given" else "given"
+    if learner.get("start") == "naive":
+        if how != "given" and not learner.get("dev_recall"):
+            chosen = f"the default penalty, {how}"
+        if pull == "keep":
+            return (f"policy: naive BM25's order, unchanged (one search, no follow-up): no correction helped on the "
+                    f"training questions ({chosen})")
+        return (f"policy: naive BM25's order plus a linear correction with a penalty of {pull} (one search, no "
+                f"follow-up, no RL; {chosen})")
     if pull == "keep":
         return (f"warm start: the shipped policy ({learner.get('start')}), kept unchanged: no change helped on the "
                 f"training questions ({chosen})")
@@ -508,7 +530,7 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     serve_shipped = f"plugsearch-stack --corpus {corpus_arg}"
     advice = recommendation(verdict, versus, serve_trained, serve_shipped)
     learner = (warm.manifest.get("warm_start") or {}).get("learner") or {}
-    if verdict and learner.get("pull") == "keep":  # the same weights: what differs is the verdict it carries
+    if verdict and learner.get("pull") == "keep" and learner.get("start") != "naive":  # the same weights: what differs is the verdict it carries
         advice = (f"serve the trained policy: it is the shipped policy unchanged (your training questions showed no "
                   f"change that helps), and on your held-back questions it beats naive BM25; its folder carries that "
                   f"verdict for this corpus, so the searcher serves it without its start-up check: {serve_trained}")
@@ -534,8 +556,9 @@ def _evaluate_and_export(job: CompactRun, user: UserData, warm: CompactPolicy, f
     kind = ("llm" if by_llm else "pseudo") if pseudo_only else " and ".join(real_kinds)
     trained_on = final.manifest.get("trained_on") or source_counts(user.split.train)
     notes = [user.summary(), f"corpus {identity['file']} (sha256 {identity['sha256'][:12]}, {identity['documents']} "
-             f"passages); policy {final.model}; warm start = compact_warm, + RL = {VERDICT_KEY}, the shipped policy "
-             f"({shipped.model}) = {SHIPPED_KEY}",
+             f"passages); policy {final.model}; warm start = compact_warm, "
+             + (f"served as fitted (no RL) = {VERDICT_KEY}" if learner.get("rl") is False else f"+ RL = {VERDICT_KEY}")
+             + f", the shipped policy ({shipped.model}) = {SHIPPED_KEY}",
              "trained on: " + ", ".join(f"{n} {s}" for s, n in trained_on.items() if n) +
              (" questions; judged on " + ", ".join(f"{n} held-back {s}" for s, n in evaluated_on.items() if n) +
               " questions only (" + ("the --eval-qa file" if user.eval_given else f"split seed {job.split_seed}") +
