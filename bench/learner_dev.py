@@ -58,11 +58,11 @@ def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) ->
 
     import numpy as np
 
+    from plugsearch.common.qa import found
     from plugsearch.common.stats import bootstrap_interval
     from plugsearch.searcher.compact import CompactPolicy, TextCache
     from plugsearch.searcher.trained import COMPACT_DIR
     from plugsearch.stack.corpus import index_dir_for
-    from plugsearch.trainer.common.data import found
     from plugsearch.trainer.common.retrieval import IndexRetriever
     from plugsearch.trainer.compact import rerank
     from plugsearch.trainer.compact.config import CompactConfig

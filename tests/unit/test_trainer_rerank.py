@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 
+from plugsearch.common.qa import QAItem
 from plugsearch.common.schemas.base import Document
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.compact import (
@@ -21,7 +22,6 @@ from plugsearch.searcher.compact import (
     CompactPolicy,
 )
 from plugsearch.searcher.loop import run_search
-from plugsearch.trainer.common.data import QAItem
 from plugsearch.trainer.compact import rerank
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.data import labeled

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from plugsearch.common.qa import MADE_UP, found
 from plugsearch.common.schemas.searcher import SearchParams
 from plugsearch.searcher.compact import (
     CANDIDATE_FEATURES,
@@ -49,7 +50,6 @@ from plugsearch.searcher.compact import (
 )
 from plugsearch.searcher.env import Action, RetrieverBackend, SearchEnv
 from plugsearch.searcher.loop import drive
-from plugsearch.trainer.common.data import MADE_UP, found
 from plugsearch.trainer.compact.config import CompactConfig
 from plugsearch.trainer.compact.data import LabeledItem
 from plugsearch.trainer.compact.finetune import dev_parts, is_real, with_setting
