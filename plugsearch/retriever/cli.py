@@ -11,7 +11,7 @@ prints which backend serves and why; `--require-onnx` exits 1 where it would fal
 build prepares the default model's export this way), `ingest` (documents as files: text, Markdown, HTML, PDF
 and JSONL passages under the given paths into a corpus JSONL, `var/corpora/NAME.jsonl`, and its report: see
 `plugsearch.retriever.ingest`), `put` / `upload` / `delete` (a running retriever's documents changed through its
-API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.live.changes_cli`),
+API: a corpus file, files read and cut by the retriever, ids to delete: `plugsearch.retriever.ingest.upload`),
 `sync` (a folder kept in step with a running retriever: `plugsearch.retriever.ingest.sync`), `compact` and `changes
 status|carry|retire|repair` (the change log: `plugsearch.retriever.live.admin_cli`).
 """
@@ -190,16 +190,16 @@ def main(argv: list[str] | None = None) -> None:
     enc.add_argument("--require-onnx", action="store_true", help="exit 1 when it would be served by torch")
     _import_parser(sub)
     _ingest_parser(sub)
-    from plugsearch.retriever.ingest import sync
-    from plugsearch.retriever.live import admin_cli, changes_cli
+    from plugsearch.retriever.ingest import sync, upload
+    from plugsearch.retriever.live import admin_cli
 
-    changes_cli.add_parsers(sub)
+    upload.add_parsers(sub)
     sync.add_parser(sub)
     admin_cli.add_parsers(sub, paths)
     args = parser.parse_args(argv)
     if args.command in ("put", "upload", "delete"):  # a running retriever's documents, through its API
         configure_logging("WARNING", service="plugsearch-index")
-        sys.exit(changes_cli.run(args))
+        sys.exit(upload.run(args))
     if args.command == "sync":  # a folder kept in step with a running retriever
         configure_logging("WARNING", service="plugsearch-index")
         sys.exit(sync.run(args))

@@ -135,7 +135,7 @@ async def sync(client: ServiceClient, folder: Path, root: Path, *, words: int, b
     from plugsearch.retriever.ingest.pool import ParseLimits, ParsePool, ParseRefused
     from plugsearch.retriever.ingest.reading import MB
     from plugsearch.retriever.ingest.run import DEFAULT_MAX_MB, _File
-    from plugsearch.retriever.live.changes_cli import send_files
+    from plugsearch.retriever.ingest.upload import send_files
 
     words = words or DEFAULT_WORDS
     prefix, local, skipped = await asyncio.to_thread(local_files, folder, root)
