@@ -48,6 +48,7 @@ import numpy.typing as npt
 import orjson
 
 from plugsearch.common.files import atomic_path, fsync_folder
+from plugsearch.common.sqlite import enable_wal
 from plugsearch.retriever.ingest.passages import Passage
 
 logger = logging.getLogger(__name__)
@@ -301,8 +302,8 @@ class ChangeLog:
             raise ChangeLogUnavailable(f"the change log {self.path} cannot be opened: {_sql_reason(exc)}") from exc
         try:
             if self.writable:
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
+                mode = enable_wal(conn, BUSY_TIMEOUT_S)
+                if mode != "wal":
                     raise ChangeLogUnavailable(f"the change log {self.path} cannot use write-ahead logging "
                                                f"(journal mode {mode})")
                 conn.execute("PRAGMA synchronous=FULL")

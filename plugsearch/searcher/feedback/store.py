@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from plugsearch.common.errors import Forbidden, NotFound, NotReady, ValidationFailed
+from plugsearch.common.sqlite import enable_wal
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +130,8 @@ def connect(path: Path, *, synchronous: str) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise FeedbackStoreError(f"{path}: cannot be opened: {exc}") from exc
     try:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
+        mode = enable_wal(conn, BUSY_TIMEOUT_S)
+        if mode != "wal":
             raise FeedbackStoreError(f"{path}: cannot use write-ahead logging (journal mode {mode})")
         conn.execute(f"PRAGMA synchronous={synchronous}")
     except sqlite3.Error as exc:
