@@ -3,7 +3,6 @@ into `var/corpus/`; and the folder its indexes live in, keyed by the corpus's co
 
 from __future__ import annotations
 
-import json
 import shutil
 import urllib.error
 import urllib.request
@@ -20,18 +19,18 @@ SAMPLE_NAME = "flashrag_wiki_sample.jsonl"
 
 
 def check_corpus_file(path: Path) -> None:
-    """A corpus is JSONL whose lines carry `id` and `text` or `contents`: check the first line."""
+    """A corpus the retriever can index, judged on its first passage by the retriever's own row rule
+    (`plugsearch.retriever.store.corpus.parse_line`: an id, and `title`+`text` or `contents`), before the stack
+    starts anything; every row is read again when the index is built."""
+    from plugsearch.retriever.store.corpus import CorpusError, corpus_lines, parse_line
+
     try:
-        with path.open("rb") as fh:
-            first = fh.readline()
-    except OSError as exc:
-        raise StackError(f"cannot read corpus {path}: {exc.strerror or exc}") from exc
-    try:
-        row = json.loads(first)
-    except ValueError as exc:
-        raise StackError(f"{path} is not JSONL (first line: {first[:80]!r})") from exc
-    if not isinstance(row, dict) or "id" not in row or not ({"text", "contents"} & row.keys()):
-        raise StackError(f"{path}: each line needs an `id` and `title`+`text` or `contents` field")
+        for lineno, line in corpus_lines(path):
+            parse_line(line, lineno, path)
+            return
+    except CorpusError as exc:
+        raise StackError(f"{exc}: each line needs an `id` and `title`+`text` or `contents` field") from exc
+    raise StackError(f"{path}: the corpus holds no passage")
 
 
 def download_sample(dest: Path, url: str = SAMPLE_URL, *, timeout_s: float = 60.0,
