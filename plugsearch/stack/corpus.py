@@ -18,7 +18,7 @@ SAMPLE_URL = ("https://raw.githubusercontent.com/RUC-NLPIR/FlashRAG/adb2a8bc2850
 SAMPLE_NAME = "flashrag_wiki_sample.jsonl"
 
 
-def check_corpus_file(path: Path) -> None:
+def check_first_passage(path: Path) -> None:
     """A corpus the retriever can index, judged on its first passage by the retriever's own row rule
     (`plugsearch.retriever.store.corpus.parse_line`: an id, and `title`+`text` or `contents`), before the stack
     starts anything; every row is read again when the index is built."""
@@ -45,7 +45,7 @@ def download_sample(dest: Path, url: str = SAMPLE_URL, *, timeout_s: float = 60.
         with atomic_path(dest) as tmp:  # published only once whole and checked
             with urllib.request.urlopen(url, timeout=timeout_s) as response, tmp.open("wb") as out:  # noqa: S310
                 shutil.copyfileobj(response, out)
-            check_corpus_file(tmp)
+            check_first_passage(tmp)
     except (urllib.error.URLError, OSError, StackError) as exc:
         raise StackError(f"could not download the sample corpus from {url}: {exc}; "
                          "pass --corpus PATH to a local JSONL corpus") from exc
@@ -58,7 +58,7 @@ def resolve_corpus(corpus: Path | None, *, data_dir: Path, var_dir: Path, downlo
     if corpus is not None:
         if not corpus.is_file():
             raise StackError(f"--corpus {corpus} is not a file")
-        check_corpus_file(corpus)
+        check_first_passage(corpus)
         return corpus.resolve()
     shared = data_dir / "corpus" / "combined.jsonl"
     if shared.is_file():
