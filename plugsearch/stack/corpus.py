@@ -29,6 +29,8 @@ def check_first_passage(path: Path) -> None:
             parse_line(line, lineno, path)
             return
     except CorpusError as exc:
+        if isinstance(exc.__cause__, OSError):  # the file, not its rows: no advice on the row format
+            raise StackError(str(exc)) from exc
         raise StackError(f"{exc}: each line needs an `id` and `title`+`text` or `contents` field") from exc
     raise StackError(f"{path}: the corpus holds no passage")
 

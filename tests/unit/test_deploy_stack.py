@@ -22,7 +22,13 @@ from plugsearch.common import procgroup
 from plugsearch.common.workers import free_port, port_is_free
 from plugsearch.stack import StackError
 from plugsearch.stack.cli import _parse_args, curl_example, main
-from plugsearch.stack.corpus import SAMPLE_NAME, download_sample, index_dir_for, resolve_corpus
+from plugsearch.stack.corpus import (
+    SAMPLE_NAME,
+    check_first_passage,
+    download_sample,
+    index_dir_for,
+    resolve_corpus,
+)
 from plugsearch.stack.policy import _trained_policy, serve_dense
 from plugsearch.stack.specs import (
     BASE_OFFSETS,
@@ -313,6 +319,11 @@ def test_corpus_choice(tmp_path: Path) -> None:
     bad.write_text('{"title": "no id"}\n')
     with pytest.raises(StackError, match="needs an `id`"):
         resolve_corpus(bad, data_dir=data, var_dir=var)
+    unreadable = tmp_path / "folder.jsonl"
+    unreadable.mkdir()  # a read error, whoever runs the test (root reads any file)
+    with pytest.raises(StackError, match="cannot read corpus") as raised:
+        check_first_passage(unreadable)
+    assert "each line needs" not in str(raised.value)
 
 
 def test_sample_download(tmp_path: Path, http_files: tuple[str, Path]) -> None:
