@@ -29,17 +29,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pickle
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA, REPO, log  # noqa: E402
-from bench.learning_curve import draw, split_of  # noqa: E402
+from bench.learning_curve import draw, read_cache, split_of, write_cache  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from plugsearch.trainer.compact.rerank import LinearScorer, PenaltyChoice
 
 SCALES = (5.0, 10.0, 20.0, 40.0)
 """Penalties c / n (n training questions) of the `sum:c` rows."""
@@ -50,6 +54,25 @@ JUDGE = {"realtimeqa": 100}
 def at(penalty: float) -> str:
     """The learner row of a fixed penalty (`naive` for none)."""
     return "naive" if math.isinf(penalty) else f"fixed:{penalty:g}"
+
+
+def dev_hits(choice: PenaltyChoice, penalties: Iterable[float]) -> dict[float, float]:
+    """Per penalty, the dev questions its fits answered in `choice` (a `rerank.PenaltyChoice`: recall x questions)."""
+    from plugsearch.trainer.compact import rerank
+
+    return {p: round((choice.recall or {})[rerank.penalty_text(p)] * choice.dev_questions) for p in penalties}
+
+
+def bagged(scorers: list[LinearScorer]) -> LinearScorer:
+    """The `rerank.LinearScorer` whose score is the mean of `scorers`' (same standardisation): bagging, still
+    linear (the `auto-bag` row; tried, not the learner's rule)."""
+    import numpy as np
+
+    from plugsearch.trainer.compact.rerank import LinearScorer
+
+    first = scorers[0]
+    return LinearScorer(first.mean, first.std, np.mean([s.prior for s in scorers], axis=0),
+                        np.mean([s.weights for s in scorers], axis=0))
 
 
 def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) -> dict[str, Any]:
@@ -76,7 +99,7 @@ def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) ->
     retriever = IndexRetriever(corpus.resolve(), index_dir_for(corpus.resolve(), REPO / "var"), dense=True,
                                progress=not args.quiet)
     cache_path = out / f"{name}-first_pools.pkl"
-    cache: dict[str, Any] = pickle.loads(cache_path.read_bytes()) if cache_path.is_file() else {}
+    cache = read_cache(cache_path)
     config = CompactConfig()
     params = config.search_params()
     judge_pools = rerank.first_pools(judge, retriever, params, cache, progress=not args.quiet)
@@ -117,15 +140,13 @@ def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) ->
                 found_runs[at(penalty)] = judged(rerank.fit_linear(pools, scorer, penalty, norms))
             choice = rerank.choose_penalty(train, pools, config)
             found_runs["auto"] = found_runs[at(choice.penalty)]
-            m1 = rerank.select({p: round((choice.recall or {})[rerank.penalty_text(p)] * choice.dev_questions)
-                                for p in rerank.PENALTIES}, margin=1)
+            m1 = rerank.select(dev_hits(choice, rerank.PENALTIES), margin=1)
             found_runs["auto-m1"] = found_runs[at(m1)]
             # other rules on the same folds and fits: the CV without naive among the candidates; a penalty that
             # weakens as questions grow (c / n: the loss summed over questions instead of averaged); the CV among
             # those; the CV repeated over three fold draws
             finite = [p for p in rerank.PENALTIES if not math.isinf(p)]
-            no_keep = rerank.select({p: round((choice.recall or {})[rerank.penalty_text(p)] * choice.dev_questions)
-                                     for p in finite})
+            no_keep = rerank.select(dev_hits(choice, finite))
             found_runs["cv-nokeep"] = found_runs[at(no_keep)]
             scaled = [c / n for c in SCALES]
             for c, penalty in zip(SCALES, scaled, strict=True):
@@ -136,8 +157,8 @@ def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) ->
             repeated: dict[float, float] = dict.fromkeys(rerank.PENALTIES, 0.0)
             for again in (config.seed, config.seed + 100, config.seed + 200):
                 rep = rerank.choose_penalty(train, pools, CompactConfig(seed=again))
-                for p in rerank.PENALTIES:
-                    repeated[p] += round((rep.recall or {})[rerank.penalty_text(p)] * rep.dev_questions)
+                for p, answered in dev_hits(rep, rerank.PENALTIES).items():
+                    repeated[p] += answered
             found_runs["cv-rep3"] = found_runs[at(rerank.select(repeated))]
             if name == "policyqa":  # its rows name supporting titles: the warm start's labels as the target
                 pos = rerank.choose_penalty(train, pools, config, target="positive")
@@ -147,7 +168,7 @@ def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) ->
             folds = [rerank.fit_linear([by_id[it.item.id] for it in train if it.item.id not in
                                         {x.item.id for x in part}], scorer, choice.penalty, norms)
                      for part in dev_parts(train, config.seed)]
-            found_runs["auto-bag"] = judged(rerank.average(folds)) if folds else found_runs["naive"]
+            found_runs["auto-bag"] = judged(bagged(folds)) if folds else found_runs["naive"]
             if d < args.shipped_draws and name in args.shipped_sets.split(","):
                 warm, info = learn(train, retriever, config, start=CompactPolicy.load(COMPACT_DIR))
                 found_runs["shipped"] = greedy_hits(warm, judge, retriever, params, TextCache(40_000))
@@ -162,7 +183,7 @@ def one_set(name: str, args: argparse.Namespace, sizes: list[int], out: Path) ->
                 f"(m1 {rerank.penalty_text(m1)}); "
                 + ", ".join(f"{k} {statistics.fmean(h) - statistics.fmean(bm25):+.3f}"
                             for k, h in found_runs.items()))
-            cache_path.write_bytes(pickle.dumps(cache))
+            write_cache(cache_path, cache)
         per_size[str(n)] = {k: {"mean_minus_naive": round(statistics.fmean(r["minus_naive"] for r in v), 4),
                                 "worst": min(r["minus_naive"] for r in v),
                                 "above": sum(1 for r in v if r["ci95"][0] > 0),

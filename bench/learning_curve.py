@@ -105,6 +105,18 @@ def plan(sizes: Sequence[int], pool: int, seeds: int, variants: Sequence[str], m
     return sorted(runs, key=lambda r: (r["n"] or 10**9, START_ORDER.index(r["start"]), r["mix"], r["seed"]))
 
 
+def read_cache(path: Path) -> dict[str, Any]:
+    """A cache this bench keeps between runs (demonstrations, first pools: id -> value); empty when none yet."""
+    return pickle.loads(path.read_bytes()) if path.is_file() else {}
+
+
+def write_cache(path: Path, cache: dict[str, Any]) -> None:
+    """`cache` into `path`, whole or not at all (a run stopped mid-write keeps the previous file)."""
+    from plugsearch.common.files import atomic_write_bytes
+
+    atomic_write_bytes(path, pickle.dumps(cache), durable=False)
+
+
 def run_key(name: str, run: dict[str, Any]) -> str:
     return f"{name}/n{run['n'] or 'all'}/s{run['seed']}/{run['start']}/mix{run['mix']}"
 
@@ -149,22 +161,19 @@ class SetRunner:
                                         progress=not args.quiet)
         self.texts = TextCache(40_000)
         self.demo_path = self.out / "demonstrations.pkl"
-        self.demos: dict[str, Any] = pickle.loads(self.demo_path.read_bytes()) if self.demo_path.is_file() else {}
+        self.demos = read_cache(self.demo_path)
         self._demos_saved = len(self.demos)
         self.pools_path = self.out / "first_pools.pkl"
-        self.pools: dict[str, Any] = pickle.loads(self.pools_path.read_bytes()) if self.pools_path.is_file() else {}
+        self.pools = read_cache(self.pools_path)
         self._pools_saved = len(self.pools)
 
     def save_demos(self) -> None:
+        """The demonstrations and first pools collected so far, each file rewritten only when it grew."""
         if len(self.demos) != self._demos_saved:
-            tmp = self.demo_path.with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(self.demos))
-            tmp.replace(self.demo_path)
+            write_cache(self.demo_path, self.demos)
             self._demos_saved = len(self.demos)
         if len(self.pools) != self._pools_saved:
-            tmp = self.pools_path.with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(self.pools))
-            tmp.replace(self.pools_path)
+            write_cache(self.pools_path, self.pools)
             self._pools_saved = len(self.pools)
 
     def baselines(self) -> dict[str, list[float]]:
@@ -418,16 +427,16 @@ def main() -> None:
     shipped_items: list[Any] = []
     shipped_demos: dict[str, Any] = {}
     pools_path = out / "shipped_first_pools.pkl"
-    shipped_pools: dict[str, Any] = pickle.loads(pools_path.read_bytes()) if pools_path.is_file() else {}
+    shipped_pools = read_cache(pools_path)
     if args.mix:
         shipped_items = shipped_mix(args.mix, not args.quiet)
     if args.mix and set(variants) - {"naive"}:  # the learners with demonstrations (the naive one reads first pools)
         demo_path = out / "shipped_demonstrations.pkl"
-        shipped_demos = pickle.loads(demo_path.read_bytes()) if demo_path.is_file() else {}
+        shipped_demos = read_cache(demo_path)
         if len(shipped_demos) < len(shipped_items):
             cached_demonstrations(shipped_items, shipped_items[0].retriever, CompactConfig().search_params(),
                                   shipped_demos, progress=not args.quiet)
-            demo_path.write_bytes(pickle.dumps(shipped_demos))
+            write_cache(demo_path, shipped_demos)
     runners = {name: SetRunner(name, out, args) for name in args.sets.split(",")}
     todo = [(name, run) for name, runner in runners.items()
             for run in plan(sizes, len(runner.pool), args.seeds, variants, args.mix, mix_seeds=args.mix_seeds,
@@ -446,8 +455,7 @@ def main() -> None:
         known = len(shipped_pools)
         row = runners[name].train_and_judge(run, shipped_items, shipped_demos, shipped_pools)
         if len(shipped_pools) != known:
-            pools_path.with_suffix(".tmp").write_bytes(pickle.dumps(shipped_pools))
-            pools_path.with_suffix(".tmp").replace(pools_path)
+            write_cache(pools_path, shipped_pools)
         append_durable(log_path, json.dumps(row) + "\n")
         done[key] = row
         bm25 = bases[name]["naive_bm25"]

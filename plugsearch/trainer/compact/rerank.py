@@ -263,13 +263,6 @@ def fit_linear(pools: Sequence[FirstPool], scorer: str, penalty: float,
     return LinearScorer(np.asarray(mean, np.float64), np.asarray(std, np.float64), prior, w.detach().numpy().copy())
 
 
-def average(scorers: Sequence[LinearScorer]) -> LinearScorer:
-    """The scorer whose score is the mean of theirs (same standardisation): bagging, still linear."""
-    first = scorers[0]
-    return LinearScorer(first.mean, first.std, np.mean([s.prior for s in scorers], axis=0),
-                        np.mean([s.weights for s in scorers], axis=0))
-
-
 def policy_of(scorers: dict[str, LinearScorer], name: str = "compact-naive-start") -> CompactPolicy:
     """The compact policy that scores with `scorers` (`lexical` always: naive where it was not fitted) and always
     stops at once (its query head's weight on the stop candidate, `STOP_WEIGHT`)."""
