@@ -168,3 +168,23 @@ def test_one_file_of_an_ingested_folder_uploaded_replaces_its_document(
         found = httpx.post(f"{url}/retrieve", json={"queries": ["vorlash installer"], "k": 1},
                            headers={"Authorization": f"Bearer {TOKEN}"}).json()["results"][0]
         assert found[0]["id"] == "docs/guide/setup.md#0"
+
+
+def test_put_reads_a_corpus_by_the_retrievers_row_rule(tmp_path: Path) -> None:
+    """`plugsearch-index put`'s documents: adjacent rows of one document together, blank lines skipped, a row
+    without a document part its own document; a bad row or an unreadable file is an error naming it."""
+    from plugsearch.retriever.ingest.upload import documents_of
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "a#0", "title": "A", "text": "one"}\n\n{"id": "a#1", "title": "A", "text": "two"}\n'
+                      '{"id": "b", "contents": "\\"B\\"\\nthree"}\n')
+    assert list(documents_of(corpus)) == [
+        {"id": "a", "passages": [{"title": "A", "text": "one"}, {"title": "A", "text": "two"}]},
+        {"id": "b", "passages": [{"title": "B", "text": "three"}]}]
+    corpus.write_text('{"id": "a#0", "title": "A", "text": "one"}\n{"title": "no id"}\n')
+    with pytest.raises(SystemExit, match=r"corpus\.jsonl:2: missing 'id'"):
+        list(documents_of(corpus))
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    with pytest.raises(SystemExit, match="cannot read corpus"):
+        list(documents_of(folder))

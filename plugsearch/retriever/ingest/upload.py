@@ -30,17 +30,11 @@ def documents_of(corpus: Path) -> Iterator[dict[str, Any]]:
     """The corpus file's documents in order, each with its passages (rows of one `doc_id` must be adjacent, as
     `ingest` writes them)."""
     from plugsearch.retriever.ingest.passages import doc_id_of
-    from plugsearch.retriever.store.corpus import CorpusError, parse_line
+    from plugsearch.retriever.store.corpus import CorpusError, iter_corpus
 
     current: dict[str, Any] | None = None
-    with corpus.open("rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                passage_id, title, text = parse_line(line, number, corpus)
-            except CorpusError as exc:
-                raise SystemExit(f"error: {exc}") from exc
+    try:
+        for passage_id, title, text in iter_corpus(corpus):  # the retriever's own row rule, blank lines skipped
             doc_id = doc_id_of(passage_id)
             if current is not None and current["id"] != doc_id:
                 yield current
@@ -48,6 +42,8 @@ def documents_of(corpus: Path) -> Iterator[dict[str, Any]]:
             if current is None:
                 current = {"id": doc_id, "passages": []}
             current["passages"].append({"title": title, "text": text})
+    except CorpusError as exc:  # a bad row, or a file that cannot be read
+        raise SystemExit(f"error: {exc}") from exc
     if current is not None:
         yield current
 
