@@ -76,9 +76,9 @@ def test_the_client_runs_without_the_server_packages() -> None:
     assert done.stdout.splitlines()[1].startswith("refused:"), done.stdout
 
 
-@pytest.mark.parametrize(("under", "depth"), [("plugsearch", 2), ("plugsearch.retriever", 3),
-                                             ("plugsearch.trainer", 3)])
-def test_the_rooms_import_one_way(under: str, depth: int) -> None:
+@pytest.mark.parametrize(("under", "depth", "rooms"), [("plugsearch", 2, 10), ("plugsearch.retriever", 3, 10),
+                                                      ("plugsearch.trainer", 3, 5)])
+def test_the_rooms_import_one_way(under: str, depth: int, rooms: int) -> None:
     """No cycle between rooms, lazy imports counted (scripts/import_graph.py): between the top-level rooms (the
     searcher never reaches into the trainer, common into no service) and between the retriever's rooms (backends,
     encoders, store, indexing, live, ingest: ingest never reaches into live) and the trainer's."""
@@ -88,6 +88,6 @@ def test_the_rooms_import_one_way(under: str, depth: int) -> None:
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.splitlines()[-1])
-    assert figures["packages_n"] >= 5, figures  # the graph saw the rooms
+    assert figures["packages_n"] >= rooms, figures  # the graph saw the rooms (the top level: 10, as it always asked)
     assert figures["package_cycles"] == [], figures["package_cycles"]
     assert figures["module_cycles"] == [], figures["module_cycles"]
